@@ -1,0 +1,102 @@
+"""Locating dataset files: ``FOLD_DATA_DIR``, a user cache, or a verified download.
+
+Contract: :func:`resolve_data_file` returns a local ``pathlib.Path`` to an existing file.
+It looks, in order, in an explicit ``data_dir`` argument, in ``$FOLD_DATA_DIR``, and in the
+user cache (``$FOLD_CACHE_DIR`` or ``~/.cache/foldengine``).  If the file is in none of them
+and a download URL is known, the file is downloaded into the cache, its SHA-256 checked, and
+(for archives) the wanted member extracted.  Offline, with no local copy, it raises
+:class:`DataNotFoundError` naming every place it looked.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import shutil
+import tempfile
+import urllib.request
+import zipfile
+from typing import Iterable, Optional
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A dataset file is neither on disk nor downloadable."""
+
+
+def cache_dir() -> pathlib.Path:
+    """The user cache directory for downloads (``$FOLD_CACHE_DIR`` or ``~/.cache/foldengine``)."""
+    root = os.environ.get("FOLD_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "foldengine")
+    return pathlib.Path(root)
+
+
+def candidate_dirs(data_dir: Optional[str | os.PathLike] = None) -> list[pathlib.Path]:
+    """Directories searched for data, in priority order."""
+    dirs = []
+    if data_dir:
+        dirs.append(pathlib.Path(data_dir))
+    env = os.environ.get("FOLD_DATA_DIR")
+    if env:
+        dirs.append(pathlib.Path(env))
+    dirs.append(cache_dir())
+    return dirs
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def download(url: str, dest: pathlib.Path, sha256: Optional[str] = None, timeout: float = 60.0) -> pathlib.Path:
+    """Download ``url`` to ``dest`` atomically; verify ``sha256`` when given."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
+            shutil.copyfileobj(resp, out)
+        if sha256:
+            got = sha256_of(tmp)
+            if got != sha256:
+                raise ValueError(f"download of {url}: sha256 {got} != expected {sha256}")
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return dest
+
+
+def resolve_data_file(relpath: str, *, data_dir=None, url: Optional[str] = None,
+                      sha256: Optional[str] = None, archive_member: Optional[str] = None,
+                      alternatives: Iterable[str] = ()) -> pathlib.Path:
+    """Find ``relpath`` (or one of ``alternatives``) under the data directories, else download it.
+
+    ``url`` points at the file itself, or at a zip archive when ``archive_member`` names the
+    member to extract to ``<cache>/<relpath>``.  ``sha256`` is the checksum of what ``url`` serves.
+    """
+    names = [relpath, *alternatives]
+    looked = []
+    for d in candidate_dirs(data_dir):
+        for name in names:
+            p = d / name
+            looked.append(str(p))
+            if p.is_file():
+                return p
+    if url is None:
+        raise DataNotFoundError(f"{relpath} not found; looked in: {', '.join(looked)}. "
+                                "Set FOLD_DATA_DIR to a directory holding it.")
+    target = cache_dir() / relpath
+    try:
+        if archive_member is None:
+            return download(url, target, sha256)
+        archive = download(url, cache_dir() / "downloads" / os.path.basename(url), sha256)
+        with zipfile.ZipFile(archive) as zf, zf.open(archive_member) as src:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target, "wb") as out:
+                shutil.copyfileobj(src, out)
+        return target
+    except OSError as err:
+        raise DataNotFoundError(f"{relpath} not found locally (looked in: {', '.join(looked)}) and "
+                                f"download from {url} failed: {err}. Set FOLD_DATA_DIR.") from err
