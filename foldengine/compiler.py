@@ -1,0 +1,372 @@
+"""The Compiler: type-checks a block, plans batches, and executes them (an ``nn.Module``).
+
+    compiler = Compiler(block, scheduler="depth")   # type-checks the whole block tree
+    batch = compiler.build_batch(inputs)            # trace + schedule: numpy only, picklable
+    outputs = compiler(batch)                       # batched forward, one row per input
+    compiler.metrics["name"]                        # values Metric("name") saw, in input order
+    compiler.reference(inputs)                      # per-example eager evaluation (for tests)
+
+Every ``Function`` whose callable is an ``nn.Module`` is registered as a submodule under
+a hierarchical name built from the names of the enclosing named blocks and the Function's
+name (``expr.tree_lstm.weight``...), once even when used in several places, so
+``parameters()``, ``state_dict()``, any ``torch.optim`` optimizer and DDP work as usual.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+import time
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from schedulers import OpInfo, get_scheduler, lower
+from .batch import Batch, SequenceOutput
+from .blocks import Block, BlockTypeError, Pending
+from .executor import execute
+from .ops import Operation, flatten_value, unflatten_value
+from .trace import BlockInputError, EagerContext, GraphTracer
+from .types import (PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType,
+                    flatten_tensor_types, torch_dtype)
+
+__all__ = ["Compiler", "InputError", "CompileContext"]
+
+_RECURSION_LIMIT = 100_000
+
+
+class InputError(ValueError):
+    """An input of ``build_batch`` cannot be traced; names the input's index and the block."""
+
+    def __init__(self, index: int, cause: BlockInputError):
+        self.index = index
+        self.block = cause.block
+        where = f" at {cause.block._path}" if getattr(cause.block, "_path", None) else ""
+        super().__init__(f"input {index}: {cause.block!r}{where}: {cause.message}")
+
+
+def _type_of_value(v) -> Type:
+    if isinstance(v, torch.Tensor):
+        return TensorType(tuple(v.shape[1:]), v.dtype)
+    if isinstance(v, (tuple, list)):
+        return TupleType([_type_of_value(x) for x in v])
+    raise TypeError(f"a Function returned a {type(v).__name__}; expected tensors or tuples of tensors")
+
+
+class CompileContext:
+    """State shared by blocks while type-checking: type ids, the operation table, the
+    registered modules and metrics, and recursion bookkeeping."""
+
+    def __init__(self, owner: "Compiler"):
+        self.owner = owner
+        self.types: List[TensorType] = []
+        self._tids: Dict[TensorType, int] = {}
+        self.ops: List[Operation] = []
+        self._op_keys: Dict[Any, Operation] = {}
+        self.metric_types: Dict[str, TensorType] = {}
+        self._decl_state: Dict[Any, str] = {}
+        self._decl_input: Dict[Any, Type] = {}
+        self.inferred: List[Block] = []
+        self.pending = 0
+        self.module_names: Dict[int, str] = {}
+
+    # -- types and operations ------------------------------------------------------------
+    def tid(self, t: TensorType) -> int:
+        tid = self._tids.get(t)
+        if tid is None:
+            tid = self._tids[t] = len(self.types)
+            self.types.append(t)
+        return tid
+
+    def _new_op(self, key, kind, name, in_type, out_type, fn, block) -> Operation:
+        op = self._op_keys.get(key)
+        if op is None:
+            op = Operation(len(self.ops), kind, name, in_type, out_type,
+                           [self.tid(t) for t in flatten_tensor_types(in_type)],
+                           [self.tid(t) for t in flatten_tensor_types(out_type)], fn, block)
+            self.ops.append(op)
+            self._op_keys[key] = op
+        return op
+
+    def builtin_op(self, key, kind, name, in_type, out_type, fn, block) -> Operation:
+        return self._new_op(key, kind, name, in_type, out_type, fn, block)
+
+    def function_op(self, block, in_type, out_type) -> Operation:
+        if not flatten_tensor_types(in_type):
+            raise BlockTypeError(block, "at least one tensor", in_type)
+        fn = block.fn
+        path = block._scope  # names of the enclosing named blocks, ending with the Function's
+        name = ".".join(path)
+        op = self._new_op(("fn", id(fn), in_type, out_type), "call", name, in_type, out_type, fn, block)
+        if isinstance(fn, nn.Module) and id(fn) not in self.module_names:
+            self.module_names[id(fn)] = self.owner._register_module(path, fn)
+        return op
+
+    def register_metric(self, name: str, t: TensorType, block):
+        old = self.metric_types.setdefault(name, t)
+        if old != t:
+            raise BlockTypeError(block, f"{old!r} like the other Metric({name!r}) blocks", t)
+
+    def infer_function_output(self, block, in_type: Type) -> Type:
+        """Call the function once on zeros (batch of 1, eval mode, no grad) to learn its output type."""
+        fn = block.fn
+        device = torch.device("cpu")
+        modes = []
+        if isinstance(fn, nn.Module):
+            p = next(fn.parameters(), None)
+            if p is not None:
+                device = p.device
+            modes = [(m, m.training) for m in fn.modules()]
+            fn.eval()
+        flat = [torch.zeros((1,) + t.shape, dtype=torch_dtype(t.dtype), device=device)
+                for t in flatten_tensor_types(in_type)]
+        try:
+            with torch.no_grad():
+                if isinstance(in_type, TensorType):
+                    out = fn(flat[0])
+                else:
+                    out = fn(*unflatten_value(in_type, flat)[0])
+            return _type_of_value(out)
+        except Exception as err:
+            raise BlockTypeError(block, repr(in_type), in_type,
+                                 f"calling it on zeros of that type raised {err!r}; "
+                                 "fix the function or pass output_type=") from err
+        finally:
+            for m, mode in modes:
+                m.training = mode
+
+    # -- recursion -------------------------------------------------------------------------
+    def note_inferred(self, block):
+        self.inferred.append(block)
+
+    def note_pending(self):
+        self.pending += 1
+
+    def infer_declaration(self, decl, in_type: Type, ref) -> Type:
+        state = self._decl_state.get(decl)
+        if state is not None:
+            if self._decl_input[decl] != in_type:
+                raise BlockTypeError(ref, repr(self._decl_input[decl]), in_type,
+                                     f"all references to {decl!r} must get the same input type")
+            if decl.output_type is not None:
+                return decl.output_type
+            raise Pending()
+        self._decl_state[decl] = "active"
+        self._decl_input[decl] = in_type
+        mark, pending0 = len(self.inferred), self.pending
+        scope = (decl.name,) if decl.name and decl.name != "forward" else ()
+        path = decl.name or "forward"
+        try:
+            out = decl.block.infer(in_type, self, path, scope)
+        except Pending:
+            raise BlockTypeError(ref, repr(in_type), in_type,
+                                 f"cannot infer the output type of recursive {decl!r}: give "
+                                 "ForwardDeclaration(output_type=...)") from None
+        if decl.output_type is not None and out != decl.output_type:
+            raise BlockTypeError(decl.block, f"(output) {decl.output_type!r} as declared by {decl!r}", out)
+        if decl.output_type is None and self.pending > pending0:
+            # Some recursive cases were skipped: now that the type is known, infer again.
+            decl.output_type = out
+            for b in self.inferred[mark:]:
+                b._reset_types()
+            del self.inferred[mark:]
+            out2 = decl.block.infer(in_type, self, path, scope)
+            if out2 != out:
+                raise BlockTypeError(decl.block, f"(output) {out!r}", out2, "inconsistent recursive type")
+        decl.output_type = out
+        self._decl_state[decl] = "done"
+        return out
+
+
+def _check_output_type(t: Type, where: str):
+    if isinstance(t, PyObjectType):
+        raise TypeError(f"{where}: the compiled block's output contains a Python object type; "
+                        "the output must be tensors, tuples, sequences or Void")
+    if isinstance(t, TupleType):
+        for i in t.items:
+            _check_output_type(i, where)
+    elif isinstance(t, SequenceType):
+        _check_output_type(t.element, where)
+
+
+class Compiler(nn.Module):
+    """Compiles a block for dynamic batching.
+
+    Args:
+      block: the root block.
+      scheduler: a scheduler name (``'depth'``, see ``schedulers.SCHEDULERS``) or instance.
+      input_type: the root block's input type (Python objects by default).
+    """
+
+    def __init__(self, block: Block, scheduler="depth", input_type: Type = PyObjectType()):
+        super().__init__()
+        self.register_buffer("_device_probe", torch.zeros(0), persistent=False)
+        self.root = block
+        self.scheduler = get_scheduler(scheduler)
+        cc = CompileContext(self)
+        self.input_type = input_type
+        self.output_type = block.infer(input_type, cc, block.name or "root", ())
+        _check_output_type(self.output_type, repr(block))
+        self.types: List[TensorType] = cc.types
+        self.ops: List[Operation] = cc.ops
+        self.metric_types: Dict[str, TensorType] = dict(cc.metric_types)
+        self.metric_tids = {k: cc.tid(t) for k, t in self.metric_types.items()}
+        self.op_info = OpInfo(arity=[op.arity for op in self.ops],
+                              out_tids=[op.out_tids for op in self.ops],
+                              names=[op.name for op in self.ops])
+        sig = repr([(op.name, op.in_type, op.out_type) for op in self.ops]) + repr(self.types)
+        self.signature = hashlib.sha1(sig.encode()).hexdigest()[:16]
+        self.metrics: Dict[str, torch.Tensor] = {}
+
+    # -- parameters --------------------------------------------------------------------------
+    def _register_module(self, path: Tuple[str, ...], module: nn.Module) -> str:
+        """Add ``module`` under the dotted ``path`` (containers created as needed); returns
+        its full name.  Clashing names get a numeric suffix."""
+        def free(parent, name):
+            return name not in parent._modules and name not in parent.__dict__ and not hasattr(type(parent), name)
+
+        parent: nn.Module = self
+        parts = [re.sub(r"\W", "_", p) or "_" for p in path]
+        full = []
+        for p in parts[:-1]:
+            name, k = p, 1
+            while True:
+                child = parent._modules.get(name)
+                if child is not None and type(child) is nn.Module:
+                    break
+                if child is None and free(parent, name):
+                    child = nn.Module()
+                    parent.add_module(name, child)
+                    break
+                name, k = f"{p}_{k}", k + 1
+            full.append(name)
+            parent = child
+        leaf = parts[-1]
+        name, k = leaf, 1
+        while not free(parent, name):
+            name, k = f"{leaf}_{k}", k + 1
+        parent.add_module(name, module)
+        return ".".join(full + [name])
+
+    @property
+    def device(self) -> torch.device:
+        return self._device_probe.device
+
+    # -- planning ------------------------------------------------------------------------------
+    def trace(self, inputs: Iterable) -> Tuple[GraphTracer, list]:
+        """Trace ``inputs`` into one graph; returns the tracer and each input's output value."""
+        tracer = GraphTracer(len(self.types))
+        roots = []
+        old = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(old, _RECURSION_LIMIT))
+        try:
+            trace_fn = self.root._trace
+            for i, x in enumerate(inputs):
+                try:
+                    roots.append(trace_fn(x, tracer))
+                except BlockInputError as err:
+                    raise InputError(i, err) from err
+        finally:
+            sys.setrecursionlimit(old)
+        return tracer, roots
+
+    def build_batch(self, inputs: Iterable) -> Batch:
+        """Trace and schedule ``inputs``; returns a picklable :class:`Batch` (numpy only)."""
+        t0 = time.perf_counter()
+        tracer, roots = self.trace(inputs)
+        trace = tracer.finish()
+        t1 = time.perf_counter()
+        steps = self.scheduler.assign(trace, self.op_info)
+        low = lower(trace, self.op_info, steps, len(self.types))
+        b = low.builder
+        hc, hr = low.handle_chunk, low.handle_row
+        outputs = self._layout(roots, self.output_type, b, hc, hr)
+        metrics = {}
+        for name, tid in self.metric_tids.items():
+            hs = np.asarray(tracer.metrics.get(name, ()), np.int64)
+            metrics[name] = b.gather(tid, hc[hs], hr[hs])
+        consts = []
+        for tid, t in enumerate(self.types):
+            vals = tracer.consts[tid]
+            arr = np.array(vals, dtype=t.dtype) if vals else np.zeros((0,) + t.shape, t.dtype)
+            consts.append(arr.reshape((len(vals),) + t.shape))
+        index_data = b.finish()
+        t2 = time.perf_counter()
+        stats = dict(low.stats)
+        stats.update(index_selects=float(b.n_index_selects), gathered_rows=float(b.gathered_rows),
+                     trace_s=t1 - t0, schedule_s=t2 - t1)
+        return Batch(size=len(roots), consts=consts, calls=low.calls, step_bounds=low.step_bounds,
+                     index_data=index_data, outputs=outputs, metrics=metrics, stats=stats,
+                     signature=self.signature)
+
+    def _layout(self, values, t: Type, b, hc, hr):
+        if isinstance(t, TensorType):
+            hs = np.asarray(values, np.int64)
+            return ("t", b.gather(self._tid_of(t), hc[hs], hr[hs]))
+        if isinstance(t, TupleType):
+            return ("u", [self._layout([v[i] for v in values], it, b, hc, hr) for i, it in enumerate(t.items)])
+        if isinstance(t, SequenceType):
+            lengths = np.asarray([len(v) for v in values], np.int64)
+            flat = [e for v in values for e in v]
+            return ("s", self._layout(flat, t.element, b, hc, hr), lengths)
+        return ("v",)
+
+    def _tid_of(self, t: TensorType) -> int:
+        return self.types.index(t)
+
+    # -- execution -----------------------------------------------------------------------------
+    def forward(self, batch: Batch):
+        """Execute ``batch``; returns outputs with one row per input (see module docstring).
+
+        Sets ``self.metrics``: name -> tensor of every value ``Metric(name)`` saw, in input order.
+        """
+        if not isinstance(batch, Batch):
+            raise TypeError(f"Compiler.forward takes a Batch from build_batch, got {type(batch).__name__}")
+        if batch.signature != self.signature:
+            raise ValueError("this Batch was built by a different compiler (operation tables differ)")
+        result = execute(batch, self.ops, self.types, self.device)
+        self.metrics = result.metrics
+        return result.outputs
+
+    # -- reference -------------------------------------------------------------------------------
+    def reference(self, inputs: Sequence):
+        """Evaluate each input on its own, eagerly, with batch-size-1 tensors.
+
+        Returns the same structure as ``forward`` and sets ``self.metrics`` likewise.  This is
+        the unbatched reference the batched executor is tested against.
+        """
+        ctx = EagerContext(self.types, self.device)
+        values = []
+        old = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(old, _RECURSION_LIMIT))
+        try:
+            for i, x in enumerate(inputs):
+                try:
+                    values.append(self.root._trace(x, ctx))
+                except BlockInputError as err:
+                    raise InputError(i, err) from err
+        finally:
+            sys.setrecursionlimit(old)
+        self.metrics = {name: self._cat(ctx.metrics.get(name, []), self.metric_types[name])
+                        for name in self.metric_types}
+        return self._assemble(values, self.output_type)
+
+    def _cat(self, tensors, t: TensorType):
+        if not tensors:
+            return torch.zeros((0,) + t.shape, dtype=torch_dtype(t.dtype), device=self.device)
+        return torch.cat(tensors)
+
+    def _assemble(self, values, t: Type):
+        if isinstance(t, TensorType):
+            return self._cat(values, t)
+        if isinstance(t, TupleType):
+            return tuple(self._assemble([v[i] for v in values], it) for i, it in enumerate(t.items))
+        if isinstance(t, SequenceType):
+            lengths = torch.tensor([len(v) for v in values], dtype=torch.int64, device=self.device)
+            return SequenceOutput(self._assemble([e for v in values for e in v], t.element), lengths)
+        return None
+
+    def extra_repr(self) -> str:
+        return f"{self.root!r}: {self.input_type!r} -> {self.output_type!r}, {len(self.ops)} operations"

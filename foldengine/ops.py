@@ -1,0 +1,118 @@
+"""Operations: the units that dynamic batching schedules (paper sec. 2).
+
+An :class:`Operation` is a function over *batched* tensors with fixed input and output
+tensor types.  Two kinds exist:
+
+* ``"call"``: a fixed number of input slots (the tensors of ``in_type``, flattened depth
+  first) and output slots (the tensors of ``out_type``).  ``Function`` and ``Concat``
+  blocks compile to these.  :meth:`Operation.apply` turns the flat list of batched inputs
+  back into the structure the user's callable expects (a tuple input arrives as positional
+  arguments, nested tuples as tuples) and flattens what it returns.
+* ``"reduce"``: a variadic reduction (sum, mean or max) of any number of values of one
+  tensor type into one value of that type; ``Sum``, ``Mean``, ``Max`` compile to these.
+  The batched executor computes all nodes of one step with a single segment reduction.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence
+
+import torch
+
+from .types import TensorType, TupleType, Type, flatten_tensor_types, torch_dtype
+
+__all__ = ["Operation", "OperationError", "flatten_value", "unflatten_value"]
+
+
+class OperationError(RuntimeError):
+    """An operation returned something that does not match its declared output type."""
+
+
+def flatten_value(t: Type, value, out: list) -> list:
+    """Append the tensors of ``value`` (structured as type ``t``) to ``out``, depth first."""
+    if isinstance(t, TensorType):
+        out.append(value)
+    else:
+        if not isinstance(value, (tuple, list)) or len(value) != len(t.items):
+            raise OperationError(f"expected a tuple of {len(t.items)} values for {t!r}, got {type(value).__name__}")
+        for it, v in zip(t.items, value):
+            flatten_value(it, v, out)
+    return out
+
+
+def unflatten_value(t: Type, flat: Sequence, pos: int = 0):
+    """Inverse of :func:`flatten_value`; returns ``(value, next_pos)``."""
+    if isinstance(t, TensorType):
+        return flat[pos], pos + 1
+    items = []
+    for it in t.items:
+        v, pos = unflatten_value(it, flat, pos)
+        items.append(v)
+    return tuple(items), pos
+
+
+class Operation:
+    """A batched operation with fixed tensor types.
+
+    Attributes:
+      op_id: index in the compiler's operation table (stable for a given block).
+      kind: ``"call"`` or ``"reduce"``.
+      name: readable name used in errors and statistics.
+      in_type / out_type: the block-level types (tensor structures).
+      in_tids / out_tids: type ids of the flattened input and output slots.
+      fn: the callable on batched tensors (``"call"``) or the mode ``"sum"|"mean"|"max"``.
+    """
+
+    def __init__(self, op_id: int, kind: str, name: str, in_type: Type, out_type: Type,
+                 in_tids: Sequence[int], out_tids: Sequence[int], fn: Any, block=None):
+        self.op_id = op_id
+        self.kind = kind
+        self.name = name
+        self.in_type = in_type
+        self.out_type = out_type
+        self.in_tids = tuple(in_tids)
+        self.out_tids = tuple(out_tids)
+        self.fn = fn
+        self.block = block
+        self.out_shapes = tuple(t.shape for t in flatten_tensor_types(out_type))
+        self.out_dtypes = tuple(torch_dtype(t.dtype) for t in flatten_tensor_types(out_type))
+        self._tuple_in = isinstance(in_type, TupleType)
+        self._simple_in = isinstance(in_type, TensorType)
+        self._simple_out = isinstance(out_type, TensorType)
+        self._flat_tuple_in = self._tuple_in and all(isinstance(t, TensorType) for t in in_type.items)
+
+    @property
+    def arity(self) -> int:
+        """Number of input slots (``-1`` for variadic reductions)."""
+        return -1 if self.kind == "reduce" else len(self.in_tids)
+
+    def apply(self, flat_inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+        """Run a ``"call"`` operation on batched inputs (all with the same leading size)."""
+        if self._simple_in:
+            out = self.fn(flat_inputs[0])
+        elif self._flat_tuple_in:
+            out = self.fn(*flat_inputs)
+        elif self._tuple_in:
+            structured, _ = unflatten_value(self.in_type, flat_inputs)
+            out = self.fn(*structured)
+        else:  # empty tuple
+            out = self.fn()
+        if self._simple_out:
+            outs = [out]
+        else:
+            try:
+                outs = flatten_value(self.out_type, out, [])
+            except OperationError as err:
+                raise OperationError(f"operation {self.name}: {err}") from None
+        n = flat_inputs[0].shape[0] if flat_inputs else None
+        for o, shape, dtype in zip(outs, self.out_shapes, self.out_dtypes):
+            if not isinstance(o, torch.Tensor) or tuple(o.shape[1:]) != shape or o.dtype != dtype or (
+                    n is not None and o.shape[0] != n):
+                got = (f"tensor of shape {tuple(o.shape)} {str(o.dtype).replace('torch.', '')}"
+                       if isinstance(o, torch.Tensor) else type(o).__name__)
+                raise OperationError(
+                    f"operation {self.name} declared output type {self.out_type!r} but returned a {got} "
+                    f"for a batch of {n}")
+        return outs
+
+    def __repr__(self):
+        return f"Operation({self.op_id}, {self.name}: {self.in_type!r} -> {self.out_type!r})"

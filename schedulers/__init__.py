@@ -1,0 +1,30 @@
+"""Dynamic-batching schedulers (numpy only): a :class:`Trace` in, a step per node out.
+
+``get_scheduler(name)`` returns a scheduler by name; ``SCHEDULERS`` lists the names.
+"""
+from __future__ import annotations
+
+from .base import LoweredSchedule, OpInfo, Scheduler, Trace, lower, validate_steps
+from .depth import DepthScheduler
+
+SCHEDULERS = {"depth": DepthScheduler}
+
+
+def register(cls):
+    """Class decorator adding a scheduler to :data:`SCHEDULERS` under ``cls.name``."""
+    SCHEDULERS[cls.name] = cls
+    return cls
+
+
+def get_scheduler(spec) -> Scheduler:
+    """A scheduler instance from a name (``'depth'``, ...) or an instance."""
+    if isinstance(spec, Scheduler):
+        return spec
+    try:
+        return SCHEDULERS[spec]()
+    except KeyError:
+        raise ValueError(f"unknown scheduler {spec!r}; available: {sorted(SCHEDULERS)}") from None
+
+
+__all__ = ["Scheduler", "Trace", "OpInfo", "LoweredSchedule", "lower", "validate_steps",
+           "DepthScheduler", "SCHEDULERS", "get_scheduler", "register"]

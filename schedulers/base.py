@@ -1,0 +1,287 @@
+"""The scheduler interface: a traced batch (numpy) in, a step assignment out.
+
+A :class:`Trace` is the merged computation graph of a batch of inputs, as plain numpy
+arrays.  Nodes are calls of operations; *handles* are the values that flow along edges:
+either a node's output slot or a constant row.
+
+A scheduler decides, for each node, the *step* at which it runs (``steps[node] >= 1``,
+strictly greater than the steps of the nodes it reads).  Every node of one operation in
+one step runs as a single batched call.  :func:`lower` turns an assignment into the
+gather indices the executor needs (a :class:`LoweredSchedule`); it is shared by all
+schedulers, so any valid assignment computes exactly the same values.
+
+Nothing here imports torch: schedules are built in data-loading workers and pickled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["Trace", "OpInfo", "Scheduler", "LoweredSchedule", "lower", "validate_steps",
+           "GatherBuilder"]
+
+
+@dataclass
+class OpInfo:
+    """What a scheduler may know about the operation table.
+
+    ``arity[op]``: number of input slots, ``-1`` for variadic reductions.
+    ``out_tids[op]``: type ids of the output slots.
+    ``names[op]``: readable names (for statistics).
+    """
+    arity: List[int]
+    out_tids: List[Tuple[int, ...]]
+    names: List[str]
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.arity)
+
+
+@dataclass
+class Trace:
+    """A batch of traced inputs as one DAG (numpy arrays; int64 unless stated).
+
+    node_op[N] (int32): operation of each node.
+    node_in_ptr[N+1]: CSR offsets of each node's input handles in ``edge_src``.
+    edge_src[E]: input handles, in slot order.
+    node_out[N]: first output handle of each node (its outputs are consecutive).
+    handle_type[H] (int32): type id of each handle.
+    handle_node[H]: producing node, or -1 for a constant.
+    handle_index[H]: output slot of the producing node, or row of the constant in its type.
+    node_depth[N] (int32): ASAP level: 1 + max level of its inputs (constants are level 0).
+    n_consts[T]: number of constants of each type.
+    """
+    node_op: np.ndarray
+    node_in_ptr: np.ndarray
+    edge_src: np.ndarray
+    node_out: np.ndarray
+    handle_type: np.ndarray
+    handle_node: np.ndarray
+    handle_index: np.ndarray
+    node_depth: np.ndarray
+    n_consts: np.ndarray
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.node_op)
+
+    def consumers(self) -> Tuple[np.ndarray, np.ndarray]:
+        """CSR of consumer nodes per node: ``(ptr[N+1], consumer_nodes)`` (duplicates kept)."""
+        n = self.n_nodes
+        dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(self.node_in_ptr))
+        src_node = self.handle_node[self.edge_src] if len(self.edge_src) else np.zeros(0, np.int64)
+        keep = src_node >= 0
+        src_node, dst = src_node[keep], dst[keep]
+        order = np.argsort(src_node, kind="stable")
+        ptr = np.zeros(n + 1, np.int64)
+        np.add.at(ptr, src_node + 1, 1)
+        return np.cumsum(ptr), dst[order]
+
+
+class Scheduler:
+    """Assigns a step to every node of a :class:`Trace`.
+
+    Subclasses implement :meth:`assign`; the result must satisfy
+    ``steps[n] > steps[m]`` for every edge ``m -> n`` (checked by :func:`validate_steps`
+    in tests) and ``steps >= 1``.
+    """
+
+    name = "base"
+
+    def assign(self, trace: Trace, ops: OpInfo) -> np.ndarray:
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
+def validate_steps(trace: Trace, steps: np.ndarray) -> None:
+    """Raise ``ValueError`` unless ``steps`` respects every dependency of ``trace``."""
+    if trace.n_nodes == 0:
+        return
+    if steps.min() < 1:
+        raise ValueError("steps must be >= 1")
+    dst = np.repeat(np.arange(trace.n_nodes), np.diff(trace.node_in_ptr))
+    src_node = trace.handle_node[trace.edge_src]
+    keep = src_node >= 0
+    bad = steps[dst[keep]] <= steps[src_node[keep]]
+    if bad.any():
+        i = np.flatnonzero(bad)[0]
+        raise ValueError(f"node {dst[keep][i]} at step {steps[dst[keep][i]]} reads node "
+                         f"{src_node[keep][i]} at step {steps[src_node[keep][i]]}")
+
+
+# ---------------------------------------------------------------------------------------
+# Lowering: step assignment -> calls and gathers
+# ---------------------------------------------------------------------------------------
+
+#: A gather spec, as read by the executor:
+#:   ("one", tid, chunk, start, length)            rows start..start+length of one chunk (a view)
+#:   ("idx", tid, chunk, off, length)              chunk.index_select(index_data[off:off+length])
+#:   ("cat", tid, (pieces...), perm_off, length)   concatenation of one-chunk pieces, then
+#:                                                 reordered by index_data[perm_off:...] (-1: none)
+#:   ("all", tid, (chunks...), off, length)        concatenate whole chunks, then index_select
+#:   ("empty", tid, 0, 0, 0)                       zero rows
+GatherSpec = tuple
+
+
+class GatherBuilder:
+    """Accumulates index arrays into one int64 buffer and builds gather specs."""
+
+    def __init__(self, chunk_sizes: Dict[int, List[int]]):
+        self.parts: List[np.ndarray] = []
+        self.size = 0
+        self.chunk_sizes = chunk_sizes
+        self.n_index_selects = 0
+        self.gathered_rows = 0
+
+    def add(self, arr: np.ndarray) -> int:
+        off = self.size
+        arr = np.ascontiguousarray(arr, dtype=np.int64)
+        self.parts.append(arr)
+        self.size += len(arr)
+        return off
+
+    def finish(self) -> np.ndarray:
+        return np.concatenate(self.parts) if self.parts else np.zeros(0, np.int64)
+
+    def _piece(self, tid, chunk, rows):
+        n = len(rows)
+        if n and rows[-1] - rows[0] == n - 1 and (n == 1 or np.all(np.diff(rows) == 1)):
+            return ("one", tid, int(chunk), int(rows[0]), n)
+        self.n_index_selects += 1
+        return ("idx", tid, int(chunk), self.add(rows), n)
+
+    def gather(self, tid: int, chunks: np.ndarray, rows: np.ndarray) -> GatherSpec:
+        n = len(rows)
+        if n == 0:
+            return ("empty", tid, 0, 0, 0)
+        self.gathered_rows += n
+        first = chunks[0]
+        if np.all(chunks == first):
+            return self._piece(tid, first, rows)
+        uniq, inverse = np.unique(chunks, return_inverse=True)
+        sizes = self.chunk_sizes[tid]
+        total = sum(sizes[c] for c in uniq)
+        if len(uniq) > 6 and total <= 4 * n:
+            # Few rows skipped: concatenating whole chunks is cheaper than many gathers.
+            starts = np.zeros(int(uniq.max()) + 1, np.int64)
+            acc = 0
+            for c in uniq:
+                starts[c] = acc
+                acc += sizes[c]
+            self.n_index_selects += 1
+            return ("all", tid, tuple(int(c) for c in uniq), self.add(starts[chunks] + rows), n)
+        order = np.argsort(inverse, kind="stable")
+        bounds = np.searchsorted(inverse[order], np.arange(len(uniq) + 1))
+        pieces = tuple(self._piece(tid, uniq[k], rows[order[bounds[k]:bounds[k + 1]]])
+                       for k in range(len(uniq)))
+        perm = np.empty(n, np.int64)
+        perm[order] = np.arange(n)
+        self.n_index_selects += 1
+        return ("cat", tid, pieces, self.add(perm), n)
+
+
+@dataclass
+class LoweredSchedule:
+    """The executable part of a batch (numpy arrays and small ints only).
+
+    calls: one tuple per batched call, in execution order:
+        ``(op_id, n_nodes, gathers, seg)`` where ``gathers`` is a tuple of gather specs
+        (one per input slot; a single spec over all inputs for reductions) and ``seg`` is
+        ``(offset, length)`` of the segment ids of a reduction in ``index_data`` (else None).
+    step_bounds: ``calls[step_bounds[s]:step_bounds[s+1]]`` form step ``s``.
+    index_data: every index array, concatenated (moved to the device once per batch).
+    chunk_sizes: rows of each value chunk per type (chunk 0 holds the constants).
+    handle_chunk / handle_row: where each handle's value lives (used to build output and
+        metric gathers); not needed by the executor.
+    stats: scheduler-independent measures (steps, calls, gathered rows, ...).
+    """
+    calls: List[tuple]
+    step_bounds: List[int]
+    index_data: Optional[np.ndarray]
+    chunk_sizes: Dict[int, List[int]]
+    handle_chunk: np.ndarray
+    handle_row: np.ndarray
+    stats: Dict[str, float] = field(default_factory=dict)
+    builder: Optional[GatherBuilder] = None
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + l)`` for each pair (vectorised)."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    offs = np.cumsum(lengths) - lengths
+    return np.repeat(starts - offs, lengths) + np.arange(total, dtype=np.int64)
+
+
+def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> LoweredSchedule:
+    """Group nodes by (step, operation) and compute all gather indices.
+
+    Within a call, nodes are ordered by where their first input lives, so that the first
+    input is usually a contiguous slice (no gather at all).
+    """
+    n_nodes = trace.n_nodes
+    H = len(trace.handle_type)
+    handle_chunk = np.full(H, -1, np.int64)
+    handle_row = np.full(H, -1, np.int64)
+    is_const = trace.handle_node < 0
+    handle_chunk[is_const] = 0
+    handle_row[is_const] = trace.handle_index[is_const]
+    chunk_sizes: Dict[int, List[int]] = {t: [int(trace.n_consts[t])] for t in range(n_types)}
+    builder = GatherBuilder(chunk_sizes)
+    calls: List[tuple] = []
+    step_bounds = [0]
+    if n_nodes:
+        steps = np.asarray(steps, np.int64)
+        key = steps * ops.n_ops + trace.node_op
+        order = np.argsort(key, kind="stable")
+        skey = key[order]
+        cut = np.flatnonzero(np.diff(skey)) + 1
+        starts = np.concatenate([[0], cut])
+        ends = np.concatenate([cut, [n_nodes]])
+        call_steps = steps[order[starts]]
+        in_ptr = trace.node_in_ptr
+        for ci in range(len(starts)):
+            nodes = order[starts[ci]:ends[ci]]
+            op = int(trace.node_op[nodes[0]])
+            arity = ops.arity[op]
+            n = len(nodes)
+            first = in_ptr[nodes]
+            if arity > 0:
+                h0 = trace.edge_src[first]
+                sort_key = handle_chunk[h0] * (H + 1) + handle_row[h0]
+                nodes = nodes[np.argsort(sort_key, kind="stable")]
+                first = in_ptr[nodes]
+            if arity >= 0:
+                gathers = []
+                for slot in range(arity):
+                    h = trace.edge_src[first + slot]
+                    tid = int(trace.handle_type[h[0]])
+                    gathers.append(builder.gather(tid, handle_chunk[h], handle_row[h]))
+                seg = None
+            else:
+                lengths = in_ptr[nodes + 1] - first
+                h = trace.edge_src[_ranges(first, lengths)]
+                tid = ops.out_tids[op][0]
+                gathers = [builder.gather(tid, handle_chunk[h], handle_row[h])]
+                seg_ids = np.repeat(np.arange(n, dtype=np.int64), lengths)
+                seg = (builder.add(seg_ids), len(seg_ids))
+            outs = trace.node_out[nodes]
+            for slot, tid in enumerate(ops.out_tids[op]):
+                sizes = chunk_sizes[tid]
+                handle_chunk[outs + slot] = len(sizes)
+                handle_row[outs + slot] = np.arange(n)
+                sizes.append(n)
+            calls.append((op, n, tuple(gathers), seg))
+            if ci + 1 == len(starts) or call_steps[ci + 1] != call_steps[ci]:
+                step_bounds.append(len(calls))
+    n_steps = len(step_bounds) - 1
+    stats = {"nodes": float(n_nodes), "steps": float(n_steps), "calls": float(len(calls))}
+    return LoweredSchedule(calls=calls, step_bounds=step_bounds, index_data=None,
+                           chunk_sizes=chunk_sizes, handle_chunk=handle_chunk,
+                           handle_row=handle_row, stats=stats, builder=builder)
