@@ -1,0 +1,375 @@
+"""Stanford Sentiment Treebank (SST): parsing PTB-format trees into compact tuples.
+
+Tree encoding (the contract every consumer relies on)
+-----------------------------------------------------
+A tree is nested plain tuples, cheap to pickle (Ray Data) and fast to walk:
+
+* leaf:       ``(label, word)``         -- ``len(node) == 2``
+* inner node: ``(label, left, right)``  -- ``len(node) == 3``
+
+``label`` is a Python ``int`` in ``0..4`` (0 very negative .. 4 very positive).  ``word`` is
+the token exactly as written in the file (``str``, interned), e.g. ``-LRB-``, ``co-writer\\/director``,
+``8\\u00a01\\/2``; nothing is unescaped.  :func:`normalize_token` maps a token to its plain
+form (``-LRB-`` -> ``(``, ``\\/`` -> ``/``, ``\\*`` -> ``*``) for embedding look-up only.
+After :func:`pipelines.sst.vocab.Vocab.index_tree` the leaf's second field is an ``int`` word
+id instead, with the same shape.  Dispatch with :func:`is_leaf` (``len(node) == 2``).
+
+Parsing uses :meth:`nltk.Tree.fromstring` with token patterns that split only on ASCII
+whitespace and parentheses, so the two train tokens containing U+00A0 (``8 1\\/2``,
+``2 1\\/2``) stay one token each (nltk's default ``\\s`` would split them).
+
+Loading
+-------
+:func:`load_split` locates ``sst/<split>.txt`` through :func:`pipelines.datadir.resolve_data_file`
+(``data_dir`` argument, ``$FOLD_DATA_DIR``, user cache, else the canonical Stanford zip),
+verifies its SHA-256 against the published sums, and parses it.  Malformed lines raise
+:class:`SSTFormatError` naming ``path:line`` and the problem, or are skipped and counted
+with ``skip_bad=True`` (see :class:`LoadReport`).  Parsed trees of verified, clean files are
+cached as a pickle in the user cache keyed by the file's SHA-256 (second load ~20x faster).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import pathlib
+import pickle
+import sys
+import tempfile
+from collections import Counter
+from typing import Iterable, Iterator, Optional, Union
+
+from nltk import Tree
+
+from pipelines import datadir
+
+__all__ = [
+    "SPLITS", "SST_URL", "SST_SHA256", "LABELS",
+    "SSTFormatError", "SSTChecksumError", "LoadReport", "TreeStats",
+    "parse_line", "load_file", "load_split", "resolve_split_path",
+    "is_leaf", "leaves", "iter_nodes", "to_string", "tree_depth",
+    "binary_label", "binary_trees", "tree_stats", "normalize_token",
+]
+
+SPLITS = ("train", "dev", "test")
+SST_URL = "https://nlp.stanford.edu/sentiment/trainDevTestTrees_PTB.zip"
+#: SHA-256 of the *extracted* files ``trees/<split>.txt`` (same as data/SHA256SUMS).
+SST_SHA256 = {
+    "train": "e2f3f41b0b1e6d4dddc0effe3bfc2d27ed8928079aa9a03d652311614fc5feb7",
+    "dev": "0e9336aed6e4730e19f58d00a77b3f0297efdb755f7b5e598c98a05e3f97ea40",
+    "test": "6e54806dee95cf80cd918e7dfb3f6770f6df24bf826f289a4d1f709e1c8f6761",
+}
+LABELS = range(5)
+_LABEL_OF = {str(i): i for i in LABELS}
+# Tokens are runs of anything but ASCII whitespace and parentheses (U+00A0 is kept).
+_TOKEN = r"[^ \t\n\r\f\v()]+"
+_PARSER_VERSION = 1  # bump when the tuple encoding or parsing rules change (invalidates cache)
+
+Node = tuple  # (label, word) | (label, left, right)
+
+
+class SSTFormatError(ValueError):
+    """A line of an SST file is not a valid binarized sentiment tree (message: ``path:line: why``)."""
+
+
+class SSTChecksumError(ValueError):
+    """An SST split file does not match its published SHA-256."""
+
+
+@dataclasses.dataclass
+class LoadReport:
+    """What :func:`load_file` / :func:`load_split` read.
+
+    ``n_read`` counts trees returned, ``n_skipped`` malformed lines skipped (only with
+    ``skip_bad=True``), ``skipped_lines`` holds ``(line_no, reason)`` with 1-based line numbers.
+    """
+    path: str
+    n_read: int = 0
+    n_skipped: int = 0
+    skipped_lines: list = dataclasses.field(default_factory=list)
+    sha256: Optional[str] = None
+    from_cache: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeStats:
+    """Summary of a list of trees; depth counts nodes on the longest root-to-leaf path."""
+    n_sentences: int
+    n_tokens: int
+    n_nodes: int
+    mean_length: float
+    max_length: int
+    max_depth: int
+    root_label_counts: tuple  # counts of root labels 0..4
+    node_label_counts: tuple  # counts of all node labels 0..4
+
+
+# --------------------------------------------------------------------------- parsing
+
+def _convert(t, intern=sys.intern) -> Node:
+    """nltk.Tree -> tuple encoding, validating shape and labels (raises ValueError)."""
+    label = _LABEL_OF.get(t._label)
+    if label is None:
+        raise ValueError(f"label {t._label!r} is not one of 0..4")
+    n = len(t)
+    if n == 1:
+        child = t[0]
+        if isinstance(child, str):
+            return (label, intern(child))
+        raise ValueError(f"node labelled {label} has a single subtree child (unary node)")
+    if n == 2:
+        left, right = t[0], t[1]
+        if isinstance(left, str) or isinstance(right, str):
+            words = [c for c in (left, right) if isinstance(c, str)]
+            if isinstance(left, str) and isinstance(right, str):
+                raise ValueError(f"leaf labelled {label} has 2 words {words!r} (expected 1)")
+            raise ValueError(f"node labelled {label} mixes a word {words[0]!r} with a subtree")
+        return (label, _convert(left, intern), _convert(right, intern))
+    if n == 0:
+        raise ValueError(f"node labelled {label} has no children")
+    kind = "words" if all(isinstance(c, str) for c in t) else "children"
+    raise ValueError(f"node labelled {label} has {n} {kind} (expected a word or 2 subtrees)")
+
+
+def parse_line(line: str) -> Node:
+    """Parse one SST line (no trailing newline needed) into the tuple encoding.
+
+    Raises ``ValueError`` with a short reason (no file position) for malformed input:
+    empty line, unbalanced parentheses, trailing text, label outside 0..4, unary or
+    n-ary nodes, leaves with several words.
+    """
+    s = line.rstrip("\r\n")
+    if not s.strip(" \t\r\f\v"):
+        raise ValueError("empty line")
+    try:
+        t = Tree.fromstring(s, node_pattern=_TOKEN, leaf_pattern=_TOKEN)
+    except ValueError as err:
+        # nltk's message is multi-line with a caret; keep its first line and the context.
+        msg = " ".join(part.strip() for part in str(err).splitlines() if part.strip() and part.strip() != "^")
+        raise ValueError(f"unbalanced or malformed s-expression: {msg}") from None
+    if isinstance(t, str):  # pragma: no cover - nltk returns a Tree for any '(' input
+        raise ValueError("line is a bare word, not a tree")
+    return _convert(t)
+
+
+def _parse_lines(path: str, text: str, skip_bad: bool) -> tuple[list, LoadReport]:
+    report = LoadReport(path=path)
+    if not text:
+        raise SSTFormatError(f"{path}: file is empty (expected one tree per line)")
+    lines = text.split("\n")
+    if lines[-1] == "":  # final newline
+        lines.pop()
+    trees = []
+    for no, line in enumerate(lines, start=1):
+        try:
+            trees.append(parse_line(line))
+        except (ValueError, RecursionError) as err:
+            reason = str(err) if isinstance(err, ValueError) else "tree too deep"
+            if not skip_bad:
+                raise SSTFormatError(f"{path}:{no}: {reason}") from None
+            report.skipped_lines.append((no, reason))
+    report.n_read = len(trees)
+    report.n_skipped = len(report.skipped_lines)
+    if not trees:
+        raise SSTFormatError(f"{path}: no valid tree in {len(lines)} line(s) "
+                             f"({report.n_skipped} malformed, first: {report.skipped_lines[:1]})")
+    return trees, report
+
+
+def _tree_cache_path(sha256: str) -> pathlib.Path:
+    return datadir.cache_dir() / "sst" / "parsed" / f"{sha256}.v{_PARSER_VERSION}.pkl"
+
+
+def load_file(path: Union[str, os.PathLike], skip_bad: bool = False,
+              expected_sha256: Optional[str] = None, use_cache: bool = False) -> tuple[list, LoadReport]:
+    """Parse an SST-format file: one tree per line, UTF-8.
+
+    Returns ``(trees, report)``: ``trees`` a list of tuple-encoded trees in file order.
+    Raises :class:`SSTFormatError` for an empty file, a file with no valid tree, or (unless
+    ``skip_bad``) the first malformed line; :class:`SSTChecksumError` when ``expected_sha256``
+    is given and does not match.  ``use_cache`` reads/writes a pickle of the parsed trees in
+    the user cache, keyed by the file's SHA-256 (only files with no malformed line are cached).
+    """
+    path = str(path)
+    data = pathlib.Path(path).read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    if expected_sha256 is not None and sha != expected_sha256:
+        raise SSTChecksumError(f"{path}: sha256 {sha} != expected {expected_sha256}; the file is "
+                               "not the canonical SST split (pass verify=False to load it anyway)")
+    cache = _tree_cache_path(sha) if use_cache else None
+    if cache is not None and cache.is_file():
+        try:
+            with open(cache, "rb") as f:
+                trees = pickle.load(f)
+            return trees, LoadReport(path=path, n_read=len(trees), sha256=sha, from_cache=True)
+        except Exception:  # corrupt/partial cache: fall through and re-parse
+            pass
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line_no = data[:err.start].count(b"\n") + 1
+        raise SSTFormatError(f"{path}:{line_no}: not valid UTF-8 ({err.reason})") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    trees, report = _parse_lines(path, text, skip_bad)
+    report.sha256 = sha
+    if cache is not None and not report.n_skipped:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=cache.parent, suffix=".part")
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump(trees, f, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, cache)
+        except OSError:
+            pass  # read-only cache: caching is only an optimisation
+    return trees, report
+
+
+def resolve_split_path(split: str, data_dir=None, url: str = SST_URL) -> pathlib.Path:
+    """Local path of ``sst/<split>.txt``: ``data_dir``, ``$FOLD_DATA_DIR``, the cache, or a download.
+
+    The download fetches ``url`` (the Stanford zip) and extracts ``trees/<split>.txt``; offline
+    it raises :class:`pipelines.datadir.DataNotFoundError` naming every place looked in.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown SST split {split!r}; expected one of {SPLITS}")
+    return datadir.resolve_data_file(f"sst/{split}.txt", data_dir=data_dir, url=url,
+                                     archive_member=f"trees/{split}.txt")
+
+
+def load_split(split: str, data_dir=None, skip_bad: bool = False, verify: bool = True,
+               use_cache: bool = True) -> tuple[list, LoadReport]:
+    """Load SST ``split`` (``"train"``, ``"dev"`` or ``"test"``) as ``(trees, report)``.
+
+    ``verify`` checks the file against :data:`SST_SHA256` (raises :class:`SSTChecksumError`;
+    a freshly downloaded file that fails is deleted from the cache).  Expected sizes:
+    train 8544, dev 1101, test 2210 trees.  See :func:`load_file` for errors and caching.
+    """
+    path = resolve_split_path(split, data_dir)
+    try:
+        return load_file(path, skip_bad=skip_bad,
+                         expected_sha256=SST_SHA256[split] if verify else None,
+                         use_cache=use_cache)
+    except SSTChecksumError:
+        cached = datadir.cache_dir() / f"sst/{split}.txt"
+        if path.resolve() == cached.resolve():
+            cached.unlink(missing_ok=True)  # do not keep a bad download around
+        raise
+
+
+# --------------------------------------------------------------------------- tree helpers
+
+def is_leaf(node: Node) -> bool:
+    """True for a leaf ``(label, word)``, False for an inner node ``(label, left, right)``."""
+    return len(node) == 2
+
+
+def leaves(tree: Node) -> list:
+    """Words (or word ids) of ``tree`` left to right."""
+    out, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if len(node) == 2:
+            out.append(node[1])
+        else:
+            stack.append(node[2])
+            stack.append(node[1])
+    return out
+
+
+def iter_nodes(tree: Node) -> Iterator[Node]:
+    """All nodes in pre-order (root first, left before right)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if len(node) == 3:
+            stack.append(node[2])
+            stack.append(node[1])
+
+
+def tree_depth(tree: Node) -> int:
+    """Nodes on the longest root-to-leaf path (a single leaf has depth 1)."""
+    best, stack = 0, [(tree, 1)]
+    while stack:
+        node, d = stack.pop()
+        if len(node) == 2:
+            best = max(best, d)
+        else:
+            stack.append((node[1], d + 1))
+            stack.append((node[2], d + 1))
+    return best
+
+
+def to_string(tree: Node) -> str:
+    """Serialise back to the PTB line format; ``to_string(parse_line(l)) == l`` for SST lines."""
+    if len(tree) == 2:
+        return f"({tree[0]} {tree[1]})"
+    return f"({tree[0]} {to_string(tree[1])} {to_string(tree[2])})"
+
+
+def binary_label(label: int) -> Optional[int]:
+    """Fine-grained label -> binary: 0, 1 -> 0 (negative); 3, 4 -> 1 (positive); 2 -> None."""
+    if label in (0, 1):
+        return 0
+    if label in (3, 4):
+        return 1
+    if label == 2:
+        return None
+    raise ValueError(f"SST label must be 0..4, got {label!r}")
+
+
+def binary_trees(trees: Iterable[Node]) -> list:
+    """Trees whose root is not neutral (the usual binary task: 6920/872/1821 for train/dev/test).
+
+    Node labels are left fine-grained; map them with :func:`binary_label` where needed.
+    """
+    return [t for t in trees if t[0] != 2]
+
+
+def tree_stats(trees: Iterable[Node]) -> TreeStats:
+    """Counts as in data/README.md section 1 (sentences, tokens, nodes, lengths, depth, labels)."""
+    n = n_tokens = n_nodes = max_len = max_depth = 0
+    roots, labels = Counter(), Counter()
+    for t in trees:
+        n += 1
+        roots[t[0]] += 1
+        length = 0
+        stack = [(t, 1)]
+        while stack:
+            node, d = stack.pop()
+            labels[node[0]] += 1
+            n_nodes += 1
+            if len(node) == 2:
+                length += 1
+                if d > max_depth:
+                    max_depth = d
+            else:
+                stack.append((node[1], d + 1))
+                stack.append((node[2], d + 1))
+        n_tokens += length
+        max_len = max(max_len, length)
+    return TreeStats(n_sentences=n, n_tokens=n_tokens, n_nodes=n_nodes,
+                     mean_length=n_tokens / n if n else 0.0, max_length=max_len,
+                     max_depth=max_depth, root_label_counts=tuple(roots[i] for i in LABELS),
+                     node_label_counts=tuple(labels[i] for i in LABELS))
+
+
+# --------------------------------------------------------------------------- tokens
+
+_UNESCAPE = {"-LRB-": "(", "-RRB-": ")", "-LSB-": "[", "-RSB-": "]", "-LCB-": "{", "-RCB-": "}"}
+
+
+def normalize_token(token: str) -> str:
+    """Plain form of a PTB token, for embedding look-up only (the trees keep the raw token).
+
+    ``-LRB-``/``-RRB-`` (and square/curly variants) -> brackets, ``\\/`` -> ``/``,
+    ``\\*`` -> ``*``, U+00A0 -> ASCII space (``8\\u00a01\\/2`` -> ``8 1/2``).
+    """
+    if token in _UNESCAPE:
+        return _UNESCAPE[token]
+    if "\\" in token:
+        token = token.replace("\\/", "/").replace("\\*", "*")
+    if "\u00a0" in token:
+        token = token.replace("\u00a0", " ")
+    return token
