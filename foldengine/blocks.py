@@ -43,6 +43,7 @@ class BlockTypeError(TypeError):
         self.block = block
         self.expected = expected
         self.got = got
+        self.detail = detail
         where = f" at {block._path}" if getattr(block, "_path", None) else ""
         msg = f"{block!r}{where} expects input {expected}, got {got!r}"
         super().__init__(msg + (f": {detail}" if detail else ""))
@@ -515,8 +516,9 @@ class Pipe(Block):
                 t = self._child(b, t, cc, f"{i}")
             except BlockTypeError as err:
                 if err.block is b and prev is not None:
+                    detail = f"cannot compose {prev!r} >> {b!r}: {prev!r} outputs {err.got!r}"
                     raise BlockTypeError(b, err.expected, err.got,
-                                         f"cannot compose {prev!r} >> {b!r}: {prev!r} outputs {err.got!r}") from None
+                                         f"{err.detail}; {detail}" if err.detail else detail) from None
                 raise
             prev = b
         return t
