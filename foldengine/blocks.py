@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import numpy as np
 import torch
 
-from .ops import flatten_value, unflatten_value
+from .ops import flatten_value, make_flattener, make_unflattener, unflatten_value
 from .trace import BlockInputError
 from .types import (PyObjectType, SequenceType, TensorType, TupleType, Type, TypeMismatch,
                     VoidType, as_type, flatten_tensor_types, torch_dtype)
@@ -221,17 +221,15 @@ class Zeros(Block):
 
     def _infer(self, t, cc):
         flat = flatten_tensor_types(self.type)
-        self._consts = [(cc.tid(tt), np.zeros(tt.shape, tt.dtype) if tt.shape else np.zeros((), tt.dtype))
-                        for tt in flat]
+        self._tids = [(cc.tid(tt), np.zeros(tt.shape, tt.dtype)) for tt in flat]
         self._simple = isinstance(self.type, TensorType)
+        self._unflatten = make_unflattener(self.type)
         return self.type
 
     def _trace(self, x, ctx):
         if self._simple:
-            tid, z = self._consts[0]
-            return ctx.const(tid, z)
-        handles = [ctx.const(tid, z) for tid, z in self._consts]
-        return unflatten_value(self.type, handles)[0]
+            return ctx.zeros(*self._tids[0])
+        return self._unflatten([ctx.zeros(tid, z) for tid, z in self._tids])
 
 
 class InputTransform(Block):
@@ -395,12 +393,13 @@ class Function(Block):
         self._op = cc.function_op(self, t, out)
         self._simple_in = isinstance(t, TensorType)
         self._simple_out = isinstance(out, TensorType)
+        self._flatten = make_flattener(t)
+        self._unflatten = make_unflattener(out)
         return out
 
     def _trace(self, x, ctx):
-        flat = [x] if self._simple_in else flatten_value(self.input_type, x, [])
-        outs = ctx.call(self._op, flat)
-        return outs[0] if self._simple_out else unflatten_value(self.output_type, outs)[0]
+        outs = ctx.call(self._op, [x] if self._simple_in else self._flatten(x))
+        return outs[0] if self._simple_out else self._unflatten(outs)
 
     def __repr__(self):
         return f"Function({self.name!r})"
@@ -435,11 +434,11 @@ class Concat(Block):
         flat_t = TupleType(items)
         fn = _CatFn(dim)
         self._op = cc.builtin_op(("concat", flat_t, dim), "call", "concat", flat_t, out, fn, self)
+        self._flatten = make_flattener(t)
         return out
 
     def _trace(self, x, ctx):
-        flat = flatten_value(self.input_type, x, []) if self.flatten else x
-        return ctx.call(self._op, flat)[0]
+        return ctx.call(self._op, self._flatten(x) if self.flatten else x)[0]
 
 
 class _CatFn:

@@ -257,7 +257,7 @@ class Compiler(nn.Module):
     # -- planning ------------------------------------------------------------------------------
     def trace(self, inputs: Iterable) -> Tuple[GraphTracer, list]:
         """Trace ``inputs`` into one graph; returns the tracer and each input's output value."""
-        tracer = GraphTracer(len(self.types))
+        tracer = GraphTracer(len(self.types), self.op_info.out_tids)
         roots = []
         old = sys.getrecursionlimit()
         sys.setrecursionlimit(max(old, _RECURSION_LIMIT))

@@ -50,6 +50,35 @@ def unflatten_value(t: Type, flat: Sequence, pos: int = 0):
     return tuple(items), pos
 
 
+def _paths(t: Type, prefix: str, out: list) -> list:
+    if isinstance(t, TensorType):
+        out.append(prefix)
+    else:
+        for i, it in enumerate(t.items):
+            _paths(it, f"{prefix}[{i}]", out)
+    return out
+
+
+def make_flattener(t: Type) -> Callable:
+    """A fast ``value -> list of leaves`` for tensor structures of type ``t`` (generated code;
+    values are trusted to match ``t``, as they do after type checking)."""
+    if isinstance(t, TensorType):
+        return lambda x: [x]
+    return eval("lambda x: [" + ", ".join(_paths(t, "x", [])) + "]")  # noqa: S307 - generated from a type
+
+
+def make_unflattener(t: Type) -> Callable:
+    """A fast ``flat sequence -> structured value`` for type ``t`` (inverse of the flattener)."""
+    counter = iter(range(10 ** 9))
+
+    def expr(tt):
+        if isinstance(tt, TensorType):
+            return f"f[{next(counter)}]"
+        inner = ", ".join(expr(i) for i in tt.items)
+        return f"({inner},)" if len(tt.items) == 1 else f"({inner})"
+    return eval("lambda f: " + expr(t))  # noqa: S307 - generated from a type
+
+
 class Operation:
     """A batched operation with fixed tensor types.
 
@@ -71,6 +100,7 @@ class Operation:
         self.out_type = out_type
         self.in_tids = tuple(in_tids)
         self.out_tids = tuple(out_tids)
+        self.n_out = len(self.out_tids)
         self.fn = fn
         self.block = block
         self.out_shapes = tuple(t.shape for t in flatten_tensor_types(out_type))

@@ -11,12 +11,12 @@ Blocks call four methods: ``const(tid, value)`` (a constant tensor row), ``call(
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 import numpy as np
 import torch
 
-from schedulers.base import Trace
+from schedulers.base import Trace, _ranges
 
 __all__ = ["GraphTracer", "EagerContext", "BlockInputError"]
 
@@ -33,50 +33,56 @@ class BlockInputError(ValueError):
 class GraphTracer:
     """Builds the merged computation graph of a batch.
 
-    Handles are ints.  Per handle we keep its type id, producing node (-1 for constants),
-    output slot or constant row, and ASAP depth; per node its operation, inputs and first
-    output handle.  Constants are collected per type for stacking into arrays.
+    Handles are ints numbering every value in creation order.  While tracing we only keep
+    what is cheap to append: each handle's ASAP depth, each node's operation, inputs and
+    first output handle, and the constants (handle and value) per type; :meth:`finish`
+    derives the per-handle arrays with numpy.  ``zeros(tid)`` returns one shared handle per
+    type for all zero constants of the batch.
     """
 
-    __slots__ = ("h_type", "h_node", "h_index", "h_depth", "node_op", "node_ptr", "edges",
-                 "node_out", "consts", "metrics", "n_types")
+    __slots__ = ("h_depth", "node_op", "node_ptr", "edges", "node_out", "consts", "const_h",
+                 "metrics", "n_types", "op_out_tids", "_zeros")
 
-    def __init__(self, n_types: int):
+    def __init__(self, n_types: int, op_out_tids: Sequence[Sequence[int]]):
         self.n_types = n_types
-        self.h_type: List[int] = []
-        self.h_node: List[int] = []
-        self.h_index: List[int] = []
+        self.op_out_tids = op_out_tids
         self.h_depth: List[int] = []
         self.node_op: List[int] = []
         self.node_ptr: List[int] = [0]
         self.edges: List[int] = []
         self.node_out: List[int] = []
         self.consts: List[list] = [[] for _ in range(n_types)]
+        self.const_h: List[list] = [[] for _ in range(n_types)]
         self.metrics: Dict[str, list] = {}
+        self._zeros: Dict[int, int] = {}
 
     def const(self, tid: int, value) -> int:
-        rows = self.consts[tid]
-        h = len(self.h_type)
-        self.h_type.append(tid)
-        self.h_node.append(-1)
-        self.h_index.append(len(rows))
+        h = len(self.h_depth)
         self.h_depth.append(0)
-        rows.append(value)
+        self.const_h[tid].append(h)
+        self.consts[tid].append(value)
+        return h
+
+    def zeros(self, tid: int, value) -> int:
+        """The batch's one shared handle for zeros of type ``tid`` (``value``: that zero array)."""
+        h = self._zeros.get(tid)
+        if h is None:
+            h = self._zeros[tid] = self.const(tid, value)
         return h
 
     def call(self, op, handles) -> range:
         hd = self.h_depth
         depth = 1 + max(map(hd.__getitem__, handles)) if handles else 1
-        node = len(self.node_op)
         self.node_op.append(op.op_id)
-        self.edges.extend(handles)
-        self.node_ptr.append(len(self.edges))
-        h0 = len(self.h_type)
+        edges = self.edges
+        edges.extend(handles)
+        self.node_ptr.append(len(edges))
+        h0 = len(hd)
         self.node_out.append(h0)
-        n_out = len(op.out_tids)
-        self.h_type.extend(op.out_tids)
-        self.h_node.extend([node] * n_out)
-        self.h_index.extend(range(n_out))
+        n_out = op.n_out
+        if n_out == 1:
+            hd.append(depth)
+            return range(h0, h0 + 1)
         hd.extend([depth] * n_out)
         return range(h0, h0 + n_out)
 
@@ -89,16 +95,36 @@ class GraphTracer:
     def finish(self) -> Trace:
         """The numpy trace of everything recorded so far."""
         i64 = np.int64
-        node_op = np.asarray(self.node_op, np.int32)
+        H = len(self.h_depth)
         h_depth = np.asarray(self.h_depth, np.int32)
+        node_op = np.asarray(self.node_op, np.int32)
         node_out = np.asarray(self.node_out, i64)
-        node_depth = h_depth[node_out] if len(node_out) else np.zeros(0, np.int32)
+        n_nodes = len(node_op)
+        handle_type = np.zeros(H, np.int32)
+        handle_node = np.full(H, -1, i64)
+        handle_index = np.zeros(H, i64)
+        for tid, hs in enumerate(self.const_h):
+            if hs:
+                hs = np.asarray(hs, i64)
+                handle_type[hs] = tid
+                handle_index[hs] = np.arange(len(hs))
+        if n_nodes:
+            n_out_of_op = np.asarray([len(t) for t in self.op_out_tids], i64)
+            out_ptr = np.concatenate([[0], np.cumsum(n_out_of_op)])
+            out_flat = np.asarray([t for ts in self.op_out_tids for t in ts], np.int32)
+            n_out = n_out_of_op[node_op]
+            hs = _ranges(node_out, n_out)
+            slot = hs - np.repeat(node_out, n_out)
+            handle_node[hs] = np.repeat(np.arange(n_nodes, dtype=i64), n_out)
+            handle_index[hs] = slot
+            handle_type[hs] = out_flat[np.repeat(out_ptr[node_op], n_out) + slot]
+            node_depth = h_depth[node_out]
+        else:
+            node_depth = np.zeros(0, np.int32)
         return Trace(node_op=node_op, node_in_ptr=np.asarray(self.node_ptr, i64),
                      edge_src=np.asarray(self.edges, i64), node_out=node_out,
-                     handle_type=np.asarray(self.h_type, np.int32),
-                     handle_node=np.asarray(self.h_node, i64),
-                     handle_index=np.asarray(self.h_index, i64), node_depth=node_depth,
-                     n_consts=np.asarray([len(c) for c in self.consts], i64))
+                     handle_type=handle_type, handle_node=handle_node, handle_index=handle_index,
+                     node_depth=node_depth, n_consts=np.asarray([len(c) for c in self.consts], i64))
 
 
 class EagerContext:
@@ -118,6 +144,9 @@ class EagerContext:
         t = self.types[tid]
         arr = np.asarray(value, dtype=t.dtype).reshape((1,) + t.shape)
         return torch.from_numpy(arr.copy()).to(self.device)
+
+    def zeros(self, tid: int, value):
+        return self.const(tid, value)
 
     def call(self, op, handles):
         return op.apply(list(handles))
