@@ -85,6 +85,7 @@ class Block:
         self.output_type: Optional[Type] = None
         self._path: Optional[str] = None
         self._scope: Tuple[str, ...] = ()
+        self._compile_id = -1
 
     # ----- composition --------------------------------------------------------------
     def __rshift__(self, other: "Block") -> "Pipe":
@@ -111,6 +112,9 @@ class Block:
     def infer(self, in_type: Type, cc, path: str, scope: Tuple[str, ...]) -> Type:
         """Check ``in_type`` and return the output type (memoised; a block reused with a
         different input type is an error)."""
+        if self._compile_id != cc.compile_id:  # first visit by this compiler
+            self._reset_types()
+            self._compile_id = cc.compile_id
         if self.input_type is not None:
             if in_type != self.input_type:
                 raise BlockTypeError(self, repr(self.input_type), in_type,

@@ -59,7 +59,11 @@ class CompileContext:
     """State shared by blocks while type-checking: type ids, the operation table, the
     registered modules and metrics, and recursion bookkeeping."""
 
+    _next_id = 0
+
     def __init__(self, owner: "Compiler"):
+        CompileContext._next_id += 1
+        self.compile_id = CompileContext._next_id
         self.owner = owner
         self.types: List[TensorType] = []
         self._tids: Dict[TensorType, int] = {}
@@ -218,6 +222,7 @@ class Compiler(nn.Module):
                               names=[op.name for op in self.ops])
         sig = repr([(op.name, op.in_type, op.out_type) for op in self.ops]) + repr(self.types)
         self.signature = hashlib.sha1(sig.encode()).hexdigest()[:16]
+        block._compiled_signature = self.signature
         self.metrics: Dict[str, torch.Tensor] = {}
 
     # -- parameters --------------------------------------------------------------------------
@@ -257,6 +262,9 @@ class Compiler(nn.Module):
     # -- planning ------------------------------------------------------------------------------
     def trace(self, inputs: Iterable) -> Tuple[GraphTracer, list]:
         """Trace ``inputs`` into one graph; returns the tracer and each input's output value."""
+        if getattr(self.root, "_compiled_signature", None) != self.signature:
+            raise RuntimeError("the block tree was compiled again by another Compiler with different "
+                               "types; build a fresh block tree for each model")
         tracer = GraphTracer(len(self.types), self.op_info.out_tids)
         roots = []
         old = sys.getrecursionlimit()

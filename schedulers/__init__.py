@@ -5,9 +5,11 @@
 from __future__ import annotations
 
 from .base import LoweredSchedule, OpInfo, Scheduler, Trace, lower, validate_steps
+from .agenda import AgendaScheduler
+from .coalesce import CoalescingScheduler
 from .depth import DepthScheduler
 
-SCHEDULERS = {"depth": DepthScheduler}
+SCHEDULERS = {"depth": DepthScheduler, "agenda": AgendaScheduler, "coalesce": CoalescingScheduler}
 
 
 def register(cls):
@@ -27,4 +29,4 @@ def get_scheduler(spec) -> Scheduler:
 
 
 __all__ = ["Scheduler", "Trace", "OpInfo", "LoweredSchedule", "lower", "validate_steps",
-           "DepthScheduler", "SCHEDULERS", "get_scheduler", "register"]
+           "DepthScheduler", "AgendaScheduler", "CoalescingScheduler", "SCHEDULERS", "get_scheduler", "register"]
