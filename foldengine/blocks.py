@@ -136,6 +136,13 @@ class Block:
     def _trace(self, x, ctx):
         raise NotImplementedError
 
+    def _trace_many(self, xs, ctx) -> list:
+        """Trace each of ``xs`` (a list, or an array for Tensor blocks); returns the list of
+        outputs.  Blocks whose work per element is one operation call override this to record
+        all calls at once (the ``Map``/``ZipWith`` fast path)."""
+        t = self._trace
+        return [t(x, ctx) for x in xs]
+
     def children(self) -> List["Block"]:
         return []
 
@@ -189,6 +196,11 @@ class Scalar(Block):
             self._fail(f"expected a scalar, got {type(x).__name__} {x!r:.60}")
         return ctx.const(self._tid, x)
 
+    def _trace_many(self, xs, ctx):
+        if isinstance(xs, np.ndarray) and xs.ndim == 1:
+            return ctx.const_many(self._tid, xs.astype(self.type.dtype, copy=False))
+        return Block._trace_many(self, xs, ctx)
+
 
 class Tensor(Block):
     """NumPy array (or nested list) of a fixed shape -> ``TensorType(shape, dtype)``."""
@@ -210,6 +222,13 @@ class Tensor(Block):
         if arr.shape != self.type.shape:
             self._fail(f"expected an array of shape {list(self.type.shape)}, got shape {list(arr.shape)}")
         return ctx.const(self._tid, arr)
+
+    def _trace_many(self, xs, ctx):
+        if isinstance(xs, np.ndarray) and xs.ndim == len(self.type.shape) + 1:
+            if xs.shape[1:] != self.type.shape:
+                self._fail(f"expected rows of shape {list(self.type.shape)}, got an array of shape {list(xs.shape)}")
+            return ctx.const_many(self._tid, xs.astype(self.type.dtype, copy=False))
+        return Block._trace_many(self, xs, ctx)
 
 
 class Zeros(Block):
@@ -265,6 +284,9 @@ class Identity(Block):
 
     def _trace(self, x, ctx):
         return x
+
+    def _trace_many(self, xs, ctx):
+        return list(xs)
 
 
 class Void(Block):
@@ -405,6 +427,18 @@ class Function(Block):
         outs = ctx.call(self._op, [x] if self._simple_in else self._flatten(x))
         return outs[0] if self._simple_out else self._unflatten(outs)
 
+    def _trace_many(self, xs, ctx):
+        if self._simple_in:
+            slots = [xs if isinstance(xs, list) else list(xs)]
+        else:
+            fl = self._flatten
+            slots = list(zip(*[fl(x) for x in xs])) if len(xs) else [[] for _ in self._op.in_tids]
+        outs = ctx.call_many(self._op, slots)
+        if self._simple_out:
+            return outs
+        un = self._unflatten
+        return [un(o) for o in outs]
+
     def __repr__(self):
         return f"Function({self.name!r})"
 
@@ -444,6 +478,13 @@ class Concat(Block):
     def _trace(self, x, ctx):
         return ctx.call(self._op, self._flatten(x) if self.flatten else x)[0]
 
+    def _trace_many(self, xs, ctx):
+        if self.flatten:
+            fl = self._flatten
+            xs = [fl(x) for x in xs]
+        slots = list(zip(*xs)) if len(xs) else [[] for _ in self._op.in_tids]
+        return ctx.call_many(self._op, slots)
+
 
 class _CatFn:
     """``torch.cat`` along a fixed dimension (picklable)."""
@@ -474,6 +515,11 @@ class _Reduction(Block):
         if isinstance(x, _Broadcast):
             self._fail("cannot reduce an unbounded Broadcast sequence")
         return ctx.reduce(self._op, x if isinstance(x, (list, tuple)) else list(x))
+
+    def _trace_many(self, xs, ctx):
+        if any(isinstance(x, _Broadcast) for x in xs):
+            self._fail("cannot reduce an unbounded Broadcast sequence")
+        return ctx.reduce_many(self._op, xs)
 
 
 class Sum(_Reduction):
@@ -530,6 +576,11 @@ class Pipe(Block):
         for b in self.blocks:
             x = b._trace(x, ctx)
         return x
+
+    def _trace_many(self, xs, ctx):
+        for b in self.blocks:
+            xs = b._trace_many(xs, ctx)
+        return xs
 
     def __repr__(self):
         return " >> ".join(map(repr, self.blocks)) if not self.name else f"Pipe({self.name!r})"
@@ -698,8 +749,7 @@ class Map(Block):
     def _trace(self, x, ctx):
         if isinstance(x, _Broadcast):
             self._fail("cannot Map over an unbounded Broadcast sequence; use ZipWith")
-        f = self.fn._trace
-        return [f(e, ctx) for e in x]
+        return self.fn._trace_many(x if isinstance(x, (list, np.ndarray)) else list(x), ctx)
 
 
 class Fold(Block):
@@ -815,8 +865,7 @@ class ZipWith(Block):
         return SequenceType(self._child(self.fn, TupleType(_zip_types(self, t)), cc, "fn"))
 
     def _trace(self, x, ctx):
-        f = self.fn._trace
-        return [f(e, ctx) for e in _zip_values(self, x)]
+        return self.fn._trace_many(list(_zip_values(self, x)), ctx)
 
 
 class Zip(Block):

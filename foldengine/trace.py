@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence
 
+import itertools
+
 import numpy as np
 import torch
 
@@ -62,6 +64,62 @@ class GraphTracer:
         self.const_h[tid].append(h)
         self.consts[tid].append(value)
         return h
+
+    def const_many(self, tid: int, values) -> list:
+        """Constants for each row of ``values`` (an array ``[n, *shape]``); returns handles."""
+        n = len(values)
+        h0 = len(self.h_depth)
+        self.h_depth.extend([0] * n)
+        hs = list(range(h0, h0 + n))
+        self.const_h[tid].extend(hs)
+        self.consts[tid].extend(values)
+        return hs
+
+    def call_many(self, op, slots) -> list:
+        """``n`` calls of ``op``; ``slots[j][i]`` is input slot j of call i.  Returns each
+        call's output handles (an int per call for single-output operations, else a range)."""
+        n = len(slots[0]) if slots else 0
+        if n == 0:
+            return []
+        hd = self.h_depth
+        get = hd.__getitem__
+        if len(slots) == 1:
+            depths = [d + 1 for d in map(get, slots[0])]
+            self.edges.extend(slots[0])
+        else:
+            depths = [d + 1 for d in map(max, *[map(get, s) for s in slots])]
+            self.edges.extend(itertools.chain.from_iterable(zip(*slots)))
+        arity = len(slots)
+        self.node_op.extend([op.op_id] * n)
+        e_end = len(self.edges)
+        self.node_ptr.extend(range(e_end - arity * (n - 1), e_end + 1, arity))
+        h0 = len(hd)
+        n_out = op.n_out
+        self.node_out.extend(range(h0, h0 + n * n_out, n_out))
+        if n_out == 1:
+            hd.extend(depths)
+            return list(range(h0, h0 + n))
+        hd.extend(itertools.chain.from_iterable(zip(*([depths] * n_out))))
+        return [range(h, h + n_out) for h in range(h0, h0 + n * n_out, n_out)]
+
+    def reduce_many(self, op, groups) -> list:
+        """One reduction node per group of handles; returns their output handles."""
+        n = len(groups)
+        if n == 0:
+            return []
+        hd = self.h_depth
+        get = hd.__getitem__
+        depths = [1 + max(map(get, g)) if len(g) else 1 for g in groups]
+        edges = self.edges
+        e0 = len(edges)
+        edges.extend(itertools.chain.from_iterable(groups))
+        self.node_ptr.extend(itertools.accumulate(map(len, groups), initial=e0))
+        self.node_ptr.pop(-n - 1)  # accumulate repeats the current end as its initial value
+        self.node_op.extend([op.op_id] * n)
+        h0 = len(hd)
+        self.node_out.extend(range(h0, h0 + n))
+        hd.extend(depths)
+        return list(range(h0, h0 + n))
 
     def zeros(self, tid: int, value) -> int:
         """The batch's one shared handle for zeros of type ``tid`` (``value``: that zero array)."""
@@ -150,6 +208,17 @@ class EagerContext:
 
     def call(self, op, handles):
         return op.apply(list(handles))
+
+    def const_many(self, tid, values):
+        return [self.const(tid, v) for v in values]
+
+    def call_many(self, op, slots):
+        n_out = len(op.out_tids)
+        outs = [op.apply(list(args)) for args in zip(*slots)]
+        return [o[0] for o in outs] if n_out == 1 else outs
+
+    def reduce_many(self, op, groups):
+        return [self.reduce(op, list(g)) for g in groups]
 
     def reduce(self, op, handles):
         t = self.types[op.out_tids[0]]

@@ -239,3 +239,20 @@ def test_function_with_nested_tuple_input_and_tuple_output():
     assert c.output_type == TupleType(TensorType(D), TensorType(D))
     rng = random.Random(7)
     assert_batched_matches_reference(c, [vec_inputs(rng, n) for n in [3, 1, 0, 6]])
+
+
+def test_vectorised_map_paths_arrays_and_multi_output_functions():
+    """Map/ZipWith record all element calls at once; arrays feed Map(Tensor) directly."""
+    split = fb.Function(lambda x: (torch.tanh(x), torch.sigmoid(x) * 2), name="split")
+    block = fb.Record([(0, fb.Map(fb.Tensor(3)) >> fb.Map(split)),
+                       (1, fb.Map(fb.Map(fb.Tensor(2)) >> fb.Sum())),
+                       (2, fb.Map(fb.Scalar("int64")))])
+    c = fe.Compiler(block)
+    rng = np.random.default_rng(0)
+    inputs = [(rng.normal(size=(n, 3)).astype(np.float32), rng.normal(size=(n, n, 2)), np.arange(n))
+              for n in [2, 0, 3, 1]]
+    batch, out = assert_batched_matches_reference(c, inputs)
+    assert out[0].values[0].shape == (6, 3) and out[1].values.shape == (6, 2)
+    assert out[2].values.tolist() == [0, 1, 0, 1, 2, 0]
+    with pytest.raises(fe.InputError, match="input 0: Tensor.*rows of shape"):
+        c.build_batch([(np.zeros((2, 4)), np.zeros((2, 2, 2)), np.arange(2))])
