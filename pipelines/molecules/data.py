@@ -1,0 +1,253 @@
+"""Loading the Tox21 and ESOL (Delaney) CSV files into molecule records.
+
+Contract
+--------
+``load_tox21(data_dir=None) -> (records, report)`` and ``load_esol(data_dir=None)`` locate the
+file with :func:`pipelines.datadir.resolve_data_file` (``data_dir``, ``$FOLD_DATA_DIR``, the
+user cache, else a download from the canonical DeepChem URL), check its content checksum
+(``verify=True``), and parse it with the ``csv`` module (no RDKit here: SMILES validity is
+checked by :func:`pipelines.molecules.featurize.featurize_dataset`).
+
+* ``records``: ``list[MoleculeRecord]``, one per kept data row, in file order.
+  ``record.labels`` is ``np.float32 [n_tasks]`` (12 for Tox21 in ``TOX21_TASKS`` order, 1 for
+  ESOL) with ``NaN`` for a missing (empty) label; ``record.smiles`` is stripped.
+* ``report``: :class:`LoadReport` with ``rows_read``, ``rows_kept`` and ``skipped`` rows
+  (``file:line`` and reason).
+
+Errors (all :class:`DataFormatError`, a ``ValueError``): an empty file or a header missing a
+required column (message names the file and the missing columns); with the default
+``on_bad_row="raise"`` a malformed row (wrong field count, empty SMILES, a label that is not
+0/1/empty for Tox21 or not a finite number/empty for ESOL) names ``file:line``.  With
+``on_bad_row="skip"`` such rows are left out and listed in the report instead.  A checksum
+mismatch raises :class:`DataIntegrityError` (pass ``verify=False`` to accept another copy).
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import io
+import math
+import os
+import pathlib
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from pipelines.datadir import resolve_data_file
+
+TOX21_TASKS: tuple[str, ...] = (
+    "NR-AR", "NR-AR-LBD", "NR-AhR", "NR-Aromatase", "NR-ER", "NR-ER-LBD", "NR-PPAR-gamma",
+    "SR-ARE", "SR-ATAD5", "SR-HSE", "SR-MMP", "SR-p53",
+)
+TOX21_ID_COLUMN = "mol_id"
+TOX21_SMILES_COLUMN = "smiles"
+TOX21_RELPATH = "molecules/tox21.csv.gz"
+TOX21_URL = "https://deepchemdata.s3-us-west-1.amazonaws.com/datasets/tox21.csv.gz"
+# sha256 of the *uncompressed* CSV (the .gz bytes depend on the compressor; see data README).
+TOX21_CSV_SHA256 = "7d7e7facd853a63e79ddce4e9c3fcb7a0d83a1c300b603031c0f2c64fbe77761"
+
+ESOL_TARGET_COLUMN = "measured log solubility in mols per litre"
+ESOL_TASKS: tuple[str, ...] = (ESOL_TARGET_COLUMN,)
+ESOL_ID_COLUMN = "Compound ID"
+ESOL_SMILES_COLUMN = "smiles"
+ESOL_RELPATH = "molecules/esol.csv"
+ESOL_URL = "https://deepchemdata.s3-us-west-1.amazonaws.com/datasets/delaney-processed.csv"
+ESOL_SHA256 = "8c06a76f0c6487d29ab0f903e6a7a7139f189ab3c1178f159c8be8964602f189"
+
+
+class DataFormatError(ValueError):
+    """A dataset file does not have the expected columns or a row is malformed."""
+
+
+class DataIntegrityError(ValueError):
+    """A dataset file's content checksum differs from the known release."""
+
+
+@dataclass(frozen=True)
+class MoleculeRecord:
+    """One data row: ``labels`` is float32 [n_tasks], NaN where the label is missing."""
+
+    mol_id: str
+    smiles: str
+    labels: np.ndarray
+    source: str = ""   # file name
+    line: int = 0      # 1-based physical line of the row in the (uncompressed) file
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}:{self.line}"
+
+
+@dataclass(frozen=True)
+class SkippedRow:
+    line: int
+    mol_id: Optional[str]
+    reason: str
+
+
+@dataclass
+class LoadReport:
+    """What a loader read: counts, skipped rows (with ``file:line`` and reason), checksum."""
+
+    path: str
+    tasks: tuple[str, ...]
+    rows_read: int = 0
+    rows_kept: int = 0
+    skipped: list[SkippedRow] = field(default_factory=list)
+    sha256: str = ""            # of the uncompressed content
+    verified: bool = False      # sha256 matched the known release
+
+    def summary(self) -> str:
+        name = os.path.basename(self.path)
+        s = f"{name}: read {self.rows_read} rows, kept {self.rows_kept}, skipped {len(self.skipped)}"
+        for r in self.skipped:
+            s += f"\n  {name}:{r.line} ({r.mol_id or '?'}): {r.reason}"
+        return s
+
+
+# ----------------------------------------------------------------------------- label parsers
+def _parse_binary(text: str) -> float:
+    t = text.strip()
+    if t == "":
+        return math.nan
+    v = float(t)  # ValueError for junk
+    if v not in (0.0, 1.0):
+        raise ValueError(f"label {text!r} is not 0, 1 or empty")
+    return v
+
+
+def _parse_real(text: str) -> float:
+    t = text.strip()
+    if t == "":
+        return math.nan
+    v = float(t)
+    if not math.isfinite(v):
+        raise ValueError(f"value {text!r} is not finite")
+    return v
+
+
+# ----------------------------------------------------------------------------- generic reader
+def _read_text(path: pathlib.Path) -> tuple[str, str]:
+    """(decoded text, sha256 of the uncompressed bytes); ``.gz`` files are decompressed."""
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as err:
+            raise DataFormatError(f"{path}: not a valid gzip file: {err}") from err
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise DataFormatError(f"{path}: not UTF-8/ASCII text: {err}") from err
+    return text, hashlib.sha256(raw).hexdigest()
+
+
+def read_molecule_csv(path: str | os.PathLike, *, id_column: str, smiles_column: str,
+                      label_columns: Sequence[str], parse_label: Callable[[str], float],
+                      on_bad_row: str = "raise") -> tuple[list[MoleculeRecord], LoadReport]:
+    """Parse a molecule CSV with a header row. See the module docstring for the contract."""
+    if on_bad_row not in ("raise", "skip"):
+        raise ValueError(f"on_bad_row must be 'raise' or 'skip', not {on_bad_row!r}")
+    path = pathlib.Path(path)
+    name = path.name
+    text, digest = _read_text(path)
+    report = LoadReport(str(path), tuple(label_columns), sha256=digest)
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = next(reader, None)
+    if header is None or not any(h.strip() for h in header):
+        raise DataFormatError(f"{path}: file is empty (no header row)")
+    header = [h.strip() for h in header]
+    required = [id_column, smiles_column, *label_columns]
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise DataFormatError(f"{path}: missing column(s) {missing}; header has {header}")
+    col = {c: header.index(c) for c in required}
+    label_idx = [col[c] for c in label_columns]
+    records: list[MoleculeRecord] = []
+
+    def bad(line: int, mol_id: Optional[str], reason: str) -> None:
+        if on_bad_row == "raise":
+            raise DataFormatError(f"{path}:{line}: {reason}")
+        report.skipped.append(SkippedRow(line, mol_id, reason))
+
+    for row in reader:
+        line = reader.line_num
+        report.rows_read += 1
+        if not row or (len(row) == 1 and not row[0].strip()):
+            bad(line, None, "blank line")
+            continue
+        if len(row) != len(header):
+            bad(line, None, f"{len(row)} fields, expected {len(header)}")
+            continue
+        mol_id = row[col[id_column]].strip()
+        smiles = row[col[smiles_column]].strip()
+        if not smiles:
+            bad(line, mol_id, "empty SMILES")
+            continue
+        try:
+            labels = np.array([parse_label(row[i]) for i in label_idx], np.float32)
+        except ValueError as err:
+            bad(line, mol_id, f"bad label: {err}")
+            continue
+        records.append(MoleculeRecord(mol_id, smiles, labels, name, line))
+    report.rows_kept = len(records)
+    return records, report
+
+
+def read_tox21_csv(path, *, on_bad_row: str = "raise"):
+    """Records and report for a Tox21 CSV (optionally gzipped) at ``path``."""
+    return read_molecule_csv(path, id_column=TOX21_ID_COLUMN, smiles_column=TOX21_SMILES_COLUMN,
+                             label_columns=TOX21_TASKS, parse_label=_parse_binary,
+                             on_bad_row=on_bad_row)
+
+
+def read_esol_csv(path, *, on_bad_row: str = "raise"):
+    """Records and report for an ESOL (``delaney-processed.csv``) file at ``path``."""
+    return read_molecule_csv(path, id_column=ESOL_ID_COLUMN, smiles_column=ESOL_SMILES_COLUMN,
+                             label_columns=ESOL_TASKS, parse_label=_parse_real,
+                             on_bad_row=on_bad_row)
+
+
+def _verify(report: LoadReport, expected: str, verify: bool) -> None:
+    report.verified = report.sha256 == expected
+    if verify and not report.verified:
+        raise DataIntegrityError(
+            f"{report.path}: content sha256 {report.sha256} differs from the known release "
+            f"{expected}; this is another version of the dataset (see data README). "
+            "Pass verify=False to load it anyway.")
+
+
+def load_tox21(data_dir=None, *, on_bad_row: str = "raise", verify: bool = True):
+    """Tox21 records (labels float32 [12], ``TOX21_TASKS`` order) and a :class:`LoadReport`.
+
+    Expected on the MoleculeNet release: 7831 records, none skipped.  The 8 SMILES RDKit cannot
+    parse are kept here and skipped (and reported) by ``featurize_dataset``.
+    """
+    # No sha256 for the download itself: only the uncompressed content's checksum is known;
+    # it is checked below.
+    path = resolve_data_file(TOX21_RELPATH, data_dir=data_dir, url=TOX21_URL)
+    records, report = read_tox21_csv(path, on_bad_row=on_bad_row)
+    _verify(report, TOX21_CSV_SHA256, verify)
+    return records, report
+
+
+def load_esol(data_dir=None, *, on_bad_row: str = "raise", verify: bool = True):
+    """ESOL records (labels float32 [1]: measured log solubility, mol/L) and a report.
+
+    Expected: 1128 records, target mean -3.0501.
+    """
+    path = resolve_data_file(ESOL_RELPATH, data_dir=data_dir, url=ESOL_URL, sha256=ESOL_SHA256)
+    records, report = read_esol_csv(path, on_bad_row=on_bad_row)
+    _verify(report, ESOL_SHA256, verify)
+    return records, report
+
+
+def labels_matrix(records: Sequence[MoleculeRecord], indices=None) -> np.ndarray:
+    """float32 [M, n_tasks] stacking ``records[i].labels`` for ``i`` in ``indices`` (default all)."""
+    if indices is not None:
+        records = [records[int(i)] for i in indices]
+    if not records:
+        return np.zeros((0, 0), np.float32)
+    return np.stack([r.labels for r in records]).astype(np.float32, copy=False)

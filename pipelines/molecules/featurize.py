@@ -1,0 +1,391 @@
+"""RDKit featurisation of molecules for the weave graph-convolution model.
+
+Follows Kearnes et al. 2016 ("Molecular graph convolutions: moving beyond fingerprints"),
+Tables 1 and 2, in the form DeepChem's ``WeaveFeaturizer`` uses, with the additions the
+project asked for (degree, ring membership and hydrogen-count one-hots).
+
+Contract
+--------
+``featurize(smiles) -> MolGraph`` for one molecule, heavy atoms only (hydrogens implicit,
+as ``Chem.MolFromSmiles`` leaves them), ``N = mol.GetNumAtoms() >= 1``:
+
+* ``atoms``: ``np.float32 [N, N_ATOM_FEATURES]``, columns named by ``ATOM_FEATURE_NAMES``.
+* ``pairs``: ``np.float32 [N, N, N_PAIR_FEATURES]``, columns named by ``PAIR_FEATURE_NAMES``.
+  Symmetric in its first two axes (``pairs[i, j] == pairs[j, i]``) and zero on the diagonal
+  (Kearnes et al.: p_ii = 0). Every pair feature is 0/1.
+
+Atom features (41 columns, in this order):
+
+=====================  ====  ==============================================================
+group                  cols  meaning
+=====================  ====  ==============================================================
+element=...              11  one-hot H, C, N, O, F, P, S, Cl, Br, I, other (metals etc.)
+degree=...                7  one-hot number of heavy-atom neighbours 0..5, 6+
+formal_charge             1  integer formal charge (as float)
+hybridization=...         4  one-hot sp, sp2, sp3, other (s, sp3d, unspecified, ...)
+aromatic                  1  atom is aromatic
+in_ring                   1  atom is in any ring
+ring_size=3..8            6  number of SSSR rings of that size containing the atom
+chirality=R/S             2  CIP label R or S (both 0 when not a labelled stereocentre)
+hbond_donor/acceptor      2  RDKit BaseFeatures.fdef "Donor"/"Acceptor" families
+num_hs=...                5  one-hot total attached hydrogens 0..3, 4+
+gasteiger_charge          1  Gasteiger partial charge; NaN/inf (or failure) -> 0
+=====================  ====  ==============================================================
+
+Pair features (13 columns): ``bond=single|double|triple|aromatic|none`` (one-hot; ``none`` for
+non-bonded pairs, all zero for a bond of any other RDKit type and on the diagonal),
+``same_ring`` (the two atoms share an SSSR ring) and ``distance=1..7`` (one-hot shortest-path
+length in bonds, DeepChem ``max_pair_distance=7`` style; all zero for distance > 7 and for
+atoms in different fragments, i.e. "no distance").  Note: Kearnes et al. use cumulative
+"distance <= d" bits; this module uses DeepChem's exact-distance one-hot as the brief asked.
+
+Failures: an unparsable SMILES raises :class:`SmilesError` naming the SMILES (and mol_id /
+file:line when given).  :func:`featurize_dataset` skips such molecules, records each one in
+its result's ``skipped`` list and logs a warning: never silently.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+import numpy as np
+from rdkit import Chem, RDConfig, rdBase
+from rdkit.Chem import rdPartialCharges
+
+log = logging.getLogger(__name__)
+
+# ----------------------------------------------------------------------------- names / dims
+ELEMENTS: tuple[str, ...] = ("H", "C", "N", "O", "F", "P", "S", "Cl", "Br", "I")
+MAX_DEGREE = 6          # one-hot 0..5 plus "6+"
+HYBRIDIZATIONS = ("sp", "sp2", "sp3", "other")
+RING_SIZES: tuple[int, ...] = (3, 4, 5, 6, 7, 8)
+MAX_HS = 4              # one-hot 0..3 plus "4+"
+MAX_PAIR_DISTANCE = 7   # distance bins 1..7
+BOND_TYPES = ("single", "double", "triple", "aromatic", "none")
+
+ATOM_FEATURE_NAMES: tuple[str, ...] = (
+    *(f"element={e}" for e in ELEMENTS), "element=other",
+    *(f"degree={d}" for d in range(MAX_DEGREE)), f"degree={MAX_DEGREE}+",
+    "formal_charge",
+    *(f"hybridization={h}" for h in HYBRIDIZATIONS),
+    "aromatic",
+    "in_ring",
+    *(f"ring_size={s}" for s in RING_SIZES),
+    "chirality=R", "chirality=S",
+    "hbond_donor", "hbond_acceptor",
+    *(f"num_hs={k}" for k in range(MAX_HS)), f"num_hs={MAX_HS}+",
+    "gasteiger_charge",
+)
+PAIR_FEATURE_NAMES: tuple[str, ...] = (
+    *(f"bond={b}" for b in BOND_TYPES),
+    "same_ring",
+    *(f"distance={d}" for d in range(1, MAX_PAIR_DISTANCE + 1)),
+)
+N_ATOM_FEATURES = len(ATOM_FEATURE_NAMES)   # 41
+N_PAIR_FEATURES = len(PAIR_FEATURE_NAMES)   # 13
+
+_A = {name: i for i, name in enumerate(ATOM_FEATURE_NAMES)}
+_P = {name: i for i, name in enumerate(PAIR_FEATURE_NAMES)}
+_ELEMENT_COL = {e: _A[f"element={e}"] for e in ELEMENTS}
+_HYB_COL = {
+    Chem.HybridizationType.SP: _A["hybridization=sp"],
+    Chem.HybridizationType.SP2: _A["hybridization=sp2"],
+    Chem.HybridizationType.SP3: _A["hybridization=sp3"],
+}
+_BOND_COL = {
+    Chem.BondType.SINGLE: _P["bond=single"],
+    Chem.BondType.DOUBLE: _P["bond=double"],
+    Chem.BondType.TRIPLE: _P["bond=triple"],
+    Chem.BondType.AROMATIC: _P["bond=aromatic"],
+}
+_DIST0 = _P["distance=1"]
+
+
+class SmilesError(ValueError):
+    """A SMILES string RDKit cannot turn into a (non-empty) molecule.
+
+    Attributes: ``smiles``, ``mol_id`` (or None), ``where`` ("file:line" or None), ``reason``.
+    """
+
+    def __init__(self, smiles: str, reason: str = "", mol_id: Optional[str] = None,
+                 where: Optional[str] = None):
+        self.smiles, self.reason, self.mol_id, self.where = smiles, reason, mol_id, where
+        ctx = ", ".join(x for x in (f"mol_id {mol_id}" if mol_id else "", where or "") if x)
+        msg = f"cannot parse SMILES {smiles!r}"
+        if ctx:
+            msg += f" ({ctx})"
+        if reason:
+            msg += f": {reason}"
+        super().__init__(msg)
+
+
+# ----------------------------------------------------------------------------- containers
+@dataclass
+class MolGraph:
+    """Features of one molecule.
+
+    ``atoms``: float32 [N, N_ATOM_FEATURES]; ``pairs``: float32 [N, N, N_PAIR_FEATURES],
+    symmetric, zero diagonal.  ``n_atoms == N >= 1``.  Picklable (plain numpy + str).
+    ``model_input()`` is the ``(atoms, pairs)`` tuple the weave model consumes: iterating
+    ``atoms`` yields N vectors [F]; iterating ``pairs`` yields N sequences of N vectors [P].
+    """
+
+    atoms: np.ndarray
+    pairs: np.ndarray
+    smiles: str = ""
+    mol_id: Optional[str] = None
+
+    @property
+    def n_atoms(self) -> int:
+        return int(self.atoms.shape[0])
+
+    def model_input(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.atoms, self.pairs
+
+    def to_compact(self) -> "CompactMolGraph":
+        return CompactMolGraph(self.atoms, self.pairs.astype(np.uint8), self.smiles, self.mol_id)
+
+
+@dataclass
+class CompactMolGraph:
+    """Storage form of :class:`MolGraph`: pairs kept as uint8 (all pair features are 0/1).
+
+    4x smaller than float32 pairs (all 7823 Tox21 graphs: ~48 MB instead of ~192 MB).
+    ``model_input()`` / ``to_graph()`` give float32 back, bit-identical to the MolGraph.
+    """
+
+    atoms: np.ndarray          # float32 [N, F]
+    pairs_u8: np.ndarray       # uint8 [N, N, P]
+    smiles: str = ""
+    mol_id: Optional[str] = None
+
+    @property
+    def n_atoms(self) -> int:
+        return int(self.atoms.shape[0])
+
+    def model_input(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.atoms, self.pairs_u8.astype(np.float32)
+
+    def to_graph(self) -> MolGraph:
+        return MolGraph(self.atoms, self.pairs_u8.astype(np.float32), self.smiles, self.mol_id)
+
+
+# ----------------------------------------------------------------------------- RDKit helpers
+_FEATURE_FACTORY: Any = None
+
+
+def _feature_factory():
+    """RDKit's ChemicalFeatures factory from ``RDConfig.RDDataDir/BaseFeatures.fdef`` (cached).
+
+    Returns None when the fdef file is absent; donor/acceptor flags then come from SMARTS.
+    """
+    global _FEATURE_FACTORY
+    if _FEATURE_FACTORY is None:
+        path = os.path.join(RDConfig.RDDataDir, "BaseFeatures.fdef")
+        if os.path.isfile(path):
+            from rdkit.Chem import ChemicalFeatures
+            _FEATURE_FACTORY = ChemicalFeatures.BuildFeatureFactory(path)
+        else:  # pragma: no cover - depends on the RDKit install
+            log.warning("RDKit BaseFeatures.fdef not found at %s; using SMARTS donor/acceptor "
+                        "patterns", path)
+            _FEATURE_FACTORY = False
+    return _FEATURE_FACTORY or None
+
+
+# Fallback patterns (simplified from BaseFeatures.fdef) used only without the fdef file.
+_DONOR_SMARTS = Chem.MolFromSmarts("[$([N;!H0;v3,v4&+1]),$([O,S;H1;+0]),n&H1&+0]")
+_ACCEPTOR_SMARTS = Chem.MolFromSmarts(
+    "[$([O,S;H1;v2;!$(*-*=[O,N,P,S])]),$([O,S;H0;v2]),$([O,S;-]),$([N;v3;!$(N-*=[O,N,P,S])]),"
+    "n&H0&+0,$([o,s;+0;!$([o,s]:n);!$([o,s]:c:n)])]")
+
+
+def _donor_acceptor(mol) -> tuple[set[int], set[int]]:
+    fac = _feature_factory()
+    if fac is not None:
+        donors = {i for f in fac.GetFeaturesForMol(mol, includeOnly="Donor") for i in f.GetAtomIds()}
+        accs = {i for f in fac.GetFeaturesForMol(mol, includeOnly="Acceptor") for i in f.GetAtomIds()}
+        return donors, accs
+    return ({m[0] for m in mol.GetSubstructMatches(_DONOR_SMARTS)},  # pragma: no cover
+            {m[0] for m in mol.GetSubstructMatches(_ACCEPTOR_SMARTS)})
+
+
+def _gasteiger(mol, atoms) -> np.ndarray:
+    n = len(atoms)
+    try:
+        rdPartialCharges.ComputeGasteigerCharges(mol)
+        q = np.array([a.GetDoubleProp("_GasteigerCharge") for a in atoms], np.float64)
+    except Exception:  # unsupported element etc.: the paper's "calculated charge" unavailable
+        return np.zeros(n, np.float32)
+    q[~np.isfinite(q)] = 0.0
+    return q.astype(np.float32)
+
+
+def parse_smiles(smiles: str, *, mol_id: Optional[str] = None, where: Optional[str] = None):
+    """``Chem.MolFromSmiles`` (default sanitisation) on the stripped SMILES.
+
+    Raises :class:`SmilesError` (with RDKit's reason) when parsing/sanitising fails or the
+    molecule has no atoms.  RDKit's own stderr messages are suppressed: the reason is in the
+    exception instead.
+    """
+    s = smiles.strip() if isinstance(smiles, str) else smiles
+    if not isinstance(s, str) or not s:
+        raise SmilesError(str(smiles), "empty SMILES", mol_id, where)
+    block = rdBase.BlockLogs()
+    try:
+        mol = Chem.MolFromSmiles(s)
+        if mol is None:
+            raise SmilesError(s, _failure_reason(s), mol_id, where)
+    finally:
+        del block
+    if mol.GetNumAtoms() == 0:
+        raise SmilesError(s, "molecule has no atoms", mol_id, where)
+    return mol
+
+
+def _failure_reason(s: str) -> str:
+    """Why RDKit rejects ``s`` (syntax error vs. the sanitisation exception text)."""
+    raw = Chem.MolFromSmiles(s, sanitize=False)
+    if raw is None:
+        return "SMILES syntax error"
+    try:
+        Chem.SanitizeMol(raw)
+    except Exception as err:  # AtomValenceException, KekulizeException, ...
+        return f"{type(err).__name__}: {err}"
+    return "RDKit could not parse it"
+
+
+# ----------------------------------------------------------------------------- features
+def atom_features(mol) -> np.ndarray:
+    """float32 [N, N_ATOM_FEATURES] for an RDKit molecule (see module docstring)."""
+    n = mol.GetNumAtoms()
+    x = np.zeros((n, N_ATOM_FEATURES), np.float32)
+    atoms = [mol.GetAtomWithIdx(i) for i in range(n)]  # faster than the GetAtoms() wrapper
+    rows = np.arange(n)
+    c_other = _A["element=other"]
+    x[rows, [_ELEMENT_COL.get(a.GetSymbol(), c_other) for a in atoms]] = 1.0
+    x[rows, [_A["degree=0"] + min(a.GetDegree(), MAX_DEGREE) for a in atoms]] = 1.0
+    x[:, _A["formal_charge"]] = [a.GetFormalCharge() for a in atoms]
+    c_hyb_other = _A["hybridization=other"]
+    x[rows, [_HYB_COL.get(a.GetHybridization(), c_hyb_other) for a in atoms]] = 1.0
+    x[:, _A["aromatic"]] = [a.GetIsAromatic() for a in atoms]
+    x[rows, [_A["num_hs=0"] + min(a.GetTotalNumHs(), MAX_HS) for a in atoms]] = 1.0
+    ring_info = mol.GetRingInfo()
+    for ring in ring_info.AtomRings():
+        x[list(ring), _A["in_ring"]] = 1.0
+        size = len(ring)
+        if RING_SIZES[0] <= size <= RING_SIZES[-1]:
+            x[list(ring), _A[f"ring_size={size}"]] += 1.0
+    if any(a.GetChiralTag() != Chem.ChiralType.CHI_UNSPECIFIED for a in atoms):
+        for i, label in Chem.FindMolChiralCenters(mol, includeUnassigned=False):
+            if label in ("R", "S"):
+                x[i, _A[f"chirality={label}"]] = 1.0
+    donors, acceptors = _donor_acceptor(mol)
+    x[sorted(donors), _A["hbond_donor"]] = 1.0
+    x[sorted(acceptors), _A["hbond_acceptor"]] = 1.0
+    x[:, _A["gasteiger_charge"]] = _gasteiger(mol, atoms)
+    return x
+
+
+def pair_features(mol) -> np.ndarray:
+    """float32 [N, N, N_PAIR_FEATURES], symmetric with zero diagonal (see module docstring)."""
+    n = mol.GetNumAtoms()
+    p = np.zeros((n, n, N_PAIR_FEATURES), np.float32)
+    off_diag = ~np.eye(n, dtype=bool)
+    bonded = np.zeros((n, n), bool)
+    for b in range(mol.GetNumBonds()):
+        bond = mol.GetBondWithIdx(b)
+        i, j = bond.GetBeginAtomIdx(), bond.GetEndAtomIdx()
+        bonded[i, j] = bonded[j, i] = True
+        col = _BOND_COL.get(bond.GetBondType())
+        if col is not None:
+            p[i, j, col] = p[j, i, col] = 1.0
+    p[..., _P["bond=none"]] = off_diag & ~bonded
+    same_ring = np.zeros((n, n), bool)
+    for ring in mol.GetRingInfo().AtomRings():
+        idx = np.asarray(ring)
+        same_ring[np.ix_(idx, idx)] = True
+    p[..., _P["same_ring"]] = same_ring & off_diag
+    if n > 1:
+        dist = Chem.GetDistanceMatrix(mol)  # 1e8 between fragments
+        d = np.where(dist <= MAX_PAIR_DISTANCE, np.rint(dist), 0).astype(np.int64)
+        i, j = np.nonzero(d)  # 0 on the diagonal and for "too far / other fragment"
+        p[i, j, _DIST0 + d[i, j] - 1] = 1.0
+    return p
+
+
+def featurize_mol(mol, *, smiles: str = "", mol_id: Optional[str] = None) -> MolGraph:
+    """Features of a sanitised RDKit molecule with at least one atom."""
+    return MolGraph(atom_features(mol), pair_features(mol), smiles, mol_id)
+
+
+def featurize(smiles: str, *, mol_id: Optional[str] = None, where: Optional[str] = None) -> MolGraph:
+    """Parse ``smiles`` (stripped) and featurise it; raises :class:`SmilesError` on failure."""
+    mol = parse_smiles(smiles, mol_id=mol_id, where=where)
+    return featurize_mol(mol, smiles=smiles.strip(), mol_id=mol_id)
+
+
+# ----------------------------------------------------------------------------- datasets
+@dataclass(frozen=True)
+class SkippedMolecule:
+    """A molecule left out of a featurised dataset, and why."""
+
+    index: int                 # position in the input sequence
+    smiles: str
+    mol_id: Optional[str]
+    where: Optional[str]       # "file:line" when known
+    reason: str
+
+
+@dataclass
+class FeaturizedDataset:
+    """Result of :func:`featurize_dataset`.
+
+    ``graphs[k]`` belongs to input item ``kept[k]`` (``kept``: int64 [M], increasing), so the
+    labels of the kept molecules are ``labels[kept]``.  ``skipped`` lists every input item
+    left out, with its reason; ``n_input == len(graphs) + len(skipped)``.
+    """
+
+    graphs: list
+    kept: np.ndarray
+    skipped: list[SkippedMolecule] = field(default_factory=list)
+    n_input: int = 0
+
+    def summary(self) -> str:
+        s = f"featurised {len(self.graphs)}/{self.n_input} molecules, skipped {len(self.skipped)}"
+        if self.skipped:
+            s += ": " + "; ".join(f"{m.mol_id or m.index} ({m.where or '?'}) {m.smiles!r}: "
+                                  f"{m.reason}" for m in self.skipped)
+        return s
+
+
+def featurize_dataset(items: Iterable[Any], *, compact: bool = False) -> FeaturizedDataset:
+    """Featurise many molecules, skipping (and reporting) the unparsable ones.
+
+    ``items``: SMILES strings, or records with ``smiles`` and optional ``mol_id`` / ``where``
+    attributes (e.g. :class:`pipelines.molecules.data.MoleculeRecord`).  With ``compact=True``
+    the graphs are :class:`CompactMolGraph` (uint8 pairs).  Skips are logged as a warning.
+    """
+    graphs, kept, skipped = [], [], []
+    n = 0
+    for idx, item in enumerate(items):
+        n += 1
+        if isinstance(item, str):
+            smiles, mol_id, where = item, None, None
+        else:
+            smiles, mol_id, where = item.smiles, getattr(item, "mol_id", None), getattr(item, "where", None)
+        try:
+            g = featurize(smiles, mol_id=mol_id, where=where)
+        except SmilesError as err:
+            skipped.append(SkippedMolecule(idx, err.smiles, mol_id, where, err.reason))
+            continue
+        graphs.append(g.to_compact() if compact else g)
+        kept.append(idx)
+    result = FeaturizedDataset(graphs, np.asarray(kept, np.int64), skipped, n)
+    if skipped:
+        log.warning("%s", result.summary())
+    return result
+
+
+assert (N_ATOM_FEATURES, N_PAIR_FEATURES) == (41, 13), "update the docs and consumers"
