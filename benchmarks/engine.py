@@ -20,15 +20,7 @@ from foldengine import blocks as fb
 from foldengine.layers import BinaryTreeLSTMCell
 from foldengine.types import PyObjectType, TensorType, TupleType
 
-__all__ = ["TreeLSTMModules", "tree_lstm_compiler", "naive_loss", "label_of", "word_of"]
-
-
-def label_of(node):
-    return node[0]
-
-
-def word_of(node):
-    return node[1]
+__all__ = ["TreeLSTMModules", "tree_lstm_compiler", "tree_lstm_all_nodes_compiler", "naive_loss"]
 
 
 class TreeLSTMModules(nn.Module):
@@ -43,13 +35,11 @@ class TreeLSTMModules(nn.Module):
 
     def leaf(self, x):
         """TreeLSTM(x, 0, 0): ``[B, emb] -> (h, c)``."""
-        z = x.new_zeros(x.shape[0], self.state_size)
-        return self.cell(x, ((z, z), (z, z)))
+        return self.cell.leaf(x)
 
     def pair(self, left, right):
         """TreeLSTM(0, left, right): ``(h, c), (h, c) -> (h, c)``."""
-        x = left[0].new_zeros(left[0].shape[0], self.emb_size)
-        return self.cell(x, (left, right))
+        return self.cell.pair(left, right)
 
 
 class _Leaf(nn.Module):
@@ -96,3 +86,25 @@ def naive_loss(modules: TreeLSTMModules, tree, stoi) -> torch.Tensor:
     """Loss of one tree by plain recursion (batch of one at every node)."""
     h, _ = naive_state(modules, tree, stoi)
     return F.cross_entropy(modules.classifier(h), torch.tensor([tree[0]]))
+
+
+def node_loss(logits, y):
+    return F.cross_entropy(logits, y, reduction="none")
+
+
+def tree_lstm_all_nodes_compiler(modules: TreeLSTMModules, stoi: Dict[str, int], scheduler="depth") -> fe.Compiler:
+    """The SST training model: a classifier and cross-entropy loss on *every* node (as TF
+    Fold's sentiment example); per-node losses go to ``compiler.metrics['loss']``."""
+    S = modules.state_size
+    state = TupleType(TensorType(S), TensorType(S))
+    expr = fb.ForwardDeclaration(PyObjectType(), state, name="tree")
+    word = fb.GetItem(1) >> fb.InputTransform(lambda w: stoi.get(w, 0)) >> fb.Scalar("int64") \
+        >> fb.Function(modules.embedding, name="embedding") >> fb.Function(_Leaf(modules), name="leaf")
+    pair = fb.Record([(1, expr()), (2, expr())]) >> fb.Function(_Pair(modules), name="pair")
+    loss = fb.Function(node_loss, output_type=TensorType(()), name="cross_entropy")
+    head = fb.AllOf(fb.GetItem(0) >> fb.GetItem(0) >> fb.Function(modules.classifier, name="classifier"),
+                    fb.GetItem(1) >> fb.GetItem(0) >> fb.Scalar("int64")) >> loss >> fb.Metric("loss")
+    node = fb.AllOf(fb.OneOf(len, {2: word, 3: pair}), fb.Identity()) >> fb.AllOf(fb.GetItem(0), head) \
+        >> fb.GetItem(0)
+    expr.resolve_to(node)
+    return fe.Compiler(expr() >> fb.Void(), scheduler=scheduler)

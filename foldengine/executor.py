@@ -47,9 +47,9 @@ def _gather(g, chunks: List[List[torch.Tensor]], idx: torch.Tensor, types, devic
         off = g[3]
         return src[g[2]].index_select(0, idx[off:off + g[4]])
     if kind == "cat":
-        parts = [_gather(p, chunks, idx, types, device) for p in g[2]]
+        x = torch.cat([_gather(p, chunks, idx, types, device) for p in g[2]])
         off = g[3]
-        return torch.cat(parts).index_select(0, idx[off:off + g[4]])
+        return x if off < 0 else x.index_select(0, idx[off:off + g[4]])
     if kind == "all":
         off = g[3]
         return torch.cat([src[c] for c in g[2]]).index_select(0, idx[off:off + g[4]])
@@ -91,15 +91,19 @@ def execute(batch: Batch, ops: Sequence[Operation], types: Sequence[TensorType],
         idx = idx.pin_memory()
     idx = idx.to(device, non_blocking=non_blocking)
     chunks = [[_tensor(c).to(device, non_blocking=non_blocking)] for c in batch.consts]
-    for op_id, n, gathers, seg in batch.calls:
+    for op_id, n, gathers, seg, split in batch.calls:
         op = ops[op_id]
         if seg is None:
             outs = op.apply([_gather(g, chunks, idx, types, device) for g in gathers])
         else:
             flat = _gather(gathers[0], chunks, idx, types, device)
             outs = (_reduce(op, flat, idx[seg[0]:seg[0] + seg[1]], n),)
-        for tid, o in zip(op.out_tids, outs):
-            chunks[tid].append(o)
+        if split is None:
+            for tid, o in zip(op.out_tids, outs):
+                chunks[tid].append(o)
+        else:
+            for tid, o in zip(op.out_tids, outs):
+                chunks[tid].extend(torch.split(o, split))
     outputs = _materialize(batch.outputs, chunks, idx, types, device)
     metrics = {name: _gather(g, chunks, idx, types, device) for name, g in batch.metrics.items()}
     return ExecutionResult(outputs, metrics)

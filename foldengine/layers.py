@@ -44,6 +44,26 @@ class BinaryTreeLSTMCell(nn.Module):
         h = torch.sigmoid(o) * torch.tanh(c)
         return h, c
 
+    def leaf(self, x: torch.Tensor) -> State:
+        """``forward(x, ((0, 0), (0, 0)))`` without the work on the zero children."""
+        i, _, _, o, u = self.W(x).chunk(5, 1)
+        u = torch.tanh(u)
+        if self.recurrent_dropout and self.training:
+            u = F.dropout(u, self.recurrent_dropout, True)
+        c = torch.sigmoid(i) * u
+        return torch.sigmoid(o) * torch.tanh(c), c
+
+    def pair(self, left: State, right: State) -> State:
+        """``forward(0, (left, right))`` without the work on the zero input."""
+        (h_l, c_l), (h_r, c_r) = left, right
+        z = torch.addmm(self.W.bias, torch.cat([h_l, h_r], 1), self.U.weight.t())
+        i, f_l, f_r, o, u = z.chunk(5, 1)
+        u = torch.tanh(u)
+        if self.recurrent_dropout and self.training:
+            u = F.dropout(u, self.recurrent_dropout, True)
+        c = torch.sigmoid(i) * u + torch.sigmoid(f_l) * c_l + torch.sigmoid(f_r) * c_r
+        return torch.sigmoid(o) * torch.tanh(c), c
+
 
 class FC(nn.Module):
     """Fully connected layer ``act(x W + b)``: ``[B, in] -> [B, out]`` (TF Fold's ``FC``)."""

@@ -179,6 +179,8 @@ class GatherBuilder:
         bounds = np.searchsorted(inverse[order], np.arange(len(uniq) + 1))
         pieces = tuple(self._piece(tid, uniq[k], rows[order[bounds[k]:bounds[k + 1]]])
                        for k in range(len(uniq)))
+        if np.array_equal(order, np.arange(n)):
+            return ("cat", tid, pieces, -1, n)  # pieces already in order: no reordering
         perm = np.empty(n, np.int64)
         perm[order] = np.arange(n)
         self.n_index_selects += 1
@@ -190,9 +192,10 @@ class LoweredSchedule:
     """The executable part of a batch (numpy arrays and small ints only).
 
     calls: one tuple per batched call, in execution order:
-        ``(op_id, n_nodes, gathers, seg)`` where ``gathers`` is a tuple of gather specs
-        (one per input slot; a single spec over all inputs for reductions) and ``seg`` is
-        ``(offset, length)`` of the segment ids of a reduction in ``index_data`` (else None).
+        ``(op_id, n_nodes, gathers, seg, split)`` where ``gathers`` is a tuple of gather specs
+        (one per input slot; a single spec over all inputs for reductions), ``seg`` is
+        ``(offset, length)`` of the segment ids of a reduction in ``index_data`` (else None),
+        and ``split`` the sizes each output is split into, one chunk each (None: one chunk).
     step_bounds: ``calls[step_bounds[s]:step_bounds[s+1]]`` form step ``s``.
     index_data: every index array, concatenated (moved to the device once per batch).
     chunk_sizes: rows of each value chunk per type (chunk 0 holds the constants).
@@ -222,8 +225,12 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> LoweredSchedule:
     """Group nodes by (step, operation) and compute all gather indices.
 
-    Within a call, nodes are ordered by where their first input lives, so that the first
-    input is usually a contiguous slice (no gather at all).
+    Within a call, nodes are ordered by the step of their first consumer, then by where
+    their first input lives.  Each output is then split (one ``torch.split``: views) into
+    one chunk per first-consumer step, so a later step reads a chunk holding only what it
+    needs: in backward, a gather costs the size of what it reads from, and the split's own
+    backward is one concatenation.  Ordering by first input makes that input a contiguous
+    slice more often.
     """
     n_nodes = trace.n_nodes
     H = len(trace.handle_type)
@@ -238,6 +245,13 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> Lowered
     step_bounds = [0]
     if n_nodes:
         steps = np.asarray(steps, np.int64)
+        in_ptr = trace.node_in_ptr
+        # first step at which each node's outputs are read (a sentinel for sinks)
+        dst = np.repeat(np.arange(n_nodes, dtype=np.int64), np.diff(in_ptr))
+        src = trace.handle_node[trace.edge_src] if len(trace.edge_src) else np.zeros(0, np.int64)
+        keep = src >= 0
+        first_use = np.full(n_nodes, np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(first_use, src[keep], steps[dst[keep]])
         key = steps * ops.n_ops + trace.node_op
         order = np.argsort(key, kind="stable")
         skey = key[order]
@@ -245,18 +259,20 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> Lowered
         starts = np.concatenate([[0], cut])
         ends = np.concatenate([cut, [n_nodes]])
         call_steps = steps[order[starts]]
-        in_ptr = trace.node_in_ptr
         for ci in range(len(starts)):
             nodes = order[starts[ci]:ends[ci]]
             op = int(trace.node_op[nodes[0]])
             arity = ops.arity[op]
             n = len(nodes)
-            first = in_ptr[nodes]
+            fu = first_use[nodes]
             if arity > 0:
-                h0 = trace.edge_src[first]
-                sort_key = handle_chunk[h0] * (H + 1) + handle_row[h0]
-                nodes = nodes[np.argsort(sort_key, kind="stable")]
-                first = in_ptr[nodes]
+                h0 = trace.edge_src[in_ptr[nodes]]
+                loc = handle_chunk[h0] * (H + 1) + handle_row[h0]
+                nodes = nodes[np.lexsort((loc, fu))]
+            else:
+                nodes = nodes[np.argsort(fu, kind="stable")]
+            fu = first_use[nodes]
+            first = in_ptr[nodes]
             if arity >= 0:
                 gathers = []
                 for slot in range(arity):
@@ -271,13 +287,20 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> Lowered
                 gathers = [builder.gather(tid, handle_chunk[h], handle_row[h])]
                 seg_ids = np.repeat(np.arange(n, dtype=np.int64), lengths)
                 seg = (builder.add(seg_ids), len(seg_ids))
+            # split the outputs by first-consumer step
+            bounds = np.flatnonzero(np.diff(fu)) + 1
+            group_start = np.concatenate([[0], bounds])
+            group_sizes = np.diff(np.concatenate([group_start, [n]]))
+            group_of = np.repeat(np.arange(len(group_sizes)), group_sizes)
+            row = np.arange(n) - group_start[group_of]
             outs = trace.node_out[nodes]
             for slot, tid in enumerate(ops.out_tids[op]):
                 sizes = chunk_sizes[tid]
-                handle_chunk[outs + slot] = len(sizes)
-                handle_row[outs + slot] = np.arange(n)
-                sizes.append(n)
-            calls.append((op, n, tuple(gathers), seg))
+                handle_chunk[outs + slot] = len(sizes) + group_of
+                handle_row[outs + slot] = row
+                sizes.extend(int(g) for g in group_sizes)
+            split = tuple(int(g) for g in group_sizes) if len(group_sizes) > 1 else None
+            calls.append((op, n, tuple(gathers), seg, split))
             if ci + 1 == len(starts) or call_steps[ci + 1] != call_steps[ci]:
                 step_bounds.append(len(calls))
     n_steps = len(step_bounds) - 1

@@ -196,3 +196,15 @@ def test_appendix_b_weave_module_on_random_graphs():
         torch.testing.assert_close(got_p, want_p, atol=1e-5, rtol=1e-5)
         a_off += N
         p_off += N * N
+
+
+def test_tree_lstm_cell_leaf_and_pair_shortcuts_equal_forward():
+    cell = BinaryTreeLSTMCell(5, 6)
+    x = torch.randn(4, 5)
+    z = torch.zeros(4, 6)
+    for a, b in zip(cell.leaf(x), cell(x, ((z, z), (z, z)))):
+        torch.testing.assert_close(a, b)
+    left = (torch.randn(4, 6), torch.randn(4, 6))
+    right = (torch.randn(4, 6), torch.randn(4, 6))
+    for a, b in zip(cell.pair(left, right), cell(torch.zeros(4, 5), (left, right))):
+        torch.testing.assert_close(a, b)
