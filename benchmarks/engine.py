@@ -108,3 +108,45 @@ def tree_lstm_all_nodes_compiler(modules: TreeLSTMModules, stoi: Dict[str, int],
         >> fb.GetItem(0)
     expr.resolve_to(node)
     return fe.Compiler(expr() >> fb.Void(), scheduler=scheduler)
+
+
+class Table1Cell(nn.Module):
+    """The Tree-LSTM variant of the paper's speed benchmark (Table 1):
+    ``h0 = relu([l, r] W0 + b0)``, ``[fl, fr, i, g] = h0 W + b``,
+    ``y = sigmoid(fl) l + sigmoid(fr) r + sigmoid(i) tanh(g)``; ``[B, d], [B, d] -> [B, d]``."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+        self.W0 = nn.Linear(2 * size, size)
+        self.W = nn.Linear(size, 4 * size)
+
+    def forward(self, left, right):
+        h0 = torch.relu(self.W0(torch.cat([left, right], 1)))
+        fl, fr, i, g = self.W(h0).chunk(4, 1)
+        return torch.sigmoid(fl) * left + torch.sigmoid(fr) * right + torch.sigmoid(i) * torch.tanh(g)
+
+
+class Table1Modules(nn.Module):
+    def __init__(self, size: int, vocab: int = 1000):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, size)
+        self.cell = Table1Cell(size)
+
+
+def random_binary_tree(rng: random.Random, leaves: int, vocab: int = 1000):
+    """Nested 2-tuples with int leaves; a random split point at each node."""
+    if leaves == 1:
+        return rng.randrange(vocab)
+    k = rng.randint(1, leaves - 1)
+    return (random_binary_tree(rng, k, vocab), random_binary_tree(rng, leaves - k, vocab))
+
+
+def table1_compiler(modules: Table1Modules, scheduler="depth") -> fe.Compiler:
+    """Random binary trees -> root vector ``[B, size]``."""
+    d = modules.cell.size
+    expr = fb.ForwardDeclaration(PyObjectType(), TensorType(d), name="tree")
+    leaf = fb.Scalar("int64") >> fb.Function(modules.embedding, name="embedding")
+    pair = fb.Record([(0, expr()), (1, expr())]) >> fb.Function(modules.cell, name="cell")
+    expr.resolve_to(fb.OneOf(lambda t: isinstance(t, tuple), {False: leaf, True: pair}))
+    return fe.Compiler(expr(), scheduler=scheduler)

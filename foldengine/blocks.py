@@ -339,11 +339,11 @@ class GetItem(Block):
         raise BlockTypeError(self, "a tuple, sequence or Python object", t)
 
     def _trace(self, x, ctx):
-        if isinstance(x, _Broadcast):
-            return x.value
         try:
             return x[self.key]
         except (KeyError, IndexError, TypeError) as err:
+            if isinstance(x, _Broadcast):
+                return x.value
             self._fail(f"cannot get item {self.key!r} of a {type(x).__name__}: {err}")
 
     def __repr__(self):
@@ -424,8 +424,9 @@ class Function(Block):
         return out
 
     def _trace(self, x, ctx):
-        outs = ctx.call(self._op, [x] if self._simple_in else self._flatten(x))
-        return outs[0] if self._simple_out else self._unflatten(outs)
+        if self._simple_out:
+            return ctx.call1(self._op, [x] if self._simple_in else self._flatten(x))
+        return self._unflatten(ctx.call(self._op, [x] if self._simple_in else self._flatten(x)))
 
     def _trace_many(self, xs, ctx):
         if self._simple_in:
@@ -476,7 +477,7 @@ class Concat(Block):
         return out
 
     def _trace(self, x, ctx):
-        return ctx.call(self._op, self._flatten(x) if self.flatten else x)[0]
+        return ctx.call1(self._op, self._flatten(x) if self.flatten else x)
 
     def _trace_many(self, xs, ctx):
         if self.flatten:
@@ -642,7 +643,7 @@ class AllOf(Block):
         return TupleType([self._child(b, t, cc, f"{i}") for i, b in enumerate(self.blocks)])
 
     def _trace(self, x, ctx):
-        return tuple(b._trace(x, ctx) for b in self.blocks)
+        return tuple([b._trace(x, ctx) for b in self.blocks])
 
 
 class OneOf(Block):

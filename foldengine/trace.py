@@ -144,11 +144,30 @@ class GraphTracer:
         hd.extend([depth] * n_out)
         return range(h0, h0 + n_out)
 
+    def call1(self, op, handles) -> int:
+        """A call of a single-output operation; returns its output handle."""
+        hd = self.h_depth
+        if len(handles) == 1:
+            depth = hd[handles[0]] + 1
+        else:
+            depth = 1 + max(map(hd.__getitem__, handles))
+        self.node_op.append(op.op_id)
+        edges = self.edges
+        edges.extend(handles)
+        self.node_ptr.append(len(edges))
+        h = len(hd)
+        self.node_out.append(h)
+        hd.append(depth)
+        return h
+
     def reduce(self, op, handles) -> int:
         return self.call(op, handles)[0]
 
     def metric(self, name: str, handle: int) -> None:
-        self.metrics.setdefault(name, []).append(handle)
+        m = self.metrics.get(name)
+        if m is None:
+            m = self.metrics[name] = []
+        m.append(handle)
 
     def finish(self) -> Trace:
         """The numpy trace of everything recorded so far."""
@@ -208,6 +227,9 @@ class EagerContext:
 
     def call(self, op, handles):
         return op.apply(list(handles))
+
+    def call1(self, op, handles):
+        return op.apply(list(handles))[0]
 
     def const_many(self, tid, values):
         return [self.const(tid, v) for v in values]

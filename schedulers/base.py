@@ -251,7 +251,9 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> Lowered
         src = trace.handle_node[trace.edge_src] if len(trace.edge_src) else np.zeros(0, np.int64)
         keep = src >= 0
         first_use = np.full(n_nodes, np.iinfo(np.int64).max, np.int64)
-        np.minimum.at(first_use, src[keep], steps[dst[keep]])
+        use_src, use_step = src[keep], steps[dst[keep]]
+        by_step = np.argsort(-use_step, kind="stable")  # later writes win: the smallest step
+        first_use[use_src[by_step]] = use_step[by_step]
         key = steps * ops.n_ops + trace.node_op
         order = np.argsort(key, kind="stable")
         skey = key[order]
