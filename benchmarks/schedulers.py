@@ -8,6 +8,7 @@ random 128-leaf trees with the paper's Table-1 cell, and Tox21 weave batches.
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from typing import Callable, Dict, List
 
@@ -15,25 +16,37 @@ import torch
 
 from .reporting import median_time
 
-__all__ = ["measure_scheduler", "sst_workload", "random_tree_workload"]
+__all__ = ["measure_schedulers", "sst_workload", "random_tree_workload"]
 
 
-def measure_scheduler(make_compiler: Callable[[str], object], inputs: List, loss_of: Callable,
-                      scheduler: str, repeats: int = 5) -> Dict[str, float]:
-    """Build and run one batch of ``inputs`` with ``scheduler``; returns the row of figures."""
-    compiler = make_compiler(scheduler)
-    t0 = time.perf_counter()
-    batch = compiler.build_batch(inputs)
-    build_s = time.perf_counter() - t0
-    build_s = min(build_s, median_time(lambda: compiler.build_batch(inputs), 3, 0))
+def measure_schedulers(make_compiler: Callable[[str], object], inputs: List, loss_of: Callable,
+                       schedulers: List[str], repeats: int = 7) -> List[Dict[str, float]]:
+    """Build one batch of ``inputs`` per scheduler, then time forward+backward round-robin
+    (one step of each scheduler per round, median over rounds) so that background load
+    drifts affect all schedulers alike.  Returns one row of figures per scheduler."""
+    runs = []
+    for name in schedulers:
+        compiler = make_compiler(name)
+        batch = compiler.build_batch(inputs)
+        build_s = median_time(lambda: compiler.build_batch(inputs), 3, 0)
+        runs.append((name, compiler, batch, build_s))
 
-    def step():
+    def step(compiler, batch):
         compiler.zero_grad(set_to_none=True)
         loss_of(compiler, compiler(batch)).backward()
-    fwd_bwd = median_time(step, repeats, 2)
-    return {"scheduler": scheduler, "steps": batch.stats["steps"], "calls": batch.stats["calls"],
-            "gathered_rows": batch.stats["gathered_rows"], "index_selects": batch.stats["index_selects"],
-            "build_inputs_per_s": len(inputs) / build_s, "fwd_bwd_s": fwd_bwd}
+    for _, compiler, batch, _ in runs:  # warm-up
+        step(compiler, batch)
+        step(compiler, batch)
+    times = {name: [] for name, *_ in runs}
+    for _ in range(repeats):
+        for name, compiler, batch, _ in runs:
+            t0 = time.perf_counter()
+            step(compiler, batch)
+            times[name].append(time.perf_counter() - t0)
+    return [{"scheduler": name, "steps": batch.stats["steps"], "calls": batch.stats["calls"],
+             "gathered_rows": batch.stats["gathered_rows"], "index_selects": batch.stats["index_selects"],
+             "build_inputs_per_s": len(inputs) / build_s, "fwd_bwd_s": statistics.median(times[name])}
+            for name, _, batch, build_s in runs]
 
 
 def sst_workload(batch_size: int, seed: int = 0, state: int = 150, data_dir=None):

@@ -36,7 +36,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--schedulers", default=",".join(sorted(SCHEDULERS)))
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--out", default=None, help="write the table as JSON here")
@@ -47,17 +47,14 @@ def main(argv=None):
     rows = []
     for wname, make in workloads(args.quick, args.data_dir):
         make_compiler, inputs, loss_of = make()
-        base = None
-        for name in names:
-            row = {"workload": wname, **bs.measure_scheduler(make_compiler, inputs, loss_of, name,
-                                                             repeats=2 if args.quick else args.repeats)}
-            if name == "depth":
-                base = row
-            rows.append(row)
-        for row in rows:
-            if row["workload"] == wname and base is not None:
+        new = [{"workload": wname, **r} for r in bs.measure_schedulers(
+            make_compiler, inputs, loss_of, names, repeats=3 if args.quick else args.repeats)]
+        base = next((r for r in new if r["scheduler"] == "depth"), None)
+        for row in new:
+            if base is not None:
                 row["calls_vs_depth"] = row["calls"] / base["calls"]
                 row["time_vs_depth"] = row["fwd_bwd_s"] / base["fwd_bwd_s"]
+        rows.extend(new)
         print(format_table([r for r in rows if r["workload"] == wname]), flush=True)
     metrics = {f"{r['workload']}.{r['scheduler']}.{k}": r[k] for r in rows
                for k in ("calls_vs_depth", "time_vs_depth", "fwd_bwd_s", "build_inputs_per_s") if k in r}
