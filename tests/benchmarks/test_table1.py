@@ -1,0 +1,112 @@
+"""Smoke tests of the Table 1 workload (benchmarks/table1.py) and its CLI: correctness of the
+three ways of running the same trees, and the output format at a tiny size.  Never timed."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from benchmarks.table1 import (ManualTree, Table1Config, Table1Model, count_leaves, eager_forward,
+                               fill_leaves, fold_compiler, format_report, l2_loss, make_tree_shape,
+                               random_tree, run_table1, summary_metrics, tree_depth)
+from schedulers import SCHEDULERS
+
+D, LEAVES = 16, 16
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def test_tree_generator_matches_the_benchmark():
+    rng = random.Random(0)
+    for n in (1, 2, 7, 128):
+        t = random_tree(n, n, rng)
+        assert count_leaves(t) == n
+        assert 1 <= tree_depth(t) <= n
+    shape = make_tree_shape(5, random.Random(1))
+    assert fill_leaves(shape, [0, 1, 2, 3, 4]) != fill_leaves(shape, [4, 3, 2, 1, 0])
+    with pytest.raises(ValueError):
+        fill_leaves(shape, range(6))
+
+
+@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
+def test_manual_dynamic_eager_agree_forward_and_grads(scheduler):
+    """Same-shape trees: manual == dynamic == eager (values and gradients, 1e-5);
+    different-shape trees: full dynamic == eager."""
+    model = Table1Model(D, vocab=LEAVES)
+    comp = fold_compiler(model, scheduler)
+    rng = random.Random(3)
+    shape = make_tree_shape(LEAVES, rng)
+    b = 5
+    idx = torch.randint(0, LEAVES, (LEAVES, b))
+    trees = [fill_leaves(shape, idx[:, j].tolist()) for j in range(b)]
+
+    def grads_of(fn):
+        model.zero_grad(set_to_none=True)
+        y = fn()
+        l2_loss(y).backward()
+        return y.detach(), [p.grad.clone() for p in model.parameters()]
+
+    y_man, g_man = grads_of(lambda: ManualTree(shape)(model, idx))
+    y_dyn, g_dyn = grads_of(lambda: comp(comp.build_batch(trees)))
+    y_eag, g_eag = grads_of(lambda: torch.cat([eager_forward(model, t, "cpu") for t in trees]))
+    assert y_man.shape == (b, D)
+    torch.testing.assert_close(y_dyn, y_man, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(y_eag, y_man, atol=1e-5, rtol=1e-5)
+    for a, m, e in zip(g_dyn, g_man, g_eag):
+        torch.testing.assert_close(a, m, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(e, m, atol=1e-5, rtol=1e-5)
+
+    full = [random_tree(LEAVES, LEAVES, rng) for _ in range(7)]
+    with torch.no_grad():
+        torch.testing.assert_close(comp(comp.build_batch(full)),
+                                   torch.cat([eager_forward(model, t, "cpu") for t in full]),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_run_table1_rows_are_consistent():
+    cfg = Table1Config(vector_size=D, leaves=LEAVES, batch_sizes=(1, 4), schedulers=("depth",),
+                       repeats=1, warmup=0, threads=1, eager_max_trees=2)
+    res = run_table1(cfg, log=lambda s: None)
+    rows = res["rows"]
+    assert [(r["mode"], r["batch_size"]) for r in rows] == [
+        ("inference", 1), ("training", 1), ("inference", 4), ("training", 4)]
+    for r in rows:
+        assert r["max_abs_diff_manual_dynamic"] < 1e-5 and r["max_abs_diff_full_eager"] < 1e-5
+        b = r["batch_size"]
+        assert r["manual_tree_s"] == pytest.approx(r["manual_batch_s"] / b)
+        assert r["cost_ratio"] == pytest.approx(r["dynamic_batch_s"] / r["manual_batch_s"])
+        assert r["speedup_ratio"] == pytest.approx(r["manual1_tree_s"] / r["full_tree_s"])
+        assert r["eager_trees_timed"] == min(b, 2)
+        assert 0 < r["full_frac_ceiling"]
+        assert r["flops"] == b * (LEAVES - 1) * 12 * D * D * (1 if r["mode"] == "inference" else 3)
+    b1 = [r for r in rows if r["batch_size"] == 1]
+    assert all(r["manual_tree_s"] == r["manual1_tree_s"] for r in b1)
+    text = format_report(res)
+    assert "Table 1 (inference" in text and "Table 1 (training" in text and "p.cost" in text
+    assert "inference.depth.b4.cost_ratio" in summary_metrics(res)
+
+
+def test_script_writes_json_and_logs_mlflow(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    from scripts.bench_table1 import main
+
+    monkeypatch.chdir(tmp_path)   # MLflow's default artifact root ./mlruns lands in tmp_path
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+    out = tmp_path / "res" / "t1.json"
+    res = main(["--quick", "--vector", str(D), "--leaves", str(LEAVES), "--batch-sizes", "1,2",
+                "--repeats", "1", "--warmup", "0", "--threads", "1", "--eager-max-trees", "1",
+                "--schedulers", "depth", "--out", str(out), "--run-name", "smoke"])
+    data = json.loads(out.read_text())
+    assert data["config"]["vector_size"] == D and data["config"]["batch_sizes"] == "1,2"
+    assert len(data["rows"]) == 4 and data["paper_cpu"]["256"]["cost_ratio"] == 1.26
+    run = mlflow.get_run(res["mlflow_run_id"])
+    assert run.data.params["vector_size"] == str(D)
+    assert "inference.depth.b2.cost_ratio" in run.data.metrics
+    arts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
+    assert {"table1.json", "per_tree_time.png", "t1.json"} <= arts
