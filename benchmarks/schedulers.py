@@ -66,9 +66,9 @@ def sst_workload(batch_size: int, seed: int = 0, state: int = 150, data_dir=None
 
 def random_tree_workload(batch_size: int, leaves: int = 128, size: int = 256, seed: int = 0):
     """Table-1 workload: random binary trees, embedding leaves, the benchmark's cell."""
-    from .engine import Table1Modules, random_binary_tree, table1_compiler
+    from .table1 import Table1Model, fold_compiler, l2_loss, random_tree
     torch.manual_seed(seed)
-    modules = Table1Modules(size)
+    model = Table1Model(size, vocab=1000)
     rng = random.Random(seed)
-    trees = [random_binary_tree(rng, leaves) for _ in range(batch_size)]
-    return (lambda s: table1_compiler(modules, s), trees, lambda c, out: out.sum())
+    trees = [random_tree(leaves, 1000, rng) for _ in range(batch_size)]
+    return (lambda s: fold_compiler(model, s), trees, lambda c, out: l2_loss(out))
