@@ -1,0 +1,184 @@
+"""Weave graph convolutions (Kearnes et al. 2016) written with foldengine blocks, as in the
+Fold paper's appendix B.
+
+Input of the model block: one featurised molecule ``(atoms [N, F], pairs [N, N, P])`` (numpy,
+e.g. ``MolGraph.model_input()``), read as ``Map(Tensor(F))`` over atoms and
+``Map(Map(Tensor(P)))`` over pairs.  Output: one row of ``n_out`` logits (or regression values)
+per molecule.
+
+    a_i^y   = f_A(f_A->A(a_i^x), sum_j f_P->A(p_ij^x))                                (4)
+    p_ij^y  = f_P(f_A->P(a_i^x, a_j^x) + f_A->P(a_j^x, a_i^x), f_P->P(p_ij^x))        (5)
+
+with the six functions fully connected ReLU layers.  :func:`weave_module` is the appendix-B
+code line for line; :func:`weave_model` stacks ``n_weave`` of them (each layer reads the
+previous layer's ``(a_y, p_y)``), then gathers atoms into a molecule vector (sum over atoms,
+or Kearnes et al.'s Gaussian-histogram membership summed over atoms, followed by a dense
+layer) and applies a linear head.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+import foldengine as fe
+from foldengine import blocks as fb
+
+__all__ = ["dense", "weave_module", "GaussianHistogram", "weave_model", "build_compiler", "MolBatch",
+           "masked_bce_sum"]
+
+
+def dense(i: int, o: int) -> nn.Module:
+    """A fully connected ReLU layer (the paper's 'typically fully connected ReLU layers')."""
+    return nn.Sequential(nn.Linear(i, o), nn.ReLU())
+
+
+def weave_module(n: int, m: int, d_a: int, d_p: int, name: str = "weave", pair_output: bool = True):
+    """Appendix B, line for line: a Composition from ``(a_x, p_x)`` of type
+    ``Tuple(Sequence(Tensor[n]), Sequence(Sequence(Tensor[m])))`` to ``(a_y, p_y)`` of type
+    ``Tuple(Sequence(Tensor[d_a]), Sequence(Sequence(Tensor[d_p])))``.
+
+    ``pair_output=False`` builds the same block without the pair update (``a_to_p``, ``p_to_p``,
+    ``p_y``, i.e. without ``f_A->P``, ``f_P->P``, ``f_P``) and outputs ``a_y`` alone: for the last
+    layer of a stack, whose ``p_y`` nothing reads (a Composition runs every block wired into it,
+    so an unread ``p_y`` would still cost N^2 calls per molecule).
+
+    Returns ``(block, modules)`` with ``modules`` the ``nn.Module`` of each function by name.
+    """
+    f_a_a = fb.Function(dense(n, d_a), name="f_a_a")
+    f_p_a = fb.Function(dense(m, d_a), name="f_p_a")
+    f_a = fb.Function(dense(2 * d_a, d_a), name="f_a")
+    funcs = dict(f_a_a=f_a_a, f_p_a=f_p_a, f_a=f_a)
+    if pair_output:
+        f_a_p = fb.Function(dense(2 * n, d_p), name="f_a_p")
+        f_p_p = fb.Function(dense(m, d_p), name="f_p_p")
+        f_p = fb.Function(dense(2 * d_p, d_p), name="f_p")
+        funcs.update(f_a_p=f_a_p, f_p_p=f_p_p, f_p=f_p)
+
+        a_i_to_p = fb.Composition(name="a_i_to_p")
+        with a_i_to_p.scope():
+            a_x_i = fb.Broadcast().reads(a_i_to_p.input[0])
+            a_x = a_i_to_p.input[1]
+            f_i_j = fb.ZipWith(fb.Concat() >> f_a_p).reads(a_x_i, a_x)
+            f_j_i = fb.ZipWith(fb.Concat() >> f_a_p).reads(a_x, a_x_i)
+            p = fb.ZipWith(fb.Sum()).reads(f_i_j, f_j_i)
+            a_i_to_p.output.reads(p)
+
+    weave = fb.Composition(name=name)
+    with weave.scope():
+        a_x = weave.input[0]
+        p_x = weave.input[1]
+        a_to_a = fb.Map(f_a_a).reads(a_x)
+        p_to_a = fb.Map(fb.Map(f_p_a) >> fb.Sum()).reads(p_x)
+        a_y = fb.ZipWith(fb.Concat() >> f_a).reads(a_to_a, p_to_a)
+        if pair_output:
+            a_to_p = fb.ZipWith(a_i_to_p).reads(a_x, fb.Broadcast().reads(a_x))
+            p_to_p = fb.Map(fb.Map(f_p_p)).reads(p_x)
+            p_y = fb.ZipWith(fb.ZipWith(fb.Concat() >> f_p)).reads(a_to_p, p_to_p)
+            weave.output.reads(a_y, p_y)
+        else:
+            weave.output.reads(a_y)
+    return weave, {k: v.fn for k, v in funcs.items()}
+
+
+# Kearnes et al. 2016 / DeepChem WeaveGather: 11 Gaussians (mean, std) over a standard normal.
+GAUSSIANS = ((-1.645, 0.283), (-1.080, 0.170), (-0.739, 0.134), (-0.468, 0.118), (-0.228, 0.114),
+             (0.0, 0.114), (0.228, 0.114), (0.468, 0.118), (0.739, 0.134), (1.080, 0.170),
+             (1.645, 0.283))
+
+
+class GaussianHistogram(nn.Module):
+    """Per-atom fuzzy histogram (Kearnes et al. sec. 3.4): each of the ``d`` features gets its
+    normalised membership in 11 Gaussians; ``[B, d] -> [B, 11 d]``.  Features first go through
+    a learned affine ``Linear(d, d)`` (identity init) standing in for DeepChem's batch norm
+    (batch norm over atoms would make a molecule's output depend on the rest of its batch)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.scale = nn.Linear(d, d)
+        nn.init.eye_(self.scale.weight)
+        nn.init.zeros_(self.scale.bias)
+        g = torch.tensor(GAUSSIANS, dtype=torch.float32)
+        self.register_buffer("mu", g[:, 0].clone())
+        self.register_buffer("sigma", g[:, 1].clone())
+
+    def forward(self, x):
+        z = self.scale(x).unsqueeze(-1)                                    # [B, d, 1]
+        logp = -0.5 * ((z - self.mu) / self.sigma) ** 2 - torch.log(self.sigma)
+        w = torch.softmax(logp, dim=-1)                                    # normalised memberships
+        return w.flatten(1)
+
+
+def weave_model(n_atom: int, n_pair: int, n_out: int, *, atom_hidden: int = 50, pair_hidden: int = 50,
+                n_weave: int = 2, gather: str = "sum", mol_hidden: int = 128,
+                final_pair_output: bool = False) -> fb.Block:
+    """The whole model block: molecule ``(atoms [N, n_atom], pairs [N, N, n_pair])`` ->
+    ``Tensor[n_out]`` (logits or regression values).
+
+    ``n_weave`` weave modules (``weave1``, ``weave2``...), the first reading the featurised
+    atoms and pairs, each next one the previous ``(a_y, p_y)``; the last one without its pair
+    update unless ``final_pair_output`` (its ``p_y`` would be computed and never read).  Gather:
+    ``"sum"`` sums the atom vectors; ``"gaussian"`` sums their Gaussian-histogram memberships
+    (``11 * atom_hidden`` features).  Then ``mol_fc`` (dense ReLU to ``mol_hidden``) and the linear
+    ``head``.
+    """
+    if n_weave < 1:
+        raise ValueError("n_weave must be >= 1")
+    inp = fb.Record([(0, fb.Map(fb.Tensor(n_atom))), (1, fb.Map(fb.Map(fb.Tensor(n_pair))))])
+    block: fb.Block = inp
+    n, m = n_atom, n_pair
+    for k in range(n_weave):
+        last = k == n_weave - 1
+        w, _ = weave_module(n, m, atom_hidden, pair_hidden, name=f"weave{k + 1}",
+                            pair_output=not last or final_pair_output)
+        block = block >> w
+        n, m = atom_hidden, pair_hidden
+    if final_pair_output:
+        block = block >> fb.GetItem(0)
+    if gather == "sum":
+        block = block >> fb.Sum()
+        g_dim = atom_hidden
+    elif gather == "gaussian":
+        block = block >> fb.Map(fb.Function(GaussianHistogram(atom_hidden), name="histogram")) >> fb.Sum()
+        g_dim = atom_hidden * len(GAUSSIANS)
+    else:
+        raise ValueError(f"gather must be 'sum' or 'gaussian', got {gather!r}")
+    block = block >> fb.Function(dense(g_dim, mol_hidden), name="mol_fc") \
+        >> fb.Function(nn.Linear(mol_hidden, n_out), name="head")
+    return block
+
+
+def build_compiler(n_atom: int, n_pair: int, n_out: int, **kw) -> fe.Compiler:
+    """``foldengine.Compiler`` of :func:`weave_model` (an ``nn.Module``; ``build_batch`` plans)."""
+    return fe.Compiler(weave_model(n_atom, n_pair, n_out, **kw))
+
+
+@dataclass
+class MolBatch:
+    """What ``make_batch`` ships: the foldengine batch plus the labels carried alongside.
+
+    ``labels``: float32 [B, T] with NaN for missing labels; ``ids``: int64 [B], each
+    molecule's index in its split (predictions are keyed by it for exact ROC-AUC).
+    """
+
+    batch: fe.Batch
+    labels: np.ndarray
+    ids: np.ndarray
+    build_s: float = 0.0
+
+    def __len__(self):
+        return len(self.ids)
+
+
+def masked_bce_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Binary cross-entropy with logits summed over the labelled (non-NaN) entries only.
+
+    Returns ``(sum_loss, n_labelled)``; NaN labels contribute neither loss nor gradient.
+    """
+    mask = ~torch.isnan(labels)
+    y = torch.where(mask, labels, torch.zeros_like(labels))
+    per = nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="none")
+    per = torch.where(mask, per, torch.zeros_like(per))
+    return per.sum(), mask.sum()
