@@ -36,6 +36,20 @@ def _names(s):
     return tuple(x.strip() for x in str(s).split(",") if x.strip())
 
 
+def _git_state() -> dict:
+    """The commit measured, and whether the engine's files differ from it (they change often)."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"commit": git("rev-parse", "HEAD"),
+            "engine_dirty": bool(git("status", "--porcelain", "--", "foldengine", "schedulers"))}
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -96,6 +110,7 @@ def main(argv=None):
     result["command"] = " ".join([os.path.basename(sys.argv[0])] + (sys.argv[1:] if argv is None else list(argv)))
     from benchmarks.reporting import system_info
     result["system"] = system_info()
+    result["git"] = _git_state()
     print()
     print(format_report(result))
 
