@@ -1,0 +1,301 @@
+"""Experiment configuration: YAML file + ``key=value`` overrides, validated against a schema.
+
+A config is a nested ``dict`` loaded from YAML (``conf/*.yaml``).  Every leaf must be declared in
+a *schema*: a flat mapping from dotted key (``"optimizer.lr"``) to a :class:`Field` giving its type,
+default, range or choices.  :data:`BASE_SCHEMA` declares the keys the shared training glue
+(:mod:`pipelines.train`) reads; an experiment adds its own (``Experiment.config_schema``).
+
+    cfg = load_config("conf/sst.yaml", ["optimizer.lr=0.1", "ray.num_workers=2"],
+                      schema=merged_schema(experiment.config_schema))
+
+Overrides are ``dotted.key=value`` with the value parsed as YAML (``lr=1e-3`` is a float,
+``use_gpu=true`` a bool, ``name=null`` None, ``dims=[1,2]`` a list).  An unknown key, a value of the
+wrong type or out of range raises :class:`ConfigError` naming the key and the file it came from.
+A ``Field`` of type ``dict`` declares a free-form subtree whose contents are not checked.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import os
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import yaml
+
+__all__ = [
+    "REQUIRED", "Field", "ConfigError", "BASE_SCHEMA", "merged_schema", "load_config",
+    "apply_overrides", "validate", "flatten", "get", "add_cli_arguments", "config_from_args",
+    "parse_cli",
+]
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+class ConfigError(ValueError):
+    """A config key is unknown, missing, or has a bad value.  ``key`` and ``source`` are set."""
+
+    def __init__(self, message: str, key: Optional[str] = None, source: Optional[str] = None):
+        where = f" (in {source})" if source else ""
+        super().__init__(f"config key {key!r}: {message}{where}" if key else f"{message}{where}")
+        self.key = key
+        self.source = source
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One config key.  ``type`` is a python type or tuple of types (``float`` also accepts int)."""
+
+    type: Any
+    default: Any = REQUIRED
+    min: Optional[float] = None
+    max: Optional[float] = None
+    choices: Optional[tuple] = None
+    nullable: bool = False
+    doc: str = ""
+
+    def check(self, key: str, value: Any, source: Optional[str]) -> Any:
+        if value is None:
+            if self.nullable:
+                return None
+            raise ConfigError("must not be null", key, source)
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        if float in types and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if float in types and str not in types and isinstance(value, str):
+            try:  # PyYAML (YAML 1.1) reads "1e-3" as a string
+                value = float(value)
+            except ValueError:
+                pass
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if not ok:
+            names = "/".join(t.__name__ for t in types)
+            raise ConfigError(f"expected {names}, got {type(value).__name__} {value!r}", key, source)
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"{value!r} is not one of {list(self.choices)}", key, source)
+        if self.min is not None and value < self.min:
+            raise ConfigError(f"{value!r} is below the minimum {self.min}", key, source)
+        if self.max is not None and value > self.max:
+            raise ConfigError(f"{value!r} is above the maximum {self.max}", key, source)
+        return value
+
+
+F = Field
+#: Keys read by :func:`pipelines.train.run`.  Experiments add theirs via ``config_schema``.
+BASE_SCHEMA: dict[str, Field] = {
+    "name": F(str, "experiment", doc="run / MLflow experiment name"),
+    "seed": F(int, 0, min=0),
+    "epochs": F(int, 10, min=1),
+    "batch_size": F(int, 25, min=1, doc="GLOBAL records per optimizer step, split over workers"),
+    "eval_batch_size": F(int, None, min=1, nullable=True, doc="default: batch_size"),
+    "loss_reduction": F(str, "mean", choices=("mean", "sum"),
+                        doc="mean: divide summed loss by records in the global step; sum: don't"),
+    "grad_clip": F(float, 0.0, min=0.0, doc="max global grad norm, 0 = off"),
+    "max_steps_per_epoch": F(int, None, min=1, nullable=True, doc="cap (smoke runs)"),
+    "log_every": F(int, 50, min=0, doc="log training progress every N steps (0 = epoch only)"),
+    "resume_from": F(str, None, nullable=True, doc="a Ray Train checkpoint directory"),
+    "optimizer.name": F(str, "adam", choices=("adagrad", "adam", "adamw", "sgd", "rmsprop")),
+    "optimizer.lr": F(float, 1e-3, min=0.0),
+    "optimizer.weight_decay": F(float, 0.0, min=0.0),
+    "optimizer.momentum": F(float, 0.0, min=0.0, max=1.0, doc="sgd/rmsprop only"),
+    "optimizer.kwargs": F(dict, {}, doc="extra keyword arguments for the torch optimizer"),
+    "data.skip_bad": F(bool, False, doc="skip unparsable records (counted) instead of raising"),
+    "data.cache_eval": F(bool, True, doc="build dev/test batches once (materialize) not per epoch"),
+    "data.progress_bars": F(bool, False, doc="Ray Data progress bars"),
+    "data.blocks_per_epoch": F(int, 16, min=1, doc="Ray Data blocks (parallel tasks) per epoch"),
+    "ray.address": F(str, None, nullable=True, doc="default: $RAY_ADDRESS or a local Ray"),
+    "ray.num_workers": F(int, 2, min=1),
+    "ray.use_gpu": F(bool, False),
+    "ray.cpus_per_worker": F(float, None, min=0.01, nullable=True,
+                             doc="default: sized so Ray Data keeps >= 1 CPU"),
+    "ray.max_failures": F(int, 0, min=-1, doc="worker-group restarts (-1 = unlimited)"),
+    "ray.no_progress_timeout_s": F(float, 600.0, min=1.0, doc="Ray Data stall -> error"),
+    "ray.storage_path": F(str, None, nullable=True, doc="checkpoints; default ./ray_results"),
+    "ray.run_name": F(str, None, nullable=True),
+    "ray.num_to_keep": F(int, 2, min=1, doc="checkpoints kept (each holds the best model)"),
+    "tracking.mode": F(str, "required", choices=("required", "optional", "off"),
+                       doc="required: fail fast when MLflow is unreachable"),
+    "tracking.uri": F(str, None, nullable=True, doc="default: $MLFLOW_TRACKING_URI or sqlite"),
+    "tracking.experiment": F(str, None, nullable=True, doc="default: name"),
+    "tracking.run_name": F(str, None, nullable=True),
+    "tracking.check_timeout_s": F(float, 5.0, min=0.1),
+    "tracking.log_model": F(bool, True, doc="log the best state_dict as an artifact"),
+    "tracking.tags": F(dict, {}),
+}
+del F
+
+
+def merged_schema(*extra: Mapping[str, Field]) -> dict[str, Field]:
+    """``BASE_SCHEMA`` plus experiment schemas (later ones win)."""
+    out = dict(BASE_SCHEMA)
+    for e in extra:
+        out.update(e or {})
+    return out
+
+
+def _free_prefixes(schema: Mapping[str, Field]) -> list[str]:
+    return [k for k, f in schema.items() if f.type is dict]
+
+
+def flatten(cfg: Mapping, prefix: str = "", stop_at: Iterable[str] = ()) -> dict[str, Any]:
+    """Nested dict -> ``{"a.b": v}``.  Subtrees whose dotted key is in ``stop_at`` stay whole."""
+    stop = set(stop_at)
+    out: dict[str, Any] = {}
+    for k, v in cfg.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v and key not in stop:
+            out.update(flatten(v, key + ".", stop))
+        else:
+            out[key] = v
+    return out
+
+
+def _set(cfg: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = cfg
+    for p in parts[:-1]:
+        if not isinstance(node.get(p), dict):
+            node[p] = {}
+        node = node[p]
+    node[parts[-1]] = value
+
+
+def get(cfg: Mapping, key: str, default: Any = None) -> Any:
+    """``get(cfg, "optimizer.lr")``."""
+    node: Any = cfg
+    for p in key.split("."):
+        if not isinstance(node, Mapping) or p not in node:
+            return default
+        node = node[p]
+    return node
+
+
+def _normalize(cfg: dict) -> dict:
+    # Shorthand ``tracking: optional`` / ``tracking: off`` / ``tracking: required``.
+    t = cfg.get("tracking")
+    if isinstance(t, str):
+        cfg["tracking"] = {"mode": t}
+    elif t is False:
+        cfg["tracking"] = {"mode": "off"}
+    return cfg
+
+
+def apply_overrides(cfg: dict, overrides: Sequence[str], schema: Optional[Mapping[str, Field]] = None
+                    ) -> dict:
+    """Apply ``dotted.key=yaml_value`` strings to a copy of ``cfg``."""
+    cfg = copy.deepcopy(cfg)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value", source="command line")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"cannot parse value {raw!r}: {e}", key, "command line") from None
+        if key == "tracking" and isinstance(value, str):
+            key, value = "tracking.mode", value
+        # A string override of a str-typed key stays a string ("name=123" -> "123").
+        if schema is not None and key in schema and schema[key].type is str and value is not None:
+            value = raw
+        _set(cfg, key, value)
+    return cfg
+
+
+def validate(cfg: Mapping, schema: Mapping[str, Field], source: Optional[str] = None) -> dict:
+    """Check ``cfg`` against ``schema``; return a new nested dict with defaults filled in."""
+    free = _free_prefixes(schema)
+    flat = flatten(_normalize(copy.deepcopy(dict(cfg))), stop_at=free)
+    out: dict = {}
+    for key, value in flat.items():
+        if key in schema:
+            field = schema[key]
+            if field.type is dict and isinstance(value, Mapping) and not value:
+                value = {}
+            _set(out, key, field.check(key, value, source))
+            continue
+        owner = next((p for p in free if key.startswith(p + ".")), None)
+        if owner is not None:
+            _set(out, key, value)
+            continue
+        if isinstance(value, Mapping) and not value and any(k.startswith(key + ".") for k in schema):
+            continue  # an empty section
+        near = [k for k in schema if k.split(".")[-1] == key.split(".")[-1]]
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise ConfigError(f"unknown key{hint}", key, source)
+    for key, field in schema.items():
+        if get(out, key, REQUIRED) is REQUIRED:
+            if field.default is REQUIRED:
+                raise ConfigError("is required", key, source)
+            _set(out, key, copy.deepcopy(field.default))
+    return out
+
+
+def load_config(path: Optional[str | os.PathLike] = None, overrides: Sequence[str] = (),
+                schema: Optional[Mapping[str, Field]] = None) -> dict:
+    """Load YAML ``path`` (or start empty), apply ``overrides``, validate, fill defaults."""
+    schema = BASE_SCHEMA if schema is None else schema
+    source = str(path) if path else None
+    cfg: dict = {}
+    if path:
+        with open(path) as f:
+            try:
+                cfg = yaml.safe_load(f) or {}
+            except yaml.YAMLError as e:
+                raise ConfigError(f"invalid YAML: {e}", source=source) from None
+        if not isinstance(cfg, dict):
+            raise ConfigError("top level must be a mapping", source=source)
+    cfg = _normalize(cfg)
+    if overrides:
+        # Validate the file alone first so a bad key in the file is blamed on the file.
+        validate(cfg, schema, source)
+        cfg = apply_overrides(cfg, overrides, schema)
+        source = f"{source} + command line" if source else "command line"
+    return validate(cfg, schema, source)
+
+
+# --------------------------------------------------------------------------- CLI helper
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options every entry point shares."""
+    parser.add_argument("--config", "-c", metavar="PATH", help="YAML config (conf/*.yaml)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="config overrides, e.g. optimizer.lr=0.05 ray.num_workers=2")
+    parser.add_argument("--skip-bad", action="store_true", help="data.skip_bad=true")
+    parser.add_argument("--tracking-optional", action="store_true",
+                        help="train even if the MLflow server is unreachable")
+    parser.add_argument("--no-tracking", action="store_true", help="tracking.mode=off")
+    parser.add_argument("--print-config", action="store_true", help="print the config and exit")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, schema: Optional[Mapping[str, Field]] = None) -> dict:
+    overrides = list(args.overrides or [])
+    if getattr(args, "skip_bad", False):
+        overrides.append("data.skip_bad=true")
+    if getattr(args, "tracking_optional", False):
+        overrides.append("tracking.mode=optional")
+    if getattr(args, "no_tracking", False):
+        overrides.append("tracking.mode=off")
+    return load_config(args.config, overrides, schema)
+
+
+def parse_cli(argv: Optional[Sequence[str]] = None, schema: Optional[Mapping[str, Field]] = None,
+              description: str = "") -> tuple[dict, argparse.Namespace]:
+    """Parse ``argv`` into a validated config.  Exits with status 2 and a message on ConfigError."""
+    parser = add_cli_arguments(argparse.ArgumentParser(description=description))
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args, schema)
+    except (ConfigError, OSError) as e:
+        parser.error(str(e))
+    if args.print_config:
+        print(yaml.safe_dump(cfg, sort_keys=False))
+        raise SystemExit(0)
+    return cfg, args

@@ -1,0 +1,130 @@
+"""The interface an experiment (SST Tree-LSTM, Tox21 weave, a test toy) implements for
+:func:`pipelines.train.run`.
+
+The glue owns Ray Data, Ray Train (DDP), checkpoints and MLflow; an experiment owns its data,
+model, batch building and metrics.  Where things run:
+
+* driver:            ``load_splits``, ``results_table``, ``plots``
+* Ray Data tasks:    ``batch_builder`` (cached per worker process) and ``make_batch``
+* Ray Train workers: ``build_model``, ``param_groups``, ``loss``, ``eval_stats``, ``summarize``
+
+So an ``Experiment`` instance must be picklable and its class importable on every Ray worker.
+"Records" are whatever ``load_splits`` returns (picklable); "a batch" is whatever ``make_batch``
+returns (picklable, e.g. a ``foldengine`` ``Batch`` of numpy arrays) -- the glue never looks inside.
+
+Metric conventions: ``loss`` and ``eval_stats`` return *sums* over the records of the batch
+(e.g. ``{"correct": 17.0, "count": 25.0, "loss_sum": 31.2}``); the glue adds them up over batches
+and workers and calls ``summarize`` on the totals to get the metrics
+(e.g. ``{"accuracy": 0.68, "loss": 1.25}``), which it prefixes with the split: ``dev/accuracy``.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+
+import torch
+
+from .config import Field
+
+
+class Splits(NamedTuple):
+    """What ``load_splits`` returns.
+
+    ``records``: ``{"train": [...], "dev": [...], "test": [...]}`` (``test`` optional).
+    ``skipped``: counts of records dropped while loading, e.g. ``{"train/unparsable": 3}``;
+    logged as MLflow metrics ``skipped/<key>``.
+    """
+
+    records: dict[str, list]
+    skipped: dict[str, int] = {}
+
+
+class Experiment(abc.ABC):
+    """Subclass and implement the abstract methods; the others have usable defaults."""
+
+    #: Short name (MLflow tag, default run name).
+    name: str = "experiment"
+    #: Key of ``summarize()`` output used for model selection on the dev split.
+    selection_metric: str = "accuracy"
+    #: ``"max"`` if higher is better, ``"min"`` otherwise.
+    selection_mode: str = "max"
+    #: Extra config keys (dotted) this experiment reads, merged with ``config.BASE_SCHEMA``.
+    config_schema: Mapping[str, Field] = {}
+
+    # ------------------------------------------------------------------ required
+    @abc.abstractmethod
+    def load_splits(self, config: dict) -> Splits:
+        """Load (and parse) all splits.  Honour ``config["data"]["skip_bad"]``."""
+
+    @abc.abstractmethod
+    def build_model(self, config: dict) -> torch.nn.Module:
+        """The model, deterministic given ``config["seed"]`` (the glue also seeds torch first)."""
+
+    @abc.abstractmethod
+    def make_batch(self, builder: Any, records: Sequence[Any]) -> Any:
+        """Turn records into one picklable batch using ``builder`` (see ``batch_builder``).
+
+        Runs in Ray Data tasks, never in the training loop (e.g. ``compiler.build_batch``).
+        """
+
+    @abc.abstractmethod
+    def loss(self, model: torch.nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """``(loss, stats)``: ``loss`` is the SUM over the batch's records of each record's loss
+        (the glue divides by the number of records in the global step when
+        ``loss_reduction: mean``); ``stats`` are sums for ``summarize`` (floats, no tensors).
+        The glue does not move the batch: with ``ray.use_gpu`` put its arrays on
+        ``next(model.parameters()).device``."""
+
+    @abc.abstractmethod
+    def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
+        """Totals of ``loss``/``eval_stats`` stats -> metrics (must contain ``selection_metric``
+        for the dev split)."""
+
+    # ------------------------------------------------------------------ optional
+    def batch_builder(self, config: dict) -> Any:
+        """What ``make_batch`` needs in Ray Data tasks; built once per worker process.
+        Default: ``build_model(config)`` (e.g. a ``foldengine.Compiler``)."""
+        return self.build_model(config)
+
+    def eval_stats(self, model: torch.nn.Module, batch: Any) -> dict[str, float]:
+        """Sums for ``summarize`` on an eval batch (called under ``torch.no_grad`` with
+        ``model.eval()``).  Default: the stats of ``loss``, plus ``loss_sum``."""
+        loss, stats = self.loss(model, batch)
+        return {"loss_sum": float(loss), **stats}
+
+    def param_groups(self, model: torch.nn.Module, config: dict) -> Iterable[dict] | Iterable[torch.nn.Parameter]:
+        """Optimizer parameter groups (e.g. embeddings with a scaled LR and no weight decay).
+        Default: all parameters, config LR and weight decay."""
+        return model.parameters()
+
+    def results_table(self, best: Mapping[str, float]):
+        """A ``pandas.DataFrame`` comparing our best-epoch metrics with published numbers.
+        ``best`` holds ``dev/...``, ``test/...`` metrics at the best dev epoch and ``epoch``.
+        Default: one row of our metrics."""
+        import pandas as pd
+
+        return pd.DataFrame([{"model": f"{self.name} (ours)", **dict(best)}])
+
+    def plots(self, history: Sequence[Mapping[str, float]]) -> list[tuple[str, Any]]:
+        """``[(name, matplotlib Figure)]`` from the per-epoch metric history.  Default: one
+        figure with every ``*/loss`` curve and one with the selection metric per split."""
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        out = []
+        epochs = [h["epoch"] for h in history]
+        for suffix in ("loss", self.selection_metric):
+            keys = sorted({k for h in history for k in h if k.endswith("/" + suffix)})
+            if not keys:
+                continue
+            fig, ax = plt.subplots(figsize=(5, 3.5))
+            for k in keys:
+                ax.plot(epochs, [h.get(k, float("nan")) for h in history], marker="o", label=k)
+            ax.set_xlabel("epoch")
+            ax.set_ylabel(suffix)
+            ax.legend()
+            fig.tight_layout()
+            out.append((suffix.replace("/", "_"), fig))
+        return out

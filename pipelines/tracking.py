@@ -1,0 +1,276 @@
+"""MLflow helpers: resolve + check the tracking URI, log params/system info/tables/figures.
+
+URI resolution (:func:`resolve_uri`): ``tracking.uri`` in the config, else ``$MLFLOW_TRACKING_URI``,
+else ``sqlite:///mlflow.db`` (MLflow 3.17 refuses the plain file store).  Relative sqlite paths are
+made absolute so Ray workers/actors, whose working directory differs, write to the same file.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import socket
+import sys
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Iterable, Mapping, Optional
+
+DEFAULT_URI = "sqlite:///mlflow.db"
+
+
+class TrackingUnavailable(RuntimeError):
+    """The MLflow tracking store cannot be reached."""
+
+
+def resolve_uri(uri: Optional[str] = None) -> str:
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        path = uri[len("sqlite:///"):]
+        if path and path != ":memory:":
+            uri = "sqlite:///" + os.path.abspath(path)
+    return uri
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Raise :class:`TrackingUnavailable` (quickly) if ``uri`` cannot be used.
+
+    http(s): ``GET <uri>/health`` (falls back to any HTTP answer from the host); sqlite: the
+    database directory must exist and be writable; other schemes: a store query.
+    """
+    scheme = urllib.parse.urlparse(uri).scheme
+    if scheme in ("http", "https"):
+        url = uri.rstrip("/") + "/health"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+                resp.read(64)
+            return
+        except urllib.error.HTTPError:
+            return  # the server answered (e.g. a proxy without /health): reachable
+        except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise TrackingUnavailable(
+                f"MLflow tracking server {uri} is unreachable ({reason}). Start it "
+                f"(`mlflow server --backend-store-uri sqlite:///mlflow.db --port ...`), point "
+                f"MLFLOW_TRACKING_URI / tracking.uri elsewhere, or set `tracking: optional` "
+                f"to train without it.") from None
+    if scheme == "sqlite":
+        path = uri[len("sqlite:///"):]
+        d = os.path.dirname(path) or "."
+        if not os.path.isdir(d) or not os.access(d, os.W_OK):
+            raise TrackingUnavailable(f"MLflow sqlite store {uri}: directory {d} is missing or "
+                                      f"not writable")
+        return
+    try:  # databricks, postgresql, ...: one cheap query
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(uri).search_experiments(max_results=1)
+    except Exception as e:  # noqa: BLE001 - report whatever the store raised
+        raise TrackingUnavailable(f"MLflow tracking store {uri} is unusable: {e}") from None
+
+
+def flatten_params(cfg: Mapping, prefix: str = "") -> dict[str, str]:
+    """Nested config -> ``{"optimizer.lr": "0.001", ...}`` (MLflow params are strings;
+    values are truncated to MLflow's 6000-character limit; empty dicts/lists kept as JSON)."""
+    out: dict[str, str] = {}
+    for k, v in cfg.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flatten_params(v, key + "."))
+        else:
+            s = json.dumps(v) if isinstance(v, (list, tuple, dict)) else str(v)
+            out[key] = s[:6000]
+    return out
+
+
+def system_info(num_workers: int = 1, use_gpu: bool = False) -> dict[str, str]:
+    import numpy
+    import ray
+    import torch
+
+    info = {
+        "sys.python": sys.version.split()[0],
+        "sys.platform": platform.platform(),
+        "sys.cpu_count": str(os.cpu_count()),
+        "sys.torch": torch.__version__,
+        "sys.ray": ray.__version__,
+        "sys.numpy": numpy.__version__,
+        "sys.device": "cuda" if use_gpu else "cpu",
+        "sys.num_workers": str(num_workers),
+        "sys.hostname": socket.gethostname(),
+    }
+    try:
+        import mlflow
+
+        info["sys.mlflow"] = mlflow.__version__
+    except ImportError:
+        pass
+    if use_gpu and torch.cuda.is_available():
+        info["sys.gpu"] = torch.cuda.get_device_name(0)
+    try:
+        if ray.is_initialized():
+            res = ray.cluster_resources()
+            info["sys.ray_cpus"] = str(res.get("CPU", 0))
+            info["sys.ray_gpus"] = str(res.get("GPU", 0))
+    except Exception:  # noqa: BLE001
+        pass
+    return info
+
+
+def finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Keep numeric, finite values (MLflow rejects NaN/inf and strings)."""
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            try:
+                import numpy as np
+
+                if not isinstance(v, np.number):
+                    continue
+            except ImportError:
+                continue
+        v = float(v)
+        if math.isfinite(v):
+            out[k] = v
+    return out
+
+
+def _safe_key(k: str) -> str:
+    # MLflow keys allow alphanumerics, _ - . space / ; replace anything else.
+    return "".join(c if c.isalnum() or c in "_-. /" else "_" for c in k)
+
+
+def log_metrics(client, run_id: str, metrics: Mapping[str, Any], step: int = 0) -> None:
+    """Batch-log numeric metrics at ``step`` via an ``MlflowClient``."""
+    import time
+
+    from mlflow.entities import Metric
+
+    ts = int(time.time() * 1000)
+    items = [Metric(_safe_key(k), v, ts, step) for k, v in finite_metrics(metrics).items()]
+    for i in range(0, len(items), 900):
+        client.log_batch(run_id, metrics=items[i:i + 900])
+
+
+def log_params(client, run_id: str, params: Mapping[str, str]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(_safe_key(k), str(v)) for k, v in params.items()]
+    for i in range(0, len(items), 90):
+        client.log_batch(run_id, params=items[i:i + 90])
+
+
+def log_table(client, run_id: str, df, name: str = "results.json") -> None:
+    """A ``pandas.DataFrame`` as an MLflow table artifact (viewable in the UI) plus a CSV."""
+    client.log_table(run_id, data=df, artifact_file=name)
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, os.path.splitext(os.path.basename(name))[0] + ".csv")
+        df.to_csv(p, index=False)
+        client.log_artifact(run_id, p, artifact_path="tables")
+
+
+def log_figures(client, run_id: str, figures: Iterable[tuple[str, Any]], artifact_path: str = "plots"
+                ) -> list[str]:
+    """Save each matplotlib figure as ``<artifact_path>/<name>.png``; closes the figures."""
+    import matplotlib.pyplot as plt
+
+    names = []
+    with tempfile.TemporaryDirectory() as d:
+        for name, fig in figures:
+            fname = _safe_key(name).replace(" ", "_").replace("/", "_") + ".png"
+            p = os.path.join(d, fname)
+            fig.savefig(p, dpi=100)
+            plt.close(fig)
+            client.log_artifact(run_id, p, artifact_path=artifact_path)
+            names.append(f"{artifact_path}/{fname}")
+    return names
+
+
+def log_state_dict(client, run_id: str, state_dict: Mapping[str, Any], meta: Mapping[str, Any],
+                   artifact_path: str = "model") -> None:
+    """The (best) model as a light artifact: ``model/state_dict.pt`` + ``model/meta.json``."""
+    import torch
+
+    with tempfile.TemporaryDirectory() as d:
+        torch.save(dict(state_dict), os.path.join(d, "state_dict.pt"))
+        with open(os.path.join(d, "meta.json"), "w") as f:
+            json.dump(dict(meta), f, indent=2, default=str)
+        client.log_artifacts(run_id, d, artifact_path=artifact_path)
+
+
+class Tracker:
+    """One MLflow run, driven through an ``MlflowClient`` (no global ``mlflow.start_run`` state,
+    so it works the same in the driver and in a Ray actor).  ``enabled=False`` makes every
+    method a no-op."""
+
+    def __init__(self, uri: Optional[str], run_id: Optional[str] = None, enabled: bool = True):
+        self.uri = uri
+        self.run_id = run_id
+        self.enabled = enabled and uri is not None
+        self._client = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(self.uri)
+        return self._client
+
+    @classmethod
+    def start(cls, uri: str, experiment: str, run_name: Optional[str] = None,
+              tags: Optional[Mapping[str, str]] = None) -> "Tracker":
+        t = cls(uri)
+        exp = t.client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp is not None else t.client.create_experiment(experiment)
+        run = t.client.create_run(exp_id, run_name=run_name, tags=dict(tags or {}))
+        t.run_id = run.info.run_id
+        return t
+
+    def __getstate__(self):
+        return {"uri": self.uri, "run_id": self.run_id, "enabled": self.enabled, "_client": None}
+
+    def params(self, params: Mapping[str, str]) -> None:
+        if self.enabled:
+            log_params(self.client, self.run_id, params)
+
+    def metrics(self, metrics: Mapping[str, Any], step: int = 0) -> None:
+        if self.enabled:
+            log_metrics(self.client, self.run_id, metrics, step)
+
+    def logged_steps(self, key: str) -> set[int]:
+        if not self.enabled:
+            return set()
+        return {m.step for m in self.client.get_metric_history(self.run_id, _safe_key(key))}
+
+    def table(self, df, name: str = "results.json") -> None:
+        if self.enabled:
+            log_table(self.client, self.run_id, df, name)
+
+    def figures(self, figures: Iterable[tuple[str, Any]]) -> list[str]:
+        if self.enabled:
+            return log_figures(self.client, self.run_id, figures)
+        import matplotlib.pyplot as plt
+
+        for _, fig in figures:
+            plt.close(fig)
+        return []
+
+    def state_dict(self, state_dict: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
+        if self.enabled:
+            log_state_dict(self.client, self.run_id, state_dict, meta)
+
+    def text(self, text: str, name: str) -> None:
+        if self.enabled:
+            self.client.log_text(self.run_id, text, name)
+
+    def tags(self, tags: Mapping[str, Any]) -> None:
+        if self.enabled:
+            for k, v in tags.items():
+                self.client.set_tag(self.run_id, k, str(v))
+
+    def end(self, status: str = "FINISHED") -> None:
+        if self.enabled and self.run_id:
+            self.client.set_terminated(self.run_id, status=status)

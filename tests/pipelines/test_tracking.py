@@ -1,0 +1,114 @@
+"""pipelines.tracking against a real sqlite MLflow store, and run()'s fail-fast check."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import mlflow  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+import ray  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from pipelines import tracking as trk  # noqa: E402
+from pipelines.config import load_config, merged_schema  # noqa: E402
+from pipelines.train import _setup_tracking, run  # noqa: E402
+from tests.pipelines.toy_experiment import ToyExperiment  # noqa: E402
+
+
+def _unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_resolve_uri(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert trk.resolve_uri() == f"sqlite:///{tmp_path}/mlflow.db"  # absolute for Ray workers
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://example:5000")
+    assert trk.resolve_uri() == "http://example:5000"
+    assert trk.resolve_uri("sqlite:////abs/x.db") == "sqlite:////abs/x.db"
+
+
+def test_check_reachable(tmp_path):
+    trk.check_reachable(f"sqlite:///{tmp_path}/ok.db")
+    with pytest.raises(trk.TrackingUnavailable, match="missing"):
+        trk.check_reachable(f"sqlite:///{tmp_path}/nope/x.db")
+    t0 = time.perf_counter()
+    with pytest.raises(trk.TrackingUnavailable, match="unreachable.*tracking: optional"):
+        trk.check_reachable(f"http://127.0.0.1:{_unused_port()}", timeout_s=2)
+    assert time.perf_counter() - t0 < 5
+
+
+def test_flatten_params():
+    p = trk.flatten_params({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None, "f": {}, "g": "x" * 7000})
+    assert p == {"a.b": "1", "a.c.d": "[1, 2]", "e": "None", "f": "{}", "g": "x" * 6000}
+
+
+def test_tracker_logs_everything(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    t = trk.Tracker.start(uri, "unit", run_name="r", tags={"k": "v"})
+    t.params({"opt.lr": "0.1", **trk.system_info(2)})
+    for step in (1, 2):
+        t.metrics({"dev/acc": 0.5 * step, "bad": float("nan"), "s": "str", "n": 3}, step=step)
+    assert t.logged_steps("dev/acc") == {1, 2}
+    t.table(pd.DataFrame([{"model": "ours", "acc": 0.9}, {"model": "paper", "acc": 0.88}]))
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4])
+    assert t.figures([("curve", fig)]) == ["plots/curve.png"]
+    t.state_dict({"w": __import__("torch").zeros(2)}, {"class": "X"})
+    t.end()
+
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri)
+    run = client.get_run(t.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["k"] == "v"
+    assert run.data.params["opt.lr"] == "0.1" and "sys.torch" in run.data.params
+    assert set(run.data.metrics) == {"dev/acc", "n"}  # NaN and strings dropped
+    arts = {a.path for a in client.list_artifacts(t.run_id)}
+    assert {"results.json", "plots", "model", "tables"} <= arts
+    png = client.download_artifacts(t.run_id, "plots/curve.png", str(tmp_path))
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    df = client.load_table(run.info.experiment_id, "results.json", run_ids=[t.run_id])
+    assert list(df["model"]) == ["ours", "paper"]
+
+
+def test_disabled_tracker_is_noop():
+    t = trk.Tracker(None, enabled=False)
+    t.params({"a": "1"})
+    t.metrics({"a": 1.0})
+    t.end()
+    assert t.logged_steps("a") == set()
+
+
+def _toy_cfg(tmp_path, *overrides):
+    exp = ToyExperiment()
+    return exp, load_config(None, ["ray.num_workers=2", f"ray.storage_path={tmp_path}/rr",
+                                   *overrides], merged_schema(exp.config_schema))
+
+
+def test_run_fails_fast_on_unreachable_tracking_server(tmp_path):
+    was_up = ray.is_initialized()
+    exp, cfg = _toy_cfg(tmp_path, f"tracking.uri=http://127.0.0.1:{_unused_port()}",
+                        "tracking.check_timeout_s=2")
+    t0 = time.perf_counter()
+    with pytest.raises(trk.TrackingUnavailable, match="unreachable"):
+        run(exp, cfg)
+    assert time.perf_counter() - t0 < 10
+    assert ray.is_initialized() == was_up  # failed before touching Ray
+    assert not os.path.exists(tmp_path / "rr")  # ... and before any training
+
+
+def test_optional_tracking_degrades_to_disabled(tmp_path):
+    exp, cfg = _toy_cfg(tmp_path, f"tracking.uri=http://127.0.0.1:{_unused_port()}",
+                        "tracking.check_timeout_s=1", "tracking=optional")
+    t = _setup_tracking(exp, cfg)
+    assert not t.enabled
+    exp, cfg = _toy_cfg(tmp_path, "tracking=off")
+    assert not _setup_tracking(exp, cfg).enabled

@@ -1,0 +1,156 @@
+"""pipelines.train.run end to end: real Ray (2 CPUs, 2 DDP workers on gloo), real MLflow (sqlite).
+
+One uninterrupted 3-epoch run (module fixture) is the reference; a checkpoint-resumed run and a
+run whose worker dies mid-epoch must reproduce its metrics exactly.
+"""
+from __future__ import annotations
+
+import time
+
+import mlflow
+import pytest
+import ray
+import torch
+from mlflow.tracking import MlflowClient
+
+from pipelines.config import load_config, merged_schema
+from pipelines.train import RunResult, run
+from tests.pipelines.toy_experiment import ToyExperiment, ToyNet
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+EPOCHS = 3
+
+
+def _config(tmp, *overrides):
+    exp = ToyExperiment()
+    base = [f"epochs={EPOCHS}", "batch_size=20", "optimizer.name=adagrad", "optimizer.lr=0.1",
+            "toy.embed_lr_scale=0.5", "toy.bad_every=50", "data.skip_bad=true",
+            "ray.num_workers=2", "ray.no_progress_timeout_s=120", "log_every=0", "seed=7",
+            "name=toy-test", f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+            f"ray.storage_path={tmp}/ray_results"]
+    return exp, load_config(None, base + list(overrides), merged_schema(exp.config_schema))
+
+
+def _comparable(history):
+    """Everything but timings (which differ run to run)."""
+    return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def baseline(ray_cluster, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("baseline")
+    exp, cfg = _config(tmp)
+    t0 = time.perf_counter()
+    res = run(exp, cfg)
+    res.wall_s = time.perf_counter() - t0
+    print(f"baseline run: {res.wall_s:.1f}s")
+    return res, tmp
+
+
+@pytest.mark.timeout(480)
+def test_mlflow_run_is_complete(baseline):
+    res, tmp = baseline
+    assert isinstance(res, RunResult) and res.run_id
+    mlflow.set_tracking_uri(f"sqlite:///{tmp}/mlflow.db")
+    client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    runs = mlflow.search_runs(experiment_names=["toy-test"], output_format="list",
+                              filter_string=f"attributes.run_id = '{res.run_id}'")
+    assert len(runs) == 1
+    r = runs[0]
+    assert r.info.status == "FINISHED"
+    p = r.data.params
+    assert p["optimizer.name"] == "adagrad" and float(p["optimizer.lr"]) == 0.1
+    assert p["ray.num_workers"] == "2" and p["toy.bad_every"] == "50"
+    assert p["sys.torch"] == torch.__version__ and p["sys.ray"] == ray.__version__
+    assert int(p["sys.cpu_count"]) >= 1
+    m = r.data.metrics
+    assert m["skipped/train/unparsable"] == 4
+    assert m["data/train_records"] == 236
+    for key in ("train/objective", "dev/accuracy", "test/accuracy", "time/records_per_s",
+                "time/build_share", "time/epoch_s"):
+        steps = [x.step for x in client.get_metric_history(res.run_id, key)]
+        assert sorted(steps) == list(range(1, EPOCHS + 1)), key
+    assert 0.0 <= m["time/build_share"] <= 1.0
+    assert m["best/epoch"] == res.metrics["best/epoch"]
+
+    top = {a.path for a in client.list_artifacts(res.run_id)}
+    assert {"results.json", "plots", "model", "config.json"} <= top
+    plots = [a.path for a in client.list_artifacts(res.run_id, "plots")]
+    assert plots and all(x.endswith(".png") for x in plots)
+    table = client.load_table(r.info.experiment_id, "results.json", run_ids=[res.run_id])
+    assert list(table["model"]) == ["oracle (paper)", "toy MLP (ours)"]
+    assert table["test accuracy"].iloc[1] == pytest.approx(res.metrics["best/test/accuracy"])
+
+    # The logged model is the best-dev-epoch model.
+    path = client.download_artifacts(res.run_id, "model/state_dict.pt", str(tmp / "dl"))
+    net = ToyNet(16)
+    net.load_state_dict(torch.load(path))
+
+
+@pytest.mark.timeout(480)
+def test_loss_goes_down_and_best_epoch_is_reported(baseline):
+    res, _ = baseline
+    h = res.history
+    assert [x["epoch"] for x in h] == list(range(1, EPOCHS + 1))
+    assert h[-1]["train/objective"] < h[0]["train/objective"] * 0.8
+    assert h[-1]["dev/accuracy"] > 0.6  # 3 classes: chance is 1/3
+    best = int(res.metrics["best/epoch"])
+    assert h[best - 1]["dev/accuracy"] == max(x["dev/accuracy"] for x in h)
+    assert res.metrics["best/test/accuracy"] == h[best - 1]["test/accuracy"]
+
+
+@pytest.mark.timeout(480)
+def test_ddp_ranks_end_with_identical_parameters(baseline):
+    res, _ = baseline
+    assert len(res.param_hashes) == 2 and len(set(res.param_hashes)) == 1
+    assert res.resumed_after == []
+    assert all(x["params/consistent"] == 1.0 for x in res.history)
+
+
+@pytest.mark.timeout(600)
+def test_resume_from_checkpoint_matches_uninterrupted(baseline, tmp_path):
+    ref, _ = baseline
+    exp, cfg = _config(tmp_path, "epochs=2")
+    t0 = time.perf_counter()
+    first = run(exp, cfg)
+    assert [x["epoch"] for x in first.history] == [1, 2]
+    exp, cfg = _config(tmp_path, f"resume_from={first.checkpoint_path}")
+    second = run(exp, cfg)
+    print(f"2-epoch run + resumed run: {time.perf_counter() - t0:.1f}s")
+    assert second.resumed_after == [2]  # really continued from the epoch-2 checkpoint
+    assert _comparable(second.history) == _comparable(ref.history)
+    assert second.param_hashes == ref.param_hashes
+    # The resumed MLflow run still has every epoch (earlier ones from the checkpoint history).
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    steps = [x.step for x in client.get_metric_history(second.run_id, "dev/accuracy")]
+    assert sorted(steps) == [1, 2, 3]
+
+
+@pytest.mark.timeout(600)
+def test_worker_killed_mid_epoch_restarts_from_checkpoint(baseline, tmp_path):
+    ref, _ = baseline
+    marker = tmp_path / "failed.once"
+    # 236 records / batch 20 -> 12 steps per epoch; call 17 is in the middle of epoch 2.
+    exp, cfg = _config(tmp_path, "toy.fail_at_call=17", f"toy.fail_marker={marker}",
+                       "ray.max_failures=1")
+    t0 = time.perf_counter()
+    res = run(exp, cfg)
+    print(f"run with one worker crash: {time.perf_counter() - t0:.1f}s")
+    assert marker.exists(), "the worker never crashed"
+    assert res.resumed_after == [1]  # restarted from the epoch-1 checkpoint, not from scratch
+    assert _comparable(res.history) == _comparable(ref.history)
+    assert res.param_hashes == ref.param_hashes
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    assert client.get_run(res.run_id).info.status == "FINISHED"
+    steps = [x.step for x in client.get_metric_history(res.run_id, "dev/accuracy")]
+    assert sorted(steps) == [1, 2, 3]  # epoch 1 logged once even though it ran before the crash
