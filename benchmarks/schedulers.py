@@ -16,7 +16,7 @@ import torch
 
 from .reporting import median_time
 
-__all__ = ["measure_schedulers", "sst_workload", "random_tree_workload"]
+__all__ = ["measure_schedulers", "sst_workload", "random_tree_workload", "tox21_workload"]
 
 
 def measure_schedulers(make_compiler: Callable[[str], object], inputs: List, loss_of: Callable,
@@ -72,3 +72,21 @@ def random_tree_workload(batch_size: int, leaves: int = 128, size: int = 256, se
     rng = random.Random(seed)
     trees = [random_tree(leaves, 1000, rng) for _ in range(batch_size)]
     return (lambda s: fold_compiler(model, s), trees, lambda c, out: l2_loss(out))
+
+
+def tox21_workload(batch_size: int, seed: int = 0, data_dir=None):
+    """Tox21 batch through the pipeline's weave model (2 weave layers, masked BCE)."""
+    import foldengine as fe
+    from pipelines.molecules.data import load_tox21, labels_matrix
+    from pipelines.molecules.featurize import N_ATOM_FEATURES, N_PAIR_FEATURES, featurize_dataset
+    from pipelines.molecules.model import masked_bce_sum, weave_model
+
+    records, _ = load_tox21(data_dir)
+    picked = random.Random(seed).sample(records, batch_size + 8)
+    feats = featurize_dataset(picked)
+    mols = [g.model_input() for g in feats.graphs][:batch_size]
+    labels = torch.from_numpy(labels_matrix(picked, feats.kept)[:batch_size])
+    torch.manual_seed(seed)
+    block = weave_model(N_ATOM_FEATURES, N_PAIR_FEATURES, labels.shape[1])
+    return (lambda s: fe.Compiler(block, scheduler=s), mols,
+            lambda c, out: masked_bce_sum(out, labels)[0])
