@@ -72,6 +72,7 @@ class Table1Config:
     leaves: int = 128
     batch_sizes: Tuple[int, ...] = (1, 32, 64, 128, 256, 512, 1024)
     schedulers: Tuple[str, ...] = ("depth",)
+    max_call_rows: Optional[int] = None    # Compiler(max_call_rows=...): row-block big calls
     modes: Tuple[str, ...] = ("inference", "training")
     repeats: int = 5
     warmup: int = 1
@@ -183,14 +184,14 @@ def _is_pair(t) -> bool:
     return isinstance(t, tuple)
 
 
-def fold_compiler(model: Table1Model, scheduler="depth") -> fe.Compiler:
+def fold_compiler(model: Table1Model, scheduler="depth", max_call_rows: Optional[int] = None) -> fe.Compiler:
     """foldengine model: tree (int leaf / 2-tuple) -> root vector ``[d]``."""
     d = model.cell.d
     expr = fb.ForwardDeclaration(PyObjectType(), TensorType(d), name="tree")
     leaf = fb.Scalar("int64") >> fb.Function(model.embedding, name="leaf")
     pair = fb.Record([(0, expr()), (1, expr())]) >> fb.Function(model.cell, name="cell")
     expr.resolve_to(fb.OneOf(key_fn=_is_pair, case_blocks=[(False, leaf), (True, pair)]))
-    return fe.Compiler(expr(), scheduler=scheduler)
+    return fe.Compiler(expr(), scheduler=scheduler, max_call_rows=max_call_rows)
 
 
 class ManualTree:
@@ -316,7 +317,7 @@ def run_table1(cfg: Table1Config, log: Callable[[str], None] = print) -> Dict[st
     gen = torch.Generator().manual_seed(cfg.seed)
     L, d = cfg.leaves, cfg.vector_size
     model = Table1Model(d, vocab=L).to(device)
-    compilers = {s: fold_compiler(model, s).to(device) for s in cfg.schedulers}
+    compilers = {s: fold_compiler(model, s, cfg.max_call_rows).to(device) for s in cfg.schedulers}
     runner = _Runner(model, cfg.lr)
     init_state = {k: v.clone() for k, v in model.state_dict().items()}
     flops_fwd_tree = (L - 1) * cell_flops(d)

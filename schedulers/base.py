@@ -222,7 +222,44 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(starts - offs, lengths) + np.arange(total, dtype=np.int64)
 
 
-def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> LoweredSchedule:
+def _emit_call(trace, ops, op, arity, nodes, first_use, builder, handle_chunk, handle_row, chunk_sizes):
+    """One batched call of ``op`` on ``nodes`` (already ordered): its gathers, and where its
+    outputs will live (one chunk per first-consumer step)."""
+    n = len(nodes)
+    in_ptr = trace.node_in_ptr
+    fu = first_use[nodes]
+    first = in_ptr[nodes]
+    if arity >= 0:
+        gathers = []
+        for slot in range(arity):
+            h = trace.edge_src[first + slot]
+            tid = int(trace.handle_type[h[0]])
+            gathers.append(builder.gather(tid, handle_chunk[h], handle_row[h]))
+        seg = None
+    else:
+        lengths = in_ptr[nodes + 1] - first
+        h = trace.edge_src[_ranges(first, lengths)]
+        tid = ops.out_tids[op][0]
+        gathers = [builder.gather(tid, handle_chunk[h], handle_row[h])]
+        seg_ids = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        seg = (builder.add(seg_ids), len(seg_ids))
+    bounds = np.flatnonzero(np.diff(fu)) + 1
+    group_start = np.concatenate([[0], bounds])
+    group_sizes = np.diff(np.concatenate([group_start, [n]]))
+    group_of = np.repeat(np.arange(len(group_sizes)), group_sizes)
+    row = np.arange(n) - group_start[group_of]
+    outs = trace.node_out[nodes]
+    for slot, tid in enumerate(ops.out_tids[op]):
+        sizes = chunk_sizes[tid]
+        handle_chunk[outs + slot] = len(sizes) + group_of
+        handle_row[outs + slot] = row
+        sizes.extend(int(g) for g in group_sizes)
+    split = tuple(int(g) for g in group_sizes) if len(group_sizes) > 1 else None
+    return (op, n, tuple(gathers), seg, split)
+
+
+def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int,
+          max_call_rows: Optional[int] = None) -> LoweredSchedule:
     """Group nodes by (step, operation) and compute all gather indices.
 
     Within a call, nodes are ordered by the step of their first consumer, then by where
@@ -230,7 +267,8 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> Lowered
     one chunk per first-consumer step, so a later step reads a chunk holding only what it
     needs: in backward, a gather costs the size of what it reads from, and the split's own
     backward is one concatenation.  Ordering by first input makes that input a contiguous
-    slice more often.
+    slice more often.  ``max_call_rows`` cuts larger calls into row blocks (on CPUs, a call
+    whose intermediates stay in cache runs faster per row than one huge call).
     """
     n_nodes = trace.n_nodes
     H = len(trace.handle_type)
@@ -273,36 +311,10 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> Lowered
                 nodes = nodes[np.lexsort((loc, fu))]
             else:
                 nodes = nodes[np.argsort(fu, kind="stable")]
-            fu = first_use[nodes]
-            first = in_ptr[nodes]
-            if arity >= 0:
-                gathers = []
-                for slot in range(arity):
-                    h = trace.edge_src[first + slot]
-                    tid = int(trace.handle_type[h[0]])
-                    gathers.append(builder.gather(tid, handle_chunk[h], handle_row[h]))
-                seg = None
-            else:
-                lengths = in_ptr[nodes + 1] - first
-                h = trace.edge_src[_ranges(first, lengths)]
-                tid = ops.out_tids[op][0]
-                gathers = [builder.gather(tid, handle_chunk[h], handle_row[h])]
-                seg_ids = np.repeat(np.arange(n, dtype=np.int64), lengths)
-                seg = (builder.add(seg_ids), len(seg_ids))
-            # split the outputs by first-consumer step
-            bounds = np.flatnonzero(np.diff(fu)) + 1
-            group_start = np.concatenate([[0], bounds])
-            group_sizes = np.diff(np.concatenate([group_start, [n]]))
-            group_of = np.repeat(np.arange(len(group_sizes)), group_sizes)
-            row = np.arange(n) - group_start[group_of]
-            outs = trace.node_out[nodes]
-            for slot, tid in enumerate(ops.out_tids[op]):
-                sizes = chunk_sizes[tid]
-                handle_chunk[outs + slot] = len(sizes) + group_of
-                handle_row[outs + slot] = row
-                sizes.extend(int(g) for g in group_sizes)
-            split = tuple(int(g) for g in group_sizes) if len(group_sizes) > 1 else None
-            calls.append((op, n, tuple(gathers), seg, split))
+            block = n if not max_call_rows else max_call_rows
+            for b0 in range(0, n, block):
+                calls.append(_emit_call(trace, ops, op, arity, nodes[b0:b0 + block], first_use, builder,
+                                        handle_chunk, handle_row, chunk_sizes))
             if ci + 1 == len(starts) or call_steps[ci + 1] != call_steps[ci]:
                 step_bounds.append(len(calls))
     n_steps = len(step_bounds) - 1

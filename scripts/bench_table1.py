@@ -60,6 +60,7 @@ def parse_args(argv=None):
     ap.add_argument("--batch-sizes", type=_ints, help="comma separated, e.g. 1,32,256")
     ap.add_argument("--schedulers", type=_names, help="comma separated names from schedulers.SCHEDULERS")
     ap.add_argument("--modes", type=_names, help="inference,training")
+    ap.add_argument("--max-call-rows", type=int, help="row-block calls above this size (0: no limit)")
     ap.add_argument("--repeats", type=int)
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--threads", type=int, help="torch.set_num_threads (default: all cores)")

@@ -122,3 +122,14 @@ def test_get_scheduler_by_name_and_instance():
         assert get_scheduler(name).name == name
     s = CoalescingScheduler()
     assert get_scheduler(s) is s
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_row_blocked_calls_match(name):
+    """max_call_rows cuts big calls into row blocks without changing any result."""
+    rng = random.Random(5)
+    trees = [random_tree(rng, rng.randint(1, 30)) for _ in range(12)]
+    c = tree_with_heads(name)
+    c.max_call_rows = 7
+    batch, _ = assert_batched_matches_reference(c, trees, atol=1e-4)
+    assert max(call[1] for call in batch.calls) <= 7
