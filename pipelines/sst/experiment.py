@@ -1,0 +1,225 @@
+"""SST fine-grained / binary sentiment with the Tree-LSTM, as a :class:`pipelines.experiment.Experiment`
+for :func:`pipelines.train.run` (paper Table 2).
+
+Where things run (see ``pipelines/experiment.py``):
+
+* driver (``load_splits``): parse the three SST splits (``data.skip_bad`` skips and counts
+  malformed lines), build the vocabulary (all splits by default, as Tai et al., so dev/test words
+  get their pretrained vectors), load the pretrained embedding matrix once (GloVe 6B 50d from the
+  installed package, or ``sst.embeddings``: a GloVe text file such as ``glove.840B.300d.txt``)
+  and put it in the Ray object store.  Records are the raw tuple trees.
+* Ray Data tasks (``batch_builder`` / ``make_batch``): a compiler with the same block structure
+  (random weights; only its plan is used) traces raw trees -- words are mapped to ids by an
+  ``fb.InputTransform`` -- and schedules them into a foldengine ``Batch``.
+* Ray Train workers (``build_model``, ``loss``): the compiled model with the pretrained
+  embeddings; loss = cross-entropy summed over every node of every tree (TF Fold's sentiment
+  example, Tai et al.), computed vectorised from ``compiler.metrics``.
+
+Metrics (``summarize``): ``fine`` / ``binary`` root accuracy (the paper's Table 2 columns; binary
+on non-neutral roots, positive iff p(3)+p(4) > p(0)+p(1) as in TF Fold's example), ``all_fine`` /
+``all_binary`` over every node, ``root_loss`` (per root), ``node_loss`` (per node), ``loss``
+(all-node loss per tree).  Model selection: dev ``fine``.  One model gives both columns (Tai et
+al. trained a separate binary model).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipelines.config import Field
+from pipelines.experiment import Experiment, Splits
+
+from .model import SentimentModules, build_compiler, count_stats, node_outputs, summarize_counts
+
+log = logging.getLogger("pipelines.sst")
+
+#: Looks et al. (ICLR 2017) Table 2, SST test accuracy (fine-grained, binary), in percent.
+PAPER_TABLE2 = [
+    ("Tai et al. (2015), Constituency Tree-LSTM", 51.0, 88.0),
+    ("Looks et al. (2017), TF Fold Tree-LSTM, single model", 52.3, 89.4),
+    ("Looks et al. (2017), TF Fold Tree-LSTM, ensemble", 53.6, 90.2),
+]
+
+F_ = Field
+SCHEMA: dict[str, Field] = {
+    "scheduler": F_(str, "depth", doc="foldengine scheduler (schedulers.SCHEDULERS: depth, agenda, ...)"),
+    "sst.data_dir": F_(str, None, nullable=True, doc="default: $FOLD_DATA_DIR / cache"),
+    "sst.vocab_splits": F_(list, ["train", "dev", "test"], doc="splits whose words form the vocabulary"),
+    "sst.embeddings": F_(str, None, nullable=True,
+                         doc="GloVe text file (e.g. glove.840B.300d.txt); null = GloVe 6B 50d package"),
+    "sst.oov_scale": F_(float, 0.05, min=0.0, doc="OOV rows ~ U(-s, s)"),
+    "sst.state_size": F_(int, 300, min=1),
+    "sst.input_dropout": F_(float, 0.0, min=0.0, max=0.99, doc="drop prob on word embeddings"),
+    "sst.output_dropout": F_(float, 0.0, min=0.0, max=0.99, doc="drop prob on h before the classifier"),
+    "sst.recurrent_dropout": F_(float, 0.0, min=0.0, max=0.99, doc="drop prob on the cell update u"),
+    "sst.embedding_lr_scale": F_(float, 1.0, min=0.0, doc="embedding LR = optimizer.lr * this (0 freezes)"),
+    "sst.limit_train": F_(int, None, min=1, nullable=True, doc="first N train trees (tests, smoke runs)"),
+    "sst.limit_dev": F_(int, None, min=1, nullable=True),
+    "sst.limit_test": F_(int, None, min=1, nullable=True),
+}
+del F_
+
+
+class SSTExperiment(Experiment):
+    """Tree-LSTM sentiment on the Stanford Sentiment Treebank (5 classes, per-node labels)."""
+
+    name = "sst-treelstm"
+    selection_metric = "fine"
+    selection_mode = "max"
+    config_schema = SCHEMA
+
+    def __init__(self):
+        self.vocab = None            # pipelines.sst.vocab.Vocab, set by load_splits
+        self.emb_dim: Optional[int] = None
+        self._emb: Any = None        # ray.ObjectRef of the matrix (or the matrix without Ray)
+        self.embedding_stats = None  # EmbeddingStats (driver only; logged by train.py)
+
+    # ------------------------------------------------------------------ driver
+    def load_splits(self, config: dict) -> Splits:
+        from .data import load_split
+        from .vocab import build_vocab
+
+        sc = config["sst"]
+        skip_bad = bool(config["data"]["skip_bad"])
+        trees, skipped = {}, {}
+        for split in ("train", "dev", "test"):
+            t, report = load_split(split, data_dir=sc["data_dir"], skip_bad=skip_bad)
+            skipped[f"{split}/malformed"] = int(report.n_skipped)
+            if report.n_skipped:
+                log.warning("%s: skipped %d malformed line(s), first: %s", report.path, report.n_skipped,
+                            report.skipped_lines[:3])
+            trees[split] = t
+        for split in sc["vocab_splits"]:
+            if split not in trees:
+                raise ValueError(f"sst.vocab_splits: unknown split {split!r}")
+        self.vocab = build_vocab(*(trees[s] for s in sc["vocab_splits"]))
+        matrix, stats = self._load_embeddings(config)
+        self.embedding_stats = stats
+        self.emb_dim = int(matrix.shape[1])
+        self._emb = matrix
+        try:
+            import ray
+
+            if ray.is_initialized():
+                self._emb = ray.put(matrix)  # shipped once to the train workers
+        except ImportError:  # pragma: no cover
+            pass
+        for split in ("train", "dev", "test"):
+            limit = sc[f"limit_{split}"]
+            if limit:
+                trees[split] = trees[split][:limit]
+        return Splits(trees, skipped)
+
+    def _load_embeddings(self, config: dict):
+        from .embeddings import load_glove_6b_50d, load_glove_text
+
+        sc = config["sst"]
+        seed = int(config["seed"])
+        if sc["embeddings"]:
+            return load_glove_text(sc["embeddings"], self.vocab, seed=seed, oov_scale=sc["oov_scale"])
+        return load_glove_6b_50d(self.vocab, seed=seed, oov_scale=sc["oov_scale"])
+
+    def _matrix(self) -> np.ndarray:
+        emb = self._emb
+        if emb is None:
+            raise RuntimeError("SSTExperiment.load_splits must run before build_model")
+        if not isinstance(emb, np.ndarray):
+            import ray
+
+            emb = ray.get(emb)
+        return emb
+
+    # ------------------------------------------------------------------ model / batches
+    def _compiler(self, config: dict, embeddings: Optional[np.ndarray]):
+        sc = config["sst"]
+        if self.vocab is None:
+            raise RuntimeError("SSTExperiment.load_splits must run before the model is built")
+        modules = SentimentModules(
+            len(self.vocab), self.emb_dim, sc["state_size"], input_dropout=sc["input_dropout"],
+            output_dropout=sc["output_dropout"], recurrent_dropout=sc["recurrent_dropout"],
+            embeddings=embeddings)
+        return build_compiler(modules, self.vocab.stoi, scheduler=config["scheduler"])
+
+    def build_model(self, config: dict) -> torch.nn.Module:
+        return self._compiler(config, self._matrix())
+
+    def batch_builder(self, config: dict):
+        # Only the plan matters in Ray Data tasks: no need to fetch the embedding matrix.
+        return self._compiler(config, None)
+
+    def make_batch(self, builder, records: Sequence) -> Any:
+        return builder.build_batch(records)
+
+    # ------------------------------------------------------------------ loss / metrics
+    def _forward(self, model, batch):
+        model(batch)
+        logits, labels, is_root = node_outputs(model)
+        node_loss = F.cross_entropy(logits, labels, reduction="none")
+        return node_loss.sum(), count_stats(logits, labels, is_root, node_loss)
+
+    def loss(self, model, batch):
+        return self._forward(model, batch)
+
+    def eval_stats(self, model, batch) -> dict[str, float]:
+        return self._forward(model, batch)[1]
+
+    def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
+        return summarize_counts(sums)
+
+    def param_groups(self, model: nn.Module, config: dict):
+        """Embeddings: LR x ``sst.embedding_lr_scale``, no weight decay; the rest: the
+        optimizer's LR and weight decay."""
+        o = config["optimizer"]
+        emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+        seen, emb_params, rest = set(), [], []
+        for p in model.parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            (emb_params if id(p) in emb else rest).append(p)
+        scale = config["sst"]["embedding_lr_scale"]
+        groups = [{"params": rest, "lr": o["lr"], "weight_decay": o["weight_decay"]}]
+        if scale > 0:
+            groups.append({"params": emb_params, "lr": o["lr"] * scale, "weight_decay": 0.0})
+        else:
+            for p in emb_params:
+                p.requires_grad_(False)
+        return groups
+
+    # ------------------------------------------------------------------ reporting
+    def results_table(self, best: Mapping[str, float]):
+        import pandas as pd
+
+        def pct(k):
+            v = best.get(k)
+            return None if v is None else round(100.0 * v, 2)
+
+        ours = {"model": "Tree-LSTM, foldengine (ours)", "test fine-grained": pct("test/fine"),
+                "test binary": pct("test/binary"), "dev fine-grained": pct("dev/fine"),
+                "dev binary": pct("dev/binary"), "best epoch": best.get("epoch")}
+        rows = [{"model": m, "test fine-grained": f, "test binary": b, "dev fine-grained": None,
+                 "dev binary": None, "best epoch": None} for m, f, b in PAPER_TABLE2]
+        return pd.DataFrame(rows + [ours])
+
+    def plots(self, history):
+        figs = list(super().plots(history))
+        import matplotlib.pyplot as plt
+
+        epochs = [h["epoch"] for h in history]
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        for split in ("dev", "test"):
+            for m, style in (("fine", "-"), ("binary", "--")):
+                k = f"{split}/{m}"
+                if any(k in h for h in history):
+                    ax.plot(epochs, [h.get(k, float("nan")) for h in history], style, marker="o", label=k)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("root accuracy")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        figs.append(("root_accuracy", fig))
+        return figs

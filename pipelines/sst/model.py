@@ -1,0 +1,198 @@
+"""The SST sentiment Tree-LSTM (Tai et al. 2015; Looks et al. 2017 sec. 3.5) in foldengine blocks.
+
+Paper formulation (sec. 3.5)::
+
+    expr = ForwardDeclaration(PyObjectType(), state)
+    word = AllOf(Embedding(word), Zeros(state, state))         # TreeLSTM(x_word, 0, 0)
+    pair = AllOf(Zeros(emb), Record([(1, expr()), (2, expr())]))  # TreeLSTM(0, h_l, h_r)
+    expr.resolve_to(OneOf(len, {2: word, 3: pair}) >> TreeLSTM)
+
+Here the two cases call two ``fb.Function``s over ONE :class:`TreeLSTM` module (one
+:class:`~foldengine.layers.BinaryTreeLSTMCell`, so one set of parameters): ``leaf(x)`` computes
+the cell with zero children and ``pair(left, right)`` with a zero input, skipping the work on the
+zeros -- mathematically the same function as the paper's, checked in tests against a naive
+per-tree recursion that calls the full ``cell(x, children)``.
+
+Every node gets a softmax classifier (dropout before it); its logits and the node's gold label
+are recorded with ``fb.Metric`` blocks so the loss over all nodes is computed vectorised from
+``compiler.metrics``.  The root node is handled by its own (non-recursive) copy of the node block
+that records to ``root_logits`` / ``root_label`` instead of ``logits`` / ``label``; the operations
+are the same, so roots and inner nodes still batch together.  Metrics after a forward::
+
+    root_logits [B, 5]  root_label [B] int64      one row per tree, in input order
+    logits      [N, 5]  label      [N] int64      every non-root node of the batch
+
+Trees are the raw tuple trees of :mod:`pipelines.sst.data` (leaf ``(label, word)``, inner node
+``(label, left, right)``); words are mapped to vocabulary ids inside an ``fb.InputTransform``, so
+batches are built from raw trees (in Ray Data tasks).
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import foldengine as fe
+from foldengine import blocks as fb
+from foldengine.layers import BinaryTreeLSTMCell
+from foldengine.types import PyObjectType, TensorType, TupleType
+
+__all__ = ["NUM_CLASSES", "TreeLSTM", "SentimentModules", "build_compiler", "node_outputs",
+           "count_stats", "summarize_counts", "naive_node_logits"]
+
+NUM_CLASSES = 5
+
+
+class TreeLSTM(nn.Module):
+    """One Tree-LSTM cell called two ways (both wrapped in ``fb.Function``):
+
+    ``forward(x) -> (h, c)``: a leaf, ``TreeLSTM(x, 0, 0)``;
+    ``forward((h_l, c_l), (h_r, c_r)) -> (h, c)``: an inner node, ``TreeLSTM(0, left, right)``.
+    """
+
+    def __init__(self, input_size: int, state_size: int, recurrent_dropout: float = 0.0):
+        super().__init__()
+        self.cell = BinaryTreeLSTMCell(input_size, state_size, recurrent_dropout)
+
+    def forward(self, *args):
+        if len(args) == 1:
+            return self.cell.leaf(args[0])
+        left, right = args
+        return self.cell.pair(left, right)
+
+
+class SentimentModules(nn.Module):
+    """The model's modules: word embedding (+ input dropout), Tree-LSTM, dropout + classifier.
+
+    ``input_dropout`` drops embedding entries (TF Fold's ``DropoutWrapper(input_keep_prob)``);
+    ``output_dropout`` drops ``h`` before the classifier (Tai et al.; TF Fold's
+    ``output_keep_prob``); ``recurrent_dropout`` drops the cell's update ``u``.  All are
+    probabilities of *dropping* (the paper's keep prob 0.75 is 0.25 here).
+    """
+
+    def __init__(self, vocab_size: int, emb_size: int, state_size: int, *, input_dropout: float = 0.0,
+                 output_dropout: float = 0.0, recurrent_dropout: float = 0.0,
+                 embeddings: Optional[np.ndarray] = None):
+        super().__init__()
+        self.emb_size, self.state_size = emb_size, state_size
+        self.embedding = nn.Embedding(vocab_size, emb_size)
+        if embeddings is not None:
+            if embeddings.shape != (vocab_size, emb_size):
+                raise ValueError(f"embedding matrix {embeddings.shape} != ({vocab_size}, {emb_size})")
+            with torch.no_grad():
+                self.embedding.weight.copy_(torch.tensor(np.asarray(embeddings, np.float32)))
+        self.word = nn.Sequential(self.embedding, nn.Dropout(input_dropout))
+        self.tree_lstm = TreeLSTM(emb_size, state_size, recurrent_dropout)
+        self.classifier = nn.Sequential(nn.Dropout(output_dropout), nn.Linear(state_size, NUM_CLASSES))
+
+
+def build_compiler(modules: SentimentModules, stoi: Mapping[str, int], scheduler="depth",
+                   unk_index: int = 0) -> fe.Compiler:
+    """The compiled model: raw SST trees in; metrics as in the module docstring; output the
+    root state ``(h, c)`` (``[B, S]`` each)."""
+    S = modules.state_size
+    state = TupleType(TensorType(S), TensorType(S))
+    get = stoi.get
+
+    def word_id(word):
+        return get(word, unk_index)
+
+    expr = fb.ForwardDeclaration(PyObjectType(), state, name="tree")
+
+    def node_block(logits_metric: str, label_metric: str) -> fb.Block:
+        # TreeLSTM(Embedding(word), 0, 0) for a leaf (label, word)
+        word = (fb.GetItem(1) >> fb.InputTransform(word_id) >> fb.Scalar("int64")
+                >> fb.Function(modules.word, name="embedding") >> fb.Function(modules.tree_lstm, name="leaf"))
+        # TreeLSTM(0, h_left, h_right) for an inner node (label, left, right)
+        pair = fb.Record([(1, expr()), (2, expr())]) >> fb.Function(modules.tree_lstm, name="pair")
+        cases = fb.OneOf(key_fn=len, case_blocks=[(2, word), (3, pair)])
+        head = fb.AllOf(
+            fb.GetItem(0) >> fb.GetItem(0) >> fb.Function(modules.classifier, name="classifier")
+            >> fb.Metric(logits_metric),
+            fb.GetItem(1) >> fb.GetItem(0) >> fb.Scalar("int64") >> fb.Metric(label_metric))
+        # (state, node) -> record the head's metrics, pass the state on
+        return fb.AllOf(cases, fb.Identity()) >> fb.AllOf(fb.GetItem(0), head) >> fb.GetItem(0)
+
+    expr.resolve_to(node_block("logits", "label"))
+    root = node_block("root_logits", "root_label")
+    return fe.Compiler(root, scheduler=scheduler)
+
+
+def node_outputs(compiler: fe.Compiler):
+    """``(logits [B+N, 5], labels [B+N], is_root [B+N] bool)`` of the last forward, roots first."""
+    m = compiler.metrics
+    logits = torch.cat([m["root_logits"], m["logits"]])
+    labels = torch.cat([m["root_label"], m["label"]])
+    is_root = torch.zeros(len(labels), dtype=torch.bool, device=labels.device)
+    is_root[:len(m["root_label"])] = True
+    return logits, labels, is_root
+
+
+def count_stats(logits: torch.Tensor, labels: torch.Tensor, is_root: torch.Tensor,
+                node_loss: Optional[torch.Tensor] = None) -> dict:
+    """Sums for :func:`summarize_counts` (floats).
+
+    Fine-grained: argmax over the 5 classes.  Binary (TF Fold's sentiment example): only nodes
+    whose gold label is not neutral (2); predicted positive iff p(3) + p(4) > p(0) + p(1).
+    """
+    with torch.no_grad():
+        logits = logits.detach()
+        if node_loss is None:
+            node_loss = F.cross_entropy(logits, labels, reduction="none")
+        node_loss = node_loss.detach()
+        p = torch.softmax(logits.float(), -1)
+        fine_hit = logits.argmax(-1) == labels
+        bin_mask = labels != 2
+        bin_hit = ((p[:, 3] + p[:, 4]) > (p[:, 0] + p[:, 1])) == (labels > 2)
+        out = {}
+        for prefix, sel in (("root", is_root), ("all", torch.ones_like(is_root))):
+            b = sel & bin_mask
+            out[f"{prefix}_count"] = float(sel.sum())
+            out[f"{prefix}_correct"] = float((fine_hit & sel).sum())
+            out[f"{prefix}_bin_count"] = float(b.sum())
+            out[f"{prefix}_bin_correct"] = float((bin_hit & b).sum())
+            out[f"{prefix}_loss_sum"] = float(node_loss[sel].sum())
+    return out
+
+
+def summarize_counts(sums: Mapping[str, float]) -> dict:
+    """Totals of :func:`count_stats` -> ``fine``, ``binary`` (root accuracies, the paper's
+    Table 2 metrics), ``all_fine``, ``all_binary`` (every node), ``root_loss`` (per root),
+    ``loss`` (all-node loss per tree, the training objective)."""
+    def ratio(a, b):
+        d = sums.get(b, 0.0)
+        return sums.get(a, 0.0) / d if d else float("nan")
+
+    return {"fine": ratio("root_correct", "root_count"),
+            "binary": ratio("root_bin_correct", "root_bin_count"),
+            "all_fine": ratio("all_correct", "all_count"),
+            "all_binary": ratio("all_bin_correct", "all_bin_count"),
+            "root_loss": ratio("root_loss_sum", "root_count"),
+            "node_loss": ratio("all_loss_sum", "all_count"),
+            "loss": ratio("all_loss_sum", "root_count")}
+
+
+# --------------------------------------------------------------------------- naive reference
+
+def naive_node_logits(modules: SentimentModules, tree, stoi: Mapping[str, int], unk_index: int = 0):
+    """Per-tree recursion with the same modules and the cell's full ``forward`` (zeros spelled
+    out, as the paper writes it).  Returns ``(state, [(logits [1, 5], label)] in post-order)``."""
+    S, E = modules.state_size, modules.emb_size
+    cell = modules.tree_lstm.cell
+    zeros = torch.zeros(1, S)
+    out = []
+
+    def rec(node):
+        if len(node) == 2:
+            x = modules.word(torch.tensor([stoi.get(node[1], unk_index)]))
+            st = cell(x, ((zeros, zeros), (zeros, zeros)))
+        else:
+            left, right = rec(node[1]), rec(node[2])
+            st = cell(torch.zeros(1, E), (left, right))
+        out.append((modules.classifier(st[0]), node[0]))
+        return st
+
+    return rec(tree), out

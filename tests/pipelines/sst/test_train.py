@@ -1,0 +1,112 @@
+"""SST Tree-LSTM end to end through pipelines.train.run: real SST trees (a slice), real Ray
+(2 CPUs, 2 DDP workers on fractional CPUs), real MLflow (tmp sqlite store); resume from a
+checkpoint reproduces the uninterrupted run's metrics exactly."""
+from __future__ import annotations
+
+import glob
+import os
+import time
+
+import mlflow
+import pytest
+import ray
+import torch
+from mlflow.tracking import MlflowClient
+
+from pipelines.config import load_config, merged_schema
+from pipelines.train import STATE_FILE, run
+from pipelines.sst.experiment import SCHEMA, SSTExperiment
+from pipelines.sst.train import after_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+EPOCHS = 2
+
+
+def _config(tmp, *overrides):
+    base = [f"epochs={EPOCHS}", "batch_size=50", "eval_batch_size=50", "sst.limit_train=200",
+            "sst.limit_dev=50", "sst.limit_test=50", "sst.state_size=8", "optimizer.lr=0.1",
+            "ray.num_workers=2", "ray.no_progress_timeout_s=180", "data.blocks_per_epoch=2",
+            "tracking.log_model=true", "name=sst-test", f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+            f"ray.storage_path={tmp}/ray_results"]
+    return load_config(os.path.join(REPO, "conf", "sst_tai2015.yaml"), base + list(overrides),
+                       merged_schema(SCHEMA))
+
+
+def _comparable(history):
+    return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(data_dir):
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def baseline(ray_cluster, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sst_baseline")
+    exp, cfg = SSTExperiment(), _config(tmp)
+    t0 = time.perf_counter()
+    res = run(exp, cfg)
+    extra = after_run(exp, res)
+    print(f"SST baseline run: {time.perf_counter() - t0:.1f}s")
+    return res, extra, tmp
+
+
+@pytest.mark.timeout(400)
+def test_mlflow_run_is_complete_and_loss_goes_down(baseline):
+    res, extra, tmp = baseline
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["sst-test"], output_format="list",
+                              filter_string=f"attributes.run_id = '{res.run_id}'")
+    assert len(runs) == 1
+    r = runs[0]
+    assert r.info.status == "FINISHED"
+    p = r.data.params
+    assert p["scheduler"] == "depth" and p["sst.state_size"] == "8" and p["optimizer.name"] == "adagrad"
+    assert p["sst.embedding_source"] == "glove-6b-50d" and p["ray.num_workers"] == "2"
+    assert float(p["sys.cpus_per_worker"]) < 1.0  # fractional CPUs on the 2-CPU cluster
+    m = r.data.metrics
+    assert m["data/train_records"] == 200 and m["data/dev_records"] == 50
+    assert m["skipped/train/malformed"] == 0
+    assert m["embeddings/coverage"] > 0.9 and m["time/trees_per_s"] > 0
+    client = MlflowClient(uri)
+    for key in ("train/objective", "dev/fine", "dev/binary", "test/fine", "test/binary", "dev/all_fine",
+                "dev/root_loss", "time/records_per_s"):
+        steps = sorted(x.step for x in client.get_metric_history(res.run_id, key))
+        assert steps == list(range(1, EPOCHS + 1)), key
+    for split in ("dev", "test"):
+        for k in ("fine", "binary", "all_fine", "all_binary"):
+            assert 0.0 <= m[f"best/{split}/{k}"] <= 1.0
+    h = res.history
+    assert h[-1]["train/objective"] < h[0]["train/objective"]
+    assert all(x["params/consistent"] == 1.0 for x in h)
+    top = {a.path for a in client.list_artifacts(res.run_id)}
+    assert {"results.json", "plots", "model", "config.json"} <= top
+    table = client.load_table(r.info.experiment_id, "results.json", run_ids=[res.run_id])
+    assert list(table["test fine-grained"][:3]) == [51.0, 52.3, 53.6]
+    assert list(table["test binary"][:3]) == [88.0, 89.4, 90.2]
+    assert table["test fine-grained"].iloc[3] == pytest.approx(100 * res.metrics["best/test/fine"], abs=0.01)
+
+
+@pytest.mark.timeout(400)
+def test_resume_from_checkpoint_gives_identical_metrics(baseline, tmp_path):
+    res, _, tmp = baseline
+    ckpts = []
+    for d in glob.glob(str(tmp / "ray_results" / "*" / "checkpoint_*")):
+        if not os.path.isfile(os.path.join(d, STATE_FILE)):
+            continue
+        st = torch.load(os.path.join(d, STATE_FILE), map_location="cpu", weights_only=False)
+        ckpts.append((st["epoch"], d))
+    first = dict(ckpts)[1]
+    cfg = _config(tmp_path, f"resume_from={first}")
+    resumed = run(SSTExperiment(), cfg)
+    assert resumed.resumed_after == [1]
+    assert _comparable(resumed.history) == _comparable(res.history)
+    assert resumed.param_hashes == res.param_hashes
