@@ -1,0 +1,42 @@
+"""Test-wide settings and fixtures shared by every test package.
+
+* ``FOLD_DATA_DIR`` defaults to ``<repo>/../shared/data`` (where CI puts the datasets) when unset.
+* Ray started inside tests (``ray.init()``) runs without token auth and without usage stats, so
+  no token is written to ``~/.ray`` and nothing is reported.
+* Fixtures: ``data_dir`` (the datasets directory; skips the test when it is absent, fails under CI) and
+  ``mlflow_sqlite_uri`` (a fresh MLflow sqlite store under ``tmp_path``).
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+_DEFAULT_DATA_DIR = (REPO_ROOT.parent / "shared" / "data").resolve()
+
+if not os.environ.get("FOLD_DATA_DIR") and _DEFAULT_DATA_DIR.is_dir():
+    os.environ["FOLD_DATA_DIR"] = str(_DEFAULT_DATA_DIR)
+
+# Embedded Ray clusters in tests: loopback-only, single user.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> pathlib.Path:
+    """The datasets directory (``$FOLD_DATA_DIR``): sst/, molecules/ as in shared/data/README.md."""
+    path = os.environ.get("FOLD_DATA_DIR")
+    if not path or not pathlib.Path(path).is_dir():
+        msg = f"datasets not found: FOLD_DATA_DIR={path!r} (expected ../shared/data beside the repo)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)  # CI always has the data: a missing dir is a set-up bug, not a skip
+        pytest.skip(msg)
+    return pathlib.Path(path)
+
+
+@pytest.fixture
+def mlflow_sqlite_uri(tmp_path) -> str:
+    """A tracking URI of a fresh, empty MLflow sqlite store in this test's tmp dir."""
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
