@@ -9,7 +9,7 @@
 # EXPERIMENT            entry point (run in the job)
 #   sst                 python -m pipelines.sst.train       --config conf/sst_treelstm.yaml (or conf/sst.yaml)
 #   sst_tai2015         python -m pipelines.sst.train       --config conf/sst_tai2015.yaml
-#   tox21               python -m pipelines.molecules.train --config conf/molecules_weave.yaml (or conf/tox21.yaml)
+#   tox21               python -m pipelines.molecules.train --config conf/molecules_tox21.yaml
 #   esol                python -m pipelines.molecules.train --config conf/molecules_esol.yaml (or conf/esol.yaml)
 #   table1              python scripts/bench_table1.py       --config conf/bench_table1.yaml
 # key=value overrides are passed through after the config; the first existing config file listed
@@ -58,7 +58,7 @@ case "$1" in
     CMD=("$@"); set -- ;;
   sst)         shift; experiment_cmd pipelines.sst.train conf/sst_treelstm.yaml conf/sst.yaml ;;
   sst_tai2015) shift; experiment_cmd pipelines.sst.train conf/sst_tai2015.yaml ;;
-  tox21)       shift; experiment_cmd pipelines.molecules.train conf/molecules_weave.yaml conf/tox21.yaml ;;
+  tox21)       shift; experiment_cmd pipelines.molecules.train conf/molecules_tox21.yaml conf/molecules_weave.yaml conf/tox21.yaml ;;
   esol)        shift; experiment_cmd pipelines.molecules.train conf/molecules_esol.yaml conf/esol.yaml ;;
   table1)      shift; experiment_cmd scripts/bench_table1.py conf/bench_table1.yaml ;;
   -*) fold_die "unknown option $1 (see --help)" ;;
