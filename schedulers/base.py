@@ -163,21 +163,24 @@ class GatherBuilder:
         first = chunks[0]
         if np.all(chunks == first):
             return self._piece(tid, first, rows)
-        uniq, inverse = np.unique(chunks, return_inverse=True)
+        order = np.argsort(chunks, kind="stable")
+        sorted_chunks = chunks[order]
+        starts = np.concatenate([[0], np.flatnonzero(sorted_chunks[1:] != sorted_chunks[:-1]) + 1])
+        uniq = sorted_chunks[starts]
         sizes = self.chunk_sizes[tid]
-        total = sum(sizes[c] for c in uniq)
+        total = sum(sizes[c] for c in uniq.tolist())
         if len(uniq) > 6 and total <= 4 * n:
             # Few rows skipped: concatenating whole chunks is cheaper than many gathers.
-            starts = np.zeros(int(uniq.max()) + 1, np.int64)
+            offsets = np.zeros(int(uniq[-1]) + 1, np.int64)
             acc = 0
-            for c in uniq:
-                starts[c] = acc
+            for c in uniq.tolist():
+                offsets[c] = acc
                 acc += sizes[c]
             self.n_index_selects += 1
-            return ("all", tid, tuple(int(c) for c in uniq), self.add(starts[chunks] + rows), n)
-        order = np.argsort(inverse, kind="stable")
-        bounds = np.searchsorted(inverse[order], np.arange(len(uniq) + 1))
-        pieces = tuple(self._piece(tid, uniq[k], rows[order[bounds[k]:bounds[k + 1]]])
+            return ("all", tid, tuple(uniq.tolist()), self.add(offsets[chunks] + rows), n)
+        bounds = np.concatenate([starts, [n]])
+        sorted_rows = rows[order]
+        pieces = tuple(self._piece(tid, uniq[k], sorted_rows[bounds[k]:bounds[k + 1]])
                        for k in range(len(uniq)))
         if np.array_equal(order, np.arange(n)):
             return ("cat", tid, pieces, -1, n)  # pieces already in order: no reordering
