@@ -128,6 +128,9 @@ def main(argv=None):
                                summary_metrics(result), figures=[("per_tree_time", fig)],
                                run_name=conf.get("run_name"), json_path=out)
         result["mlflow_run_id"] = run_id
+        if out:  # record the run id beside the results
+            with open(out, "w") as f:
+                json.dump(result, f, indent=1)
         print(f"MLflow run {run_id} (experiment {conf.get('experiment') or 'table1'}, "
               f"{os.environ.get('MLFLOW_TRACKING_URI', 'sqlite:///mlflow.db')})")
     return result

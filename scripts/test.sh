@@ -11,49 +11,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-say() { printf '[test.sh] %s\n' "$*" >&2; }
-quiet_pip() {  # pip, minus this machine's notes about missing local index dirs
-  "$@" 2>&1 | { grep -v "^WARNING: Location 'file://" || true; }
-}
-
-install_venv() {
-  local py
-  py="$(command -v python3.11 || true)"
-  if [ -z "$py" ]; then
-    py="$(command -v python3)"
-    "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { say "Python >= 3.11 is required"; exit 1; }
-  fi
-  local t0=$SECONDS
-  if [ ! -x .venv/bin/python ]; then
-    say "creating .venv with $py"
-    "$py" -m venv .venv
-  fi
-  say "installing torch==2.13.0 (CPU build) into .venv"
-  quiet_pip .venv/bin/python -m pip install -q torch==2.13.0
-  say "installing foldengine with its test extra (pip install -e '.[test]')"
-  quiet_pip .venv/bin/python -m pip install -q -e '.[test]'
-  sha256sum pyproject.toml >.venv/.foldengine-installed
-  say "install took $((SECONDS - t0))s"
-}
-
-if [ "${FOLD_USE_CURRENT_PYTHON:-0}" = 1 ]; then
-  PY="$(command -v python3)"
-elif [ -n "${VIRTUAL_ENV:-}" ] && [ "$VIRTUAL_ENV" != "$ROOT/.venv" ]; then
-  PY="$VIRTUAL_ENV/bin/python"   # the caller's own activated venv
-else
-  if [ ! -x .venv/bin/python ] || ! sha256sum -c --status .venv/.foldengine-installed 2>/dev/null; then
-    install_venv
-  fi
-  PY="$ROOT/.venv/bin/python"
-fi
-
-if [ -z "${FOLD_DATA_DIR:-}" ] && [ -d "$ROOT/../shared/data" ]; then
-  FOLD_DATA_DIR="$(cd "$ROOT/../shared/data" && pwd)"
-  export FOLD_DATA_DIR
-fi
-# Console scripts (ray, mlflow) of that Python come first on PATH.
-PATH="$(dirname "$PY"):$PATH"
-export PATH
+SCRIPT_NAME=test.sh
+# shellcheck source=scripts/_venv.sh
+source "$ROOT/scripts/_venv.sh"
 
 say "running: $PY -m pytest -q $* (FOLD_DATA_DIR=${FOLD_DATA_DIR:-<unset>})"
 t0=$SECONDS
