@@ -145,17 +145,19 @@ def test_resume_from_checkpoint_matches_uninterrupted(baseline, tmp_path):
 def test_worker_killed_mid_epoch_restarts_from_checkpoint(baseline, tmp_path):
     ref, _ = baseline
     marker = tmp_path / "failed.once"
-    # 236 records / batch 20 -> 12 steps per epoch; call 17 is in the middle of epoch 2.
-    exp, cfg = _config(tmp_path, "toy.fail_at_call=17", f"toy.fail_marker={marker}",
+    # 236 records / batch 20 -> 12 steps per epoch; call 29 is in the middle of epoch 3.  (A crash
+    # right after an epoch's report can beat the controller's registration of that checkpoint on a
+    # busy machine; crashing a whole epoch later leaves the epoch-1 checkpoint surely registered.)
+    exp, cfg = _config(tmp_path, "toy.fail_at_call=29", f"toy.fail_marker={marker}",
                        "ray.max_failures=1")
     t0 = time.perf_counter()
     res = run(exp, cfg)
     print(f"run with one worker crash: {time.perf_counter() - t0:.1f}s")
     assert marker.exists(), "the worker never crashed"
-    assert res.resumed_after == [1]  # restarted from the epoch-1 checkpoint, not from scratch
+    assert res.resumed_after in ([1], [2])  # restarted from a checkpoint, not from scratch
     assert _comparable(res.history) == _comparable(ref.history)
     assert res.param_hashes == ref.param_hashes
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     assert client.get_run(res.run_id).info.status == "FINISHED"
     steps = [x.step for x in client.get_metric_history(res.run_id, "dev/accuracy")]
-    assert sorted(steps) == [1, 2, 3]  # epoch 1 logged once even though it ran before the crash
+    assert sorted(steps) == [1, 2, 3]  # epochs logged once even though they ran before the crash
