@@ -176,6 +176,20 @@ def test_cluster_lifecycle(cluster_env, tmp_path):
     assert metrics == {"answer": 42.0}
     assert runs[0]["info"]["status"] == "FINISHED"
 
+    # --- a tiny SST training job (Ray Data + Ray Train inside the Ray job) lands in MLflow --------
+    sst = _run("submit.sh", env, "sst_tai2015", "epochs=1", "sst.limit_train=40", "sst.limit_dev=20",
+               "sst.limit_test=20", "sst.state_size=8", "batch_size=10", "ray.num_workers=1",
+               "tracking.experiment=cluster-sst", timeout=900)
+    assert sst.returncode == 0, sst.stdout[-3000:] + sst.stderr[-3000:]
+    exps = _post_json(f"{mlflow_url}/api/2.0/mlflow/experiments/search", {"max_results": 100})
+    exp = [e for e in exps["experiments"] if e["name"] == "cluster-sst"]
+    assert exp, exps
+    runs = _post_json(f"{mlflow_url}/api/2.0/mlflow/runs/search",
+                      {"experiment_ids": [exp[0]["experiment_id"]]})["runs"]
+    assert len(runs) == 1 and runs[0]["info"]["status"] == "FINISHED"
+    keys = {m["key"] for m in runs[0]["data"]["metrics"]}
+    assert {"best/test/fine", "best/test/binary"} <= keys, keys
+
     # --- a failing job makes submit.sh fail -------------------------------------------------------
     bad = _run("submit.sh", env, "--raw", "--", "python", "-c", "import sys; sys.exit(3)")
     assert bad.returncode != 0
