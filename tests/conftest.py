@@ -24,15 +24,21 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+def skip_without_data(msg: str):
+    """Skip a test whose dataset is missing -- except under CI, which always has the data, so
+    a missing dataset there is a set-up bug and fails."""
+    if os.environ.get("CI"):
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> pathlib.Path:
     """The datasets directory (``$FOLD_DATA_DIR``): sst/, molecules/ as in shared/data/README.md."""
     path = os.environ.get("FOLD_DATA_DIR")
     if not path or not pathlib.Path(path).is_dir():
         msg = f"datasets not found: FOLD_DATA_DIR={path!r} (expected ../shared/data beside the repo)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)  # CI always has the data: a missing dir is a set-up bug, not a skip
-        pytest.skip(msg)
+        skip_without_data(msg)
     return pathlib.Path(path)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from pipelines.datadir import DataNotFoundError, resolve_data_file
 from pipelines.molecules import data as D
+from tests.conftest import skip_without_data
 
 # Per task (pos, neg, missing), from /work/shared/data/README.md section 2.
 TOX21_TABLE = {
@@ -25,7 +26,7 @@ def _real(relpath):
     try:
         return resolve_data_file(relpath)  # no url: never touches the network
     except DataNotFoundError as err:
-        pytest.skip(f"real data not available (set FOLD_DATA_DIR): {err}")
+        skip_without_data(f"real data not available (set FOLD_DATA_DIR): {err}")
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from pipelines.datadir import DataNotFoundError, resolve_data_file
 from pipelines.molecules import data as D
 from pipelines.molecules import featurize as F
 from pipelines.molecules.featurize import (ATOM_FEATURE_NAMES, N_ATOM_FEATURES, N_PAIR_FEATURES,
+from tests.conftest import skip_without_data
                                            PAIR_FEATURE_NAMES, SmilesError, featurize)
 
 A = {n: i for i, n in enumerate(ATOM_FEATURE_NAMES)}
@@ -192,7 +193,7 @@ def tox21_featurized():
     try:
         path = resolve_data_file(D.TOX21_RELPATH)
     except DataNotFoundError as err:
-        pytest.skip(f"real data not available (set FOLD_DATA_DIR): {err}")
+        skip_without_data(f"real data not available (set FOLD_DATA_DIR): {err}")
     records, _ = D.read_tox21_csv(path)
     t0 = time.perf_counter()
     res = F.featurize_dataset(records)

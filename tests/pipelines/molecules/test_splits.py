@@ -10,6 +10,7 @@ from pipelines.datadir import DataNotFoundError, resolve_data_file
 from pipelines.molecules import data as D
 from pipelines.molecules.featurize import SmilesError
 from pipelines.molecules.splits import murcko_scaffold, random_split, scaffold_sets, scaffold_split
+from tests.conftest import skip_without_data
 
 
 def check_partition(split, n):
@@ -73,7 +74,7 @@ def _real_smiles(relpath, reader):
     try:
         path = resolve_data_file(relpath)
     except DataNotFoundError as err:
-        pytest.skip(f"real data not available (set FOLD_DATA_DIR): {err}")
+        skip_without_data(f"real data not available (set FOLD_DATA_DIR): {err}")
     return [r.smiles for r in reader(path)[0]]
 
 
