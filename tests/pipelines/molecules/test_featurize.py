@@ -12,8 +12,8 @@ from pipelines.datadir import DataNotFoundError, resolve_data_file
 from pipelines.molecules import data as D
 from pipelines.molecules import featurize as F
 from pipelines.molecules.featurize import (ATOM_FEATURE_NAMES, N_ATOM_FEATURES, N_PAIR_FEATURES,
-from tests.conftest import skip_without_data
                                            PAIR_FEATURE_NAMES, SmilesError, featurize)
+from tests.conftest import skip_without_data
 
 A = {n: i for i, n in enumerate(ATOM_FEATURE_NAMES)}
 P = {n: i for i, n in enumerate(PAIR_FEATURE_NAMES)}
