@@ -60,19 +60,27 @@ class _Pair(nn.Module):
         return self.m.pair(left, right)
 
 
-def tree_lstm_compiler(modules: TreeLSTMModules, stoi: Dict[str, int], scheduler="depth") -> fe.Compiler:
-    """SST trees ``(label, word)`` / ``(label, left, right)`` -> per-tree loss [B]."""
+def _tree_cases(modules: TreeLSTMModules, stoi: Dict[str, int]):
+    """``(expr, cases)``: the recursive declaration and the sec. 3.5 leaf/pair dispatch."""
     S = modules.state_size
-    state = TupleType(TensorType(S), TensorType(S))
-    expr = fb.ForwardDeclaration(PyObjectType(), state, name="tree")
+    expr = fb.ForwardDeclaration(PyObjectType(), TupleType(TensorType(S), TensorType(S)), name="tree")
     word = fb.GetItem(1) >> fb.InputTransform(lambda w: stoi.get(w, 0)) >> fb.Scalar("int64") \
         >> fb.Function(modules.embedding, name="embedding") >> fb.Function(_Leaf(modules), name="leaf")
     pair = fb.Record([(1, expr()), (2, expr())]) >> fb.Function(_Pair(modules), name="pair")
-    expr.resolve_to(fb.OneOf(len, {2: word, 3: pair}))
+    return expr, fb.OneOf(len, {2: word, 3: pair})
+
+
+def node_loss(logits, y):
+    return F.cross_entropy(logits, y, reduction="none")
+
+
+def tree_lstm_compiler(modules: TreeLSTMModules, stoi: Dict[str, int], scheduler="depth") -> fe.Compiler:
+    """SST trees ``(label, word)`` / ``(label, left, right)`` -> per-tree loss [B]."""
+    expr, cases = _tree_cases(modules, stoi)
+    expr.resolve_to(cases)
     root = fb.AllOf(expr() >> fb.GetItem(0) >> fb.Function(modules.classifier, name="classifier"),
                     fb.GetItem(0) >> fb.Scalar("int64"))
-    loss = root >> fb.Function(lambda logits, y: F.cross_entropy(logits, y, reduction="none"),
-                               output_type=TensorType(()), name="cross_entropy")
+    loss = root >> fb.Function(node_loss, output_type=TensorType(()), name="cross_entropy")
     return fe.Compiler(loss, scheduler=scheduler)
 
 
@@ -88,23 +96,14 @@ def naive_loss(modules: TreeLSTMModules, tree, stoi) -> torch.Tensor:
     return F.cross_entropy(modules.classifier(h), torch.tensor([tree[0]]))
 
 
-def node_loss(logits, y):
-    return F.cross_entropy(logits, y, reduction="none")
-
-
 def tree_lstm_all_nodes_compiler(modules: TreeLSTMModules, stoi: Dict[str, int], scheduler="depth") -> fe.Compiler:
     """The SST training model: a classifier and cross-entropy loss on *every* node (as TF
     Fold's sentiment example); per-node losses go to ``compiler.metrics['loss']``."""
-    S = modules.state_size
-    state = TupleType(TensorType(S), TensorType(S))
-    expr = fb.ForwardDeclaration(PyObjectType(), state, name="tree")
-    word = fb.GetItem(1) >> fb.InputTransform(lambda w: stoi.get(w, 0)) >> fb.Scalar("int64") \
-        >> fb.Function(modules.embedding, name="embedding") >> fb.Function(_Leaf(modules), name="leaf")
-    pair = fb.Record([(1, expr()), (2, expr())]) >> fb.Function(_Pair(modules), name="pair")
+    expr, cases = _tree_cases(modules, stoi)
     loss = fb.Function(node_loss, output_type=TensorType(()), name="cross_entropy")
     head = fb.AllOf(fb.GetItem(0) >> fb.GetItem(0) >> fb.Function(modules.classifier, name="classifier"),
                     fb.GetItem(1) >> fb.GetItem(0) >> fb.Scalar("int64")) >> loss >> fb.Metric("loss")
-    node = fb.AllOf(fb.OneOf(len, {2: word, 3: pair}), fb.Identity()) >> fb.AllOf(fb.GetItem(0), head) \
+    node = fb.AllOf(cases, fb.Identity()) >> fb.AllOf(fb.GetItem(0), head) \
         >> fb.GetItem(0)
     expr.resolve_to(node)
     return fe.Compiler(expr() >> fb.Void(), scheduler=scheduler)
