@@ -517,7 +517,7 @@ def format_report(result: Dict[str, object]) -> str:
             pct = [f"{100 * r[k]:.0f}%" if r.get(k) is not None else "-"
                    for k in ("manual_frac_ceiling", "dynamic_frac_ceiling", "full_frac_ceiling")]
             body2.append([str(r["batch_size"]), _f(r["eager_tree_s"]), str(r["eager_trees_timed"]),
-                          f"{r['eager_over_full']:.1f}x", _f(r["ceiling_gflops"]), _f(r["manual_gflops"]),
+                          f"{r['eager_over_full']:.1f}x", _f(r.get("ceiling_gflops")), _f(r["manual_gflops"]),
                           _f(r["dynamic_gflops"]), _f(r["full_gflops"])] + pct +
                          [_f(r["build_full_s"]), str(int(r["steps_full"])), str(int(r["calls_full"])),
                           _f(r["max_abs_diff_manual_dynamic"], 2), _f(r["max_abs_diff_full_eager"], 2)])
