@@ -133,3 +133,28 @@ def test_row_blocked_calls_match(name):
     c.max_call_rows = 7
     batch, _ = assert_batched_matches_reference(c, trees, atol=1e-4)
     assert max(call[1] for call in batch.calls) <= 7
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_real_sst_trees_with_per_node_losses(name, data_dir):
+    """The SST training model (classifier and loss on every node) on real trees."""
+    from benchmarks.engine import TreeLSTMModules, tree_lstm_all_nodes_compiler
+    from pipelines.sst.data import load_split
+    from pipelines.sst.vocab import build_vocab
+
+    trees, _ = load_split("dev", data_dir=data_dir)
+    vocab = build_vocab(trees)
+    torch.manual_seed(0)
+    c = tree_lstm_all_nodes_compiler(TreeLSTMModules(len(vocab.itos), 6, 5), vocab.stoi, name)
+    assert_batched_matches_reference(c, trees[:12], atol=1e-4)
+    check_valid(c, trees[:12])
+    assert c.metrics["loss"].shape == (sum(1 for _ in _nodes(trees[:12])),)  # one loss per node
+
+
+def _nodes(trees):
+    stack = list(trees)
+    while stack:
+        t = stack.pop()
+        yield t
+        if len(t) == 3:
+            stack.extend(t[1:])
