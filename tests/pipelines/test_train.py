@@ -40,15 +40,6 @@ def _comparable(history):
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def baseline(ray_cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("baseline")
     exp, cfg = _config(tmp)

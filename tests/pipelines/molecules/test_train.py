@@ -7,7 +7,6 @@ import time
 
 import mlflow
 import pytest
-import ray
 from mlflow.tracking import MlflowClient
 
 from pipelines.config import load_config, merged_schema
@@ -19,15 +18,6 @@ from pipelines.train import run
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.mark.timeout(300)

@@ -19,14 +19,6 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def cache_env(tmp_path_factory):
-    """Private cache dir (shared by the SST test modules of one session)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FOLD_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "fold-cache"))
-        yield
-
-
-@pytest.fixture(scope="module")
 def splits(cache_env):
     return {s: D.load_split(s) for s in D.SPLITS}
 

@@ -10,14 +10,6 @@ from pipelines.sst.vocab import UNK_INDEX, Vocab, build_vocab
 
 
 @pytest.fixture(scope="module")
-def cache_env(tmp_path_factory):
-    """Private cache dir (shared by the SST test modules of one session)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FOLD_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "fold-cache"))
-        yield
-
-
-@pytest.fixture(scope="module")
 def train_vocab(cache_env):
     return build_vocab(D.load_split("train")[0])
 

@@ -9,7 +9,6 @@ import time
 
 import mlflow
 import pytest
-import ray
 import torch
 from mlflow.tracking import MlflowClient
 
@@ -39,16 +38,7 @@ def _comparable(history):
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(data_dir):
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def baseline(ray_cluster, tmp_path_factory):
+def baseline(ray_cluster, data_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sst_baseline")
     exp, cfg = SSTExperiment(), _config(tmp)
     t0 = time.perf_counter()
