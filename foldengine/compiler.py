@@ -26,6 +26,7 @@ from torch import nn
 from schedulers import OpInfo, get_scheduler, lower
 from .batch import Batch, SequenceOutput
 from .blocks import Block, BlockTypeError, Pending
+from .closures import compile_tracer
 from .executor import execute
 from .ops import Operation, flatten_value, unflatten_value
 from .trace import BlockInputError, EagerContext, GraphTracer
@@ -274,10 +275,10 @@ class Compiler(nn.Module):
         old = sys.getrecursionlimit()
         sys.setrecursionlimit(max(old, _RECURSION_LIMIT))
         try:
-            trace_fn = self.root._trace
+            trace_fn = compile_tracer(self.root, tracer)
             for i, x in enumerate(inputs):
                 try:
-                    roots.append(trace_fn(x, tracer))
+                    roots.append(trace_fn(x))
                 except BlockInputError as err:
                     raise InputError(i, err) from err
         finally:
