@@ -156,38 +156,49 @@ class GatherBuilder:
         return ("idx", tid, int(chunk), self.add(rows), n)
 
     def gather(self, tid: int, chunks: np.ndarray, rows: np.ndarray) -> GatherSpec:
+        """The spec reading row ``rows[i]`` of chunk ``chunks[i]`` (of type ``tid``) as row ``i``."""
         n = len(rows)
         if n == 0:
             return ("empty", tid, 0, 0, 0)
         self.gathered_rows += n
         first = chunks[0]
-        if np.all(chunks == first):
+        if chunks[-1] == first and (n == 1 or not (chunks != first).any()):
             return self._piece(tid, first, rows)
         order = np.argsort(chunks, kind="stable")
         sorted_chunks = chunks[order]
-        starts = np.concatenate([[0], np.flatnonzero(sorted_chunks[1:] != sorted_chunks[:-1]) + 1])
-        uniq = sorted_chunks[starts]
+        starts = np.flatnonzero(np.concatenate(([True], sorted_chunks[1:] != sorted_chunks[:-1])))
+        uniq = sorted_chunks[starts].tolist()
         sizes = self.chunk_sizes[tid]
-        total = sum(sizes[c] for c in uniq.tolist())
-        if len(uniq) > 6 and total <= 4 * n:
+        if len(uniq) > 6 and sum(sizes[c] for c in uniq) <= 4 * n:
             # Few rows skipped: concatenating whole chunks is cheaper than many gathers.
-            offsets = np.zeros(int(uniq[-1]) + 1, np.int64)
+            offsets = np.zeros(uniq[-1] + 1, np.int64)
             acc = 0
-            for c in uniq.tolist():
+            for c in uniq:
                 offsets[c] = acc
                 acc += sizes[c]
             self.n_index_selects += 1
-            return ("all", tid, tuple(uniq.tolist()), self.add(offsets[chunks] + rows), n)
-        bounds = np.concatenate([starts, [n]])
+            return ("all", tid, tuple(uniq), self.add(offsets[chunks] + rows), n)
         sorted_rows = rows[order]
-        pieces = tuple(self._piece(tid, uniq[k], sorted_rows[bounds[k]:bounds[k + 1]])
-                       for k in range(len(uniq)))
-        if np.array_equal(order, np.arange(n)):
-            return ("cat", tid, pieces, -1, n)  # pieces already in order: no reordering
+        # a piece is a view when its rows are consecutive: no step != 1 inside it
+        step_ok = np.concatenate(([True], np.diff(sorted_rows) == 1))
+        step_ok[starts] = True
+        n_bad = np.add.reduceat(~step_ok, starts).tolist()
+        first_rows = sorted_rows[starts].tolist()
+        bounds = starts.tolist() + [n]
+        pieces = []
+        for k, c in enumerate(uniq):
+            lo, hi = bounds[k], bounds[k + 1]
+            if n_bad[k] == 0:
+                pieces.append(("one", tid, c, first_rows[k], hi - lo))
+            else:
+                self.n_index_selects += 1
+                pieces.append(("idx", tid, c, self.add(sorted_rows[lo:hi]), hi - lo))
+        if (order[1:] > order[:-1]).all():
+            return ("cat", tid, tuple(pieces), -1, n)  # pieces already in order: no reordering
         perm = np.empty(n, np.int64)
         perm[order] = np.arange(n)
         self.n_index_selects += 1
-        return ("cat", tid, pieces, self.add(perm), n)
+        return ("cat", tid, tuple(pieces), self.add(perm), n)
 
 
 @dataclass
