@@ -46,6 +46,11 @@ def point_cover(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return points
 
 
+def _n_distinct(small_ints: np.ndarray) -> int:
+    """Number of distinct values of a non-empty array of small non-negative ints (steps)."""
+    return int(np.count_nonzero(np.bincount(small_ints)))
+
+
 class CoalescingScheduler(Scheduler):
     """Depth levels, then per-operation call merging within slack windows."""
 
@@ -66,21 +71,30 @@ class CoalescingScheduler(Scheduler):
         self_fed = np.zeros(ops.n_ops, bool)
         same = node_op[src] == node_op[dst]
         self_fed[np.unique(node_op[src[same]])] = True
-        op_nodes = {int(o): np.flatnonzero(node_op == o) for o in np.unique(node_op)}
+        op_nodes = {o: np.flatnonzero(node_op == o) for o in np.flatnonzero(np.bincount(node_op)).tolist()}
         movable = [o for o in op_nodes if not self_fed[o]]
+        # per movable op: its nodes' local positions, and the edges into / out of them
+        pos = np.zeros(n, np.int64)
+        plan = {}
+        for o in movable:
+            nodes = op_nodes[o]
+            pos[nodes] = np.arange(len(nodes))
+            e_in = np.flatnonzero(node_op[dst] == o)
+            e_out = np.flatnonzero(node_op[src] == o)
+            plan[o] = (nodes, e_in, pos[dst[e_in]], e_out, pos[src[e_out]])
         for _ in range(self.passes):
             changed = False
             # sinks first: ops whose nodes run late are settled before what feeds them
             movable.sort(key=lambda o: -steps[op_nodes[o]].mean())
             for o in movable:
-                nodes = op_nodes[o]
+                nodes, e_in, at_in, e_out, at_out = plan[o]
                 last = steps.max()
-                lo = np.ones(n, np.int64)
-                np.maximum.at(lo, dst, steps[src] + 1)
-                hi = np.full(n, last, np.int64)
-                np.minimum.at(hi, src, steps[dst] - 1)
-                new = point_cover(lo[nodes], hi[nodes])
-                if len(np.unique(new)) < len(np.unique(steps[nodes])):
+                lo = np.ones(len(nodes), np.int64)
+                np.maximum.at(lo, at_in, steps[src[e_in]] + 1)
+                hi = np.full(len(nodes), last, np.int64)
+                np.minimum.at(hi, at_out, steps[dst[e_out]] - 1)
+                new = point_cover(lo, hi)
+                if _n_distinct(new) < _n_distinct(steps[nodes]):
                     steps[nodes] = new
                     changed = True
             if not changed:
