@@ -129,7 +129,15 @@ GatherSpec = tuple
 
 
 class GatherBuilder:
-    """Accumulates index arrays into one int64 buffer and builds gather specs."""
+    """Accumulates index arrays into one int64 buffer and builds gather specs.
+
+    A gather reading from more than ``all_min_chunks`` chunks whose total size is at most
+    ``all_max_ratio`` times the rows read concatenates those chunks whole and selects once
+    ("all"); otherwise it reads each chunk separately ("cat").
+    """
+
+    all_min_chunks = 6
+    all_max_ratio = 4
 
     def __init__(self, chunk_sizes: Dict[int, List[int]]):
         self.parts: List[np.ndarray] = []
@@ -169,7 +177,7 @@ class GatherBuilder:
         starts = np.flatnonzero(np.concatenate(([True], sorted_chunks[1:] != sorted_chunks[:-1])))
         uniq = sorted_chunks[starts].tolist()
         sizes = self.chunk_sizes[tid]
-        if len(uniq) > 6 and sum(sizes[c] for c in uniq) <= 4 * n:
+        if len(uniq) > self.all_min_chunks and sum(sizes[c] for c in uniq) <= self.all_max_ratio * n:
             # Few rows skipped: concatenating whole chunks is cheaper than many gathers.
             offsets = np.zeros(uniq[-1] + 1, np.int64)
             acc = 0
@@ -236,12 +244,12 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(starts - offs, lengths) + np.arange(total, dtype=np.int64)
 
 
-def _emit_call(trace, ops, op, arity, nodes, first_use, builder, handle_chunk, handle_row, chunk_sizes):
+def _emit_call(trace, ops, op, arity, nodes, read_group, builder, handle_chunk, handle_row, chunk_sizes):
     """One batched call of ``op`` on ``nodes`` (already ordered): its gathers, and where its
-    outputs will live (one chunk per first-consumer step)."""
+    outputs will live (one chunk per group of reading steps, ``read_group``)."""
     n = len(nodes)
     in_ptr = trace.node_in_ptr
-    fu = first_use[nodes]
+    fu = read_group[nodes]
     first = in_ptr[nodes]
     if arity >= 0:
         gathers = []
@@ -276,11 +284,13 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int,
           max_call_rows: Optional[int] = None) -> LoweredSchedule:
     """Group nodes by (step, operation) and compute all gather indices.
 
-    Within a call, nodes are ordered by the step of their first consumer, then by where
-    their first input lives.  Each output is then split (one ``torch.split``: views) into
-    one chunk per first-consumer step, so a later step reads a chunk holding only what it
-    needs: in backward, a gather costs the size of what it reads from, and the split's own
-    backward is one concatenation.  Ordering by first input makes that input a contiguous
+    Within a call, nodes are ordered by the steps that read their outputs (first and last
+    reading step), then by where their first input lives.  Each output is then split (one
+    ``torch.split``: views) into one chunk per group of reading steps, so a later step reads
+    a chunk holding only what it needs: in backward, a gather costs the size of what it
+    reads from, and the split's own backward is one concatenation.  (Grouping by the first
+    reader alone fails when a per-node head reads every output at the next step: the
+    parents then read from one chunk holding all of them, once per step.)  Ordering by first input makes that input a contiguous
     slice more often.  ``max_call_rows`` cuts larger calls into row blocks (on CPUs, a call
     whose intermediates stay in cache runs faster per row than one huge call).
     """
@@ -302,10 +312,17 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int,
         dst = np.repeat(np.arange(n_nodes, dtype=np.int64), np.diff(in_ptr))
         src = trace.handle_node[trace.edge_src] if len(trace.edge_src) else np.zeros(0, np.int64)
         keep = src >= 0
-        first_use = np.full(n_nodes, np.iinfo(np.int64).max, np.int64)
+        # Outputs are grouped by the steps that read them: (first, last) reading step.
+        # Rows read at the same steps share a chunk, so a reader's gather (and its backward,
+        # which costs the size of the chunk) touches little else.  Sinks get a sentinel.
+        n_steps_total = int(steps.max()) + 2
         use_src, use_step = src[keep], steps[dst[keep]]
-        by_step = np.argsort(-use_step, kind="stable")  # later writes win: the smallest step
-        first_use[use_src[by_step]] = use_step[by_step]
+        first_read = np.full(n_nodes, n_steps_total, np.int64)
+        last_read = np.full(n_nodes, n_steps_total, np.int64)
+        by_step = np.argsort(use_step, kind="stable")
+        last_read[use_src[by_step]] = use_step[by_step]      # later writes win: the largest step
+        first_read[use_src[by_step[::-1]]] = use_step[by_step[::-1]]   # ... the smallest step
+        read_group = first_read * (n_steps_total + 1) + last_read
         key = steps * ops.n_ops + trace.node_op
         order = np.argsort(key, kind="stable")
         skey = key[order]
@@ -318,7 +335,7 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int,
             op = int(trace.node_op[nodes[0]])
             arity = ops.arity[op]
             n = len(nodes)
-            fu = first_use[nodes]
+            fu = read_group[nodes]
             if arity > 0:
                 h0 = trace.edge_src[in_ptr[nodes]]
                 loc = handle_chunk[h0] * (H + 1) + handle_row[h0]
@@ -327,7 +344,7 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int,
                 nodes = nodes[np.argsort(fu, kind="stable")]
             block = n if not max_call_rows else max_call_rows
             for b0 in range(0, n, block):
-                calls.append(_emit_call(trace, ops, op, arity, nodes[b0:b0 + block], first_use, builder,
+                calls.append(_emit_call(trace, ops, op, arity, nodes[b0:b0 + block], read_group, builder,
                                         handle_chunk, handle_row, chunk_sizes))
             if ci + 1 == len(starts) or call_steps[ci + 1] != call_steps[ci]:
                 step_bounds.append(len(calls))
