@@ -72,7 +72,7 @@ class Table1Config:
     leaves: int = 128
     batch_sizes: Tuple[int, ...] = (1, 32, 64, 128, 256, 512, 1024)
     schedulers: Tuple[str, ...] = ("depth",)
-    max_call_rows: Optional[int] = -1      # Compiler(max_call_rows=...); -1: max(512, vector_size)
+    max_call_rows: Optional[int] = -1      # Compiler(max_call_rows=...); -1: max(1024, vector_size)
     modes: Tuple[str, ...] = ("inference", "training")
     repeats: int = 5
     warmup: int = 1
@@ -317,7 +317,7 @@ def run_table1(cfg: Table1Config, log: Callable[[str], None] = print) -> Dict[st
     gen = torch.Generator().manual_seed(cfg.seed)
     L, d = cfg.leaves, cfg.vector_size
     model = Table1Model(d, vocab=L).to(device)
-    rows = max(512, cfg.vector_size) if cfg.max_call_rows == -1 else cfg.max_call_rows
+    rows = max(1024, cfg.vector_size) if cfg.max_call_rows == -1 else cfg.max_call_rows
     compilers = {s: fold_compiler(model, s, rows).to(device) for s in cfg.schedulers}
     runner = _Runner(model, cfg.lr)
     init_state = {k: v.clone() for k, v in model.state_dict().items()}

@@ -203,8 +203,10 @@ class Compiler(nn.Module):
       block: the root block.
       scheduler: a scheduler name (``'depth'``, see ``schedulers.SCHEDULERS``) or instance.
       input_type: the root block's input type (Python objects by default).
-      max_call_rows: cut batched calls larger than this into row blocks (same results; on a
-        CPU, blocks whose intermediates fit in cache run faster). None: no limit.
+      max_call_rows: run batched calls larger than this in row blocks (same results).  An
+        execution setting, not part of the schedule (batches do not depend on it; it may be
+        changed between forwards).  On CPUs, blocks of about 1024 rows ran fastest in
+        ``scripts/bench_table1.py`` (inference and training); None: no limit (GPUs).
     """
 
     def __init__(self, block: Block, scheduler="depth", input_type: Type = PyObjectType(),
@@ -292,7 +294,7 @@ class Compiler(nn.Module):
         trace = tracer.finish()
         t1 = time.perf_counter()
         steps = self.scheduler.assign(trace, self.op_info)
-        low = lower(trace, self.op_info, steps, len(self.types), self.max_call_rows)
+        low = lower(trace, self.op_info, steps, len(self.types))
         b = low.builder
         hc, hr = low.handle_chunk, low.handle_row
         outputs = self._layout(roots, self.output_type, b, hc, hr)
@@ -339,7 +341,7 @@ class Compiler(nn.Module):
             raise TypeError(f"Compiler.forward takes a Batch from build_batch, got {type(batch).__name__}")
         if batch.signature != self.signature:
             raise ValueError("this Batch was built by a different compiler (operation tables differ)")
-        result = execute(batch, self.ops, self.types, self.device)
+        result = execute(batch, self.ops, self.types, self.device, self.max_call_rows or 0)
         self.metrics = result.metrics
         return result.outputs
 

@@ -82,9 +82,19 @@ def _materialize(layout, chunks, idx, types, device):
     return None
 
 
+def _apply_blocked(op: Operation, args: List[torch.Tensor], rows: int) -> List[torch.Tensor]:
+    """``op.apply(args)`` in row blocks of ``rows``: inputs split into views, outputs
+    concatenated.  Same values; the blocks' intermediates stay in cache, and in backward the
+    split costs one concatenation of the input gradients."""
+    parts = [torch.split(a, rows) for a in args]
+    outs = [op.apply(list(block)) for block in zip(*parts)]
+    return [torch.cat(o) for o in zip(*outs)]
+
+
 def execute(batch: Batch, ops: Sequence[Operation], types: Sequence[TensorType],
-            device: torch.device) -> ExecutionResult:
-    """Run ``batch`` with the operation table ``ops`` on ``device``."""
+            device: torch.device, block_rows: int = 0) -> ExecutionResult:
+    """Run ``batch`` with the operation table ``ops`` on ``device``.  Calls of more than
+    ``block_rows`` rows (0: no limit) run in row blocks of that size."""
     non_blocking = device.type == "cuda"
     idx = _tensor(batch.index_data)
     if non_blocking:
@@ -94,7 +104,8 @@ def execute(batch: Batch, ops: Sequence[Operation], types: Sequence[TensorType],
     for op_id, n, gathers, seg, split in batch.calls:
         op = ops[op_id]
         if seg is None:
-            outs = op.apply([_gather(g, chunks, idx, types, device) for g in gathers])
+            args = [_gather(g, chunks, idx, types, device) for g in gathers]
+            outs = op.apply(args) if not block_rows or n <= block_rows else _apply_blocked(op, args, block_rows)
         else:
             flat = _gather(gathers[0], chunks, idx, types, device)
             outs = (_reduce(op, flat, idx[seg[0]:seg[0] + seg[1]], n),)

@@ -280,8 +280,7 @@ def _emit_call(trace, ops, op, arity, nodes, read_group, builder, handle_chunk, 
     return (op, n, tuple(gathers), seg, split)
 
 
-def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int,
-          max_call_rows: Optional[int] = None) -> LoweredSchedule:
+def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> LoweredSchedule:
     """Group nodes by (step, operation) and compute all gather indices.
 
     Within a call, nodes are ordered by the steps that read their outputs (first and last
@@ -291,8 +290,8 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int,
     reads from, and the split's own backward is one concatenation.  (Grouping by the first
     reader alone fails when a per-node head reads every output at the next step: the
     parents then read from one chunk holding all of them, once per step.)  Ordering by first input makes that input a contiguous
-    slice more often.  ``max_call_rows`` cuts larger calls into row blocks (on CPUs, a call
-    whose intermediates stay in cache runs faster per row than one huge call).
+    slice more often.  One call per (step, operation): row blocking, where it pays, is the
+    executor's (``Compiler(max_call_rows=...)``), so a schedule does not depend on the device.
     """
     n_nodes = trace.n_nodes
     H = len(trace.handle_type)
@@ -342,10 +341,8 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int,
                 nodes = nodes[np.lexsort((loc, fu))]
             else:
                 nodes = nodes[np.argsort(fu, kind="stable")]
-            block = n if not max_call_rows else max_call_rows
-            for b0 in range(0, n, block):
-                calls.append(_emit_call(trace, ops, op, arity, nodes[b0:b0 + block], read_group, builder,
-                                        handle_chunk, handle_row, chunk_sizes))
+            calls.append(_emit_call(trace, ops, op, arity, nodes, read_group, builder,
+                                    handle_chunk, handle_row, chunk_sizes))
             if ci + 1 == len(starts) or call_steps[ci + 1] != call_steps[ci]:
                 step_bounds.append(len(calls))
     n_steps = len(step_bounds) - 1
