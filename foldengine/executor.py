@@ -82,11 +82,53 @@ def _materialize(layout, chunks, idx, types, device):
     return None
 
 
-def _apply_blocked(op: Operation, args: List[torch.Tensor], rows: int) -> List[torch.Tensor]:
-    """``op.apply(args)`` in row blocks of ``rows``: inputs split into views, outputs
-    concatenated.  Same values; the blocks' intermediates stay in cache, and in backward the
-    split costs one concatenation of the input gradients."""
-    parts = [torch.split(a, rows) for a in args]
+class _BlockedIndexSelect(torch.autograd.Function):
+    """``src.index_select(0, index)`` returned as row blocks of ``rows`` (a tuple).
+
+    Each block is gathered right before its block of the operation runs, so it is still in
+    cache.  Backward scatters every block's gradient into ONE zero buffer of ``src``'s size
+    (autograd would zero-fill one per block if each block were its own ``index_select``).
+    """
+
+    @staticmethod
+    def forward(ctx, src, index, rows):
+        ctx.src_shape = src.shape
+        ctx.save_for_backward(index)
+        ctx.rows = rows
+        return tuple(src.index_select(0, i) for i in torch.split(index, rows))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        (index,) = ctx.saved_tensors
+        g = None
+        for i, gb in zip(torch.split(index, ctx.rows), grads):
+            if gb is None:
+                continue
+            if g is None:
+                g = gb.new_zeros(ctx.src_shape)
+            g.index_add_(0, i, gb)
+        return g, None, None   # g is None when no block had a gradient
+
+
+def _gather_blocks(g, chunks, idx, types, device, rows: int):
+    """The gather ``g`` as a list of row blocks of ``rows`` (the last may be shorter)."""
+    kind = g[0]
+    if kind == "idx":
+        off = g[3]
+        return _BlockedIndexSelect.apply(chunks[g[1]][g[2]], idx[off:off + g[4]], rows)
+    if kind == "cat" and g[3] >= 0:
+        x = torch.cat([_gather(p, chunks, idx, types, device) for p in g[2]])
+        return _BlockedIndexSelect.apply(x, idx[g[3]:g[3] + g[4]], rows)
+    if kind == "all":
+        x = torch.cat([chunks[g[1]][c] for c in g[2]])
+        return _BlockedIndexSelect.apply(x, idx[g[3]:g[3] + g[4]], rows)
+    return torch.split(_gather(g, chunks, idx, types, device), rows)   # views
+
+
+def _apply_blocked(op: Operation, gathers, chunks, idx, types, device, rows: int) -> List[torch.Tensor]:
+    """``op`` on its gathered inputs in row blocks of ``rows``; outputs concatenated.  Same
+    values; each block's inputs and intermediates stay in cache."""
+    parts = [_gather_blocks(g, chunks, idx, types, device, rows) for g in gathers]
     outs = [op.apply(list(block)) for block in zip(*parts)]
     return [torch.cat(o) for o in zip(*outs)]
 
@@ -104,8 +146,10 @@ def execute(batch: Batch, ops: Sequence[Operation], types: Sequence[TensorType],
     for op_id, n, gathers, seg, split in batch.calls:
         op = ops[op_id]
         if seg is None:
-            args = [_gather(g, chunks, idx, types, device) for g in gathers]
-            outs = op.apply(args) if not block_rows or n <= block_rows else _apply_blocked(op, args, block_rows)
+            if not block_rows or n <= block_rows:
+                outs = op.apply([_gather(g, chunks, idx, types, device) for g in gathers])
+            else:
+                outs = _apply_blocked(op, gathers, chunks, idx, types, device, block_rows)
         else:
             flat = _gather(gathers[0], chunks, idx, types, device)
             outs = (_reduce(op, flat, idx[seg[0]:seg[0] + seg[1]], n),)
