@@ -16,7 +16,7 @@ import torch
 
 from .reporting import median_time
 
-__all__ = ["measure_schedulers", "sst_workload", "random_tree_workload", "tox21_workload"]
+__all__ = ["measure_schedulers", "sst_workload", "sst_heads_bound", "random_tree_workload", "tox21_workload"]
 
 
 def measure_schedulers(make_compiler: Callable[[str], object], inputs: List, loss_of: Callable,
@@ -62,6 +62,53 @@ def sst_workload(batch_size: int, seed: int = 0, state: int = 150, data_dir=None
     trees = random.Random(seed).sample(train, batch_size)
     return (lambda s: tree_lstm_all_nodes_compiler(modules, vocab.stoi, s), trees,
             lambda c, out: c.metrics["loss"].sum())
+
+
+def sst_heads_bound(batch_size: int, repeats: int = 15, seed: int = 0, state: int = 150,
+                    data_dir=None) -> Dict[str, float]:
+    """What scheduling can win on the SST training workload, measured side by side.
+
+    Times forward+backward (round-robin, medians) of: depth-greedy and coalesce with the
+    per-node heads (classifier + loss on every node), and depth-greedy on the same trees with
+    a classifier on the root only.  Every valid schedule calls the Tree-LSTM cell at least
+    tree-height times (depth-greedy's count) on the same rows, so the heads' whole cost,
+    ``1 - no_heads / depth``, bounds what any scheduler can save on this workload.
+    """
+    from pipelines.sst.data import load_split
+    from pipelines.sst.vocab import build_vocab
+
+    from .engine import TreeLSTMModules, tree_lstm_all_nodes_compiler, tree_lstm_compiler
+    train, _ = load_split("train", data_dir=data_dir)
+    vocab = build_vocab(train)
+    torch.manual_seed(seed)
+    modules = TreeLSTMModules(len(vocab.itos), 50, state)
+    trees = random.Random(seed).sample(train, batch_size)
+    variants = {
+        "depth": (tree_lstm_all_nodes_compiler(modules, vocab.stoi, "depth"), lambda c, o: c.metrics["loss"].sum()),
+        "coalesce": (tree_lstm_all_nodes_compiler(modules, vocab.stoi, "coalesce"),
+                     lambda c, o: c.metrics["loss"].sum()),
+        "no_heads": (tree_lstm_compiler(modules, vocab.stoi, "depth"), lambda c, o: o.sum()),
+    }
+    steps = {}
+    for name, (compiler, loss_of) in variants.items():
+        batch = compiler.build_batch(trees)
+
+        def step(c=compiler, b=batch, f=loss_of):
+            c.zero_grad(set_to_none=True)
+            f(c, c(b)).backward()
+        step()
+        step()
+        steps[name] = step
+    times = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t0)
+    med = {name: statistics.median(v) for name, v in times.items()}
+    return {"depth_s": med["depth"], "coalesce_s": med["coalesce"], "no_heads_s": med["no_heads"],
+            "coalesce_vs_depth": med["coalesce"] / med["depth"],
+            "no_heads_vs_depth": med["no_heads"] / med["depth"]}
 
 
 def random_tree_workload(batch_size: int, leaves: int = 128, size: int = 256, seed: int = 0):

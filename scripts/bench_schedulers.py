@@ -56,14 +56,25 @@ def main(argv=None):
                 row["time_vs_depth"] = row["fwd_bwd_s"] / base["fwd_bwd_s"]
         rows.extend(new)
         print(format_table([r for r in rows if r["workload"] == wname]), flush=True)
+    bounds = []
+    if not args.quick:
+        for b in (25, 100):
+            bound = {"workload": f"sst_batch{b}", **bs.sst_heads_bound(b, repeats=4 * args.repeats,
+                                                                     data_dir=args.data_dir)}
+            bounds.append(bound)
+        print("\nWhat scheduling can win on SST (depth-greedy without the per-node heads = the bound):")
+        print(format_table(bounds), flush=True)
     metrics = {f"{r['workload']}.{r['scheduler']}.{k}": r[k] for r in rows
                for k in ("calls_vs_depth", "time_vs_depth", "fwd_bwd_s", "build_inputs_per_s") if k in r}
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"schedulers": rows, "heads_bound": bounds}, f, indent=1)
     if not args.no_mlflow:
-        print("MLflow run", log_to_mlflow("bench_schedulers", vars(args), {"schedulers": rows}, metrics,
+        metrics.update({f"{r['workload']}.bound.{k}": r[k] for r in bounds
+                        for k in ("coalesce_vs_depth", "no_heads_vs_depth")})
+        tables = {"schedulers": rows, **({"heads_bound": bounds} if bounds else {})}
+        print("MLflow run", log_to_mlflow("bench_schedulers", vars(args), tables, metrics,
                                           json_path=args.out))
     return rows
 

@@ -31,4 +31,12 @@ def test_bench_schedulers_quick_table(data_dir, tmp_path, monkeypatch):
     depth = [r for r in rows if r["workload"] == "sst_batch5" and r["scheduler"] == "depth"][0]
     coal = [r for r in rows if r["workload"] == "sst_batch5" and r["scheduler"] == "coalesce"][0]
     assert coal["calls"] < depth["calls"]  # per-node heads run once instead of once per level
-    assert json.loads(out.read_text()) == rows
+    assert json.loads(out.read_text()) == {"schedulers": rows, "heads_bound": []}
+
+
+def test_sst_heads_bound_runs_all_three_variants(data_dir):
+    from benchmarks import schedulers as bs
+    bound = bs.sst_heads_bound(5, repeats=2, state=8, data_dir=data_dir)
+    assert set(bound) == {"depth_s", "coalesce_s", "no_heads_s", "coalesce_vs_depth", "no_heads_vs_depth"}
+    assert all(v > 0 for v in bound.values())
+    assert bound["no_heads_vs_depth"] == bound["no_heads_s"] / bound["depth_s"]
