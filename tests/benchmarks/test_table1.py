@@ -110,3 +110,16 @@ def test_script_writes_json_and_logs_mlflow(tmp_path, monkeypatch):
     assert "inference.depth.b2.cost_ratio" in run.data.metrics
     arts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
     assert {"table1.json", "per_tree_time.png", "t1.json"} <= arts
+
+
+def test_bench_row_blocking_smoke():
+    """Every row-block size runs the same Batch and matches manual batching (checked inside)."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                    "scripts"))
+    import bench_row_blocking
+    table = bench_row_blocking.main(["--batch", "6", "--vector", "8", "--leaves", "9", "--rows", "0,4,64",
+                                     "--repeats", "1", "--threads", "1", "--no-mlflow"])
+    assert [r["variant"] for r in table] == ["manual", "rows=0", "rows=4", "rows=64"]
+    assert all(r["median_s"] > 0 for r in table)
