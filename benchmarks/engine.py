@@ -8,8 +8,7 @@ their times is the speedup.  ``build_batch`` throughput is measured separately.
 """
 from __future__ import annotations
 
-import random
-from typing import Dict, List
+from typing import Dict
 
 import torch
 import torch.nn.functional as F

@@ -5,7 +5,6 @@ every timing is the median of ``repeats`` runs after ``warmup`` runs, synchronis
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics

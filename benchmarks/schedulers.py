@@ -19,49 +19,68 @@ from .reporting import median_time
 __all__ = ["measure_schedulers", "sst_workload", "sst_heads_bound", "random_tree_workload", "tox21_workload"]
 
 
+def _round_robin(steps: Dict[str, Callable[[], None]], repeats: int) -> Dict[str, float]:
+    """Median seconds of each step, run one of each per round (after two warm-up calls each),
+    so that background load drifts affect all steps alike."""
+    for step in steps.values():
+        step()
+        step()
+    times = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def _training_step(compiler, batch, loss_of) -> Callable[[], None]:
+    def step():
+        compiler.zero_grad(set_to_none=True)
+        loss_of(compiler, compiler(batch)).backward()
+    return step
+
+
 def measure_schedulers(make_compiler: Callable[[str], object], inputs: List, loss_of: Callable,
                        schedulers: List[str], repeats: int = 7) -> List[Dict[str, float]]:
     """Build one batch of ``inputs`` per scheduler, then time forward+backward round-robin
-    (one step of each scheduler per round, median over rounds) so that background load
-    drifts affect all schedulers alike.  Returns one row of figures per scheduler."""
+    (median over rounds).  Returns one row of figures per scheduler."""
     runs = []
     for name in schedulers:
         compiler = make_compiler(name)
         batch = compiler.build_batch(inputs)
         build_s = median_time(lambda: compiler.build_batch(inputs), 3, 0)
         runs.append((name, compiler, batch, build_s))
-
-    def step(compiler, batch):
-        compiler.zero_grad(set_to_none=True)
-        loss_of(compiler, compiler(batch)).backward()
-    for _, compiler, batch, _ in runs:  # warm-up
-        step(compiler, batch)
-        step(compiler, batch)
-    times = {name: [] for name, *_ in runs}
-    for _ in range(repeats):
-        for name, compiler, batch, _ in runs:
-            t0 = time.perf_counter()
-            step(compiler, batch)
-            times[name].append(time.perf_counter() - t0)
+    med = _round_robin({name: _training_step(c, batch, loss_of) for name, c, batch, _ in runs}, repeats)
     return [{"scheduler": name, "steps": batch.stats["steps"], "calls": batch.stats["calls"],
              "gathered_rows": batch.stats["gathered_rows"], "index_selects": batch.stats["index_selects"],
-             "build_inputs_per_s": len(inputs) / build_s, "fwd_bwd_s": statistics.median(times[name])}
+             "build_inputs_per_s": len(inputs) / build_s, "fwd_bwd_s": med[name]}
             for name, _, batch, build_s in runs]
 
 
-def sst_workload(batch_size: int, seed: int = 0, state: int = 150, data_dir=None):
-    """SST training batch: Tree-LSTM with a classifier and loss on every node."""
+def _sst_setup(batch_size: int, seed: int, state: int, data_dir):
+    """``(modules, stoi, trees)``: Tree-LSTM modules over the SST train vocabulary and a
+    random sample of ``batch_size`` train trees."""
     from pipelines.sst.data import load_split
     from pipelines.sst.vocab import build_vocab
 
-    from .engine import TreeLSTMModules, tree_lstm_all_nodes_compiler
+    from .engine import TreeLSTMModules
     train, _ = load_split("train", data_dir=data_dir)
     vocab = build_vocab(train)
     torch.manual_seed(seed)
     modules = TreeLSTMModules(len(vocab.itos), 50, state)
-    trees = random.Random(seed).sample(train, batch_size)
-    return (lambda s: tree_lstm_all_nodes_compiler(modules, vocab.stoi, s), trees,
-            lambda c, out: c.metrics["loss"].sum())
+    return modules, vocab.stoi, random.Random(seed).sample(train, batch_size)
+
+
+def _node_losses(compiler, out):
+    return compiler.metrics["loss"].sum()
+
+
+def sst_workload(batch_size: int, seed: int = 0, state: int = 150, data_dir=None):
+    """SST training batch: Tree-LSTM with a classifier and loss on every node."""
+    from .engine import tree_lstm_all_nodes_compiler
+    modules, stoi, trees = _sst_setup(batch_size, seed, state, data_dir)
+    return (lambda s: tree_lstm_all_nodes_compiler(modules, stoi, s), trees, _node_losses)
 
 
 def sst_heads_bound(batch_size: int, repeats: int = 15, seed: int = 0, state: int = 150,
@@ -74,38 +93,13 @@ def sst_heads_bound(batch_size: int, repeats: int = 15, seed: int = 0, state: in
     tree-height times (depth-greedy's count) on the same rows, so the heads' whole cost,
     ``1 - no_heads / depth``, bounds what any scheduler can save on this workload.
     """
-    from pipelines.sst.data import load_split
-    from pipelines.sst.vocab import build_vocab
-
-    from .engine import TreeLSTMModules, tree_lstm_all_nodes_compiler, tree_lstm_compiler
-    train, _ = load_split("train", data_dir=data_dir)
-    vocab = build_vocab(train)
-    torch.manual_seed(seed)
-    modules = TreeLSTMModules(len(vocab.itos), 50, state)
-    trees = random.Random(seed).sample(train, batch_size)
-    variants = {
-        "depth": (tree_lstm_all_nodes_compiler(modules, vocab.stoi, "depth"), lambda c, o: c.metrics["loss"].sum()),
-        "coalesce": (tree_lstm_all_nodes_compiler(modules, vocab.stoi, "coalesce"),
-                     lambda c, o: c.metrics["loss"].sum()),
-        "no_heads": (tree_lstm_compiler(modules, vocab.stoi, "depth"), lambda c, o: o.sum()),
-    }
-    steps = {}
-    for name, (compiler, loss_of) in variants.items():
-        batch = compiler.build_batch(trees)
-
-        def step(c=compiler, b=batch, f=loss_of):
-            c.zero_grad(set_to_none=True)
-            f(c, c(b)).backward()
-        step()
-        step()
-        steps[name] = step
-    times = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            t0 = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t0)
-    med = {name: statistics.median(v) for name, v in times.items()}
+    from .engine import tree_lstm_all_nodes_compiler, tree_lstm_compiler
+    modules, stoi, trees = _sst_setup(batch_size, seed, state, data_dir)
+    variants = {"depth": (tree_lstm_all_nodes_compiler(modules, stoi, "depth"), _node_losses),
+                "coalesce": (tree_lstm_all_nodes_compiler(modules, stoi, "coalesce"), _node_losses),
+                "no_heads": (tree_lstm_compiler(modules, stoi, "depth"), lambda c, out: out.sum())}
+    med = _round_robin({name: _training_step(c, c.build_batch(trees), loss_of)
+                        for name, (c, loss_of) in variants.items()}, repeats)
     return {"depth_s": med["depth"], "coalesce_s": med["coalesce"], "no_heads_s": med["no_heads"],
             "coalesce_vs_depth": med["coalesce"] / med["depth"],
             "no_heads_vs_depth": med["no_heads"] / med["depth"]}

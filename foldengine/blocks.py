@@ -18,15 +18,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import re
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from .ops import flatten_value, make_flattener, make_unflattener, unflatten_value
+from .ops import make_flattener, make_unflattener
 from .trace import BlockInputError
-from .types import (PyObjectType, SequenceType, TensorType, TupleType, Type, TypeMismatch,
-                    VoidType, as_type, flatten_tensor_types, torch_dtype)
+from .types import (PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType, as_type,
+                    flatten_tensor_types)
 
 __all__ = [
     "Block", "BlockTypeError", "BlockInputError", "Scalar", "Tensor", "Function", "InputTransform",

@@ -106,7 +106,7 @@ def _get_items(blocks, b):
 
 
 def _scalar(block, b):
-    t, tid, slow = b.t, block._tid, b.interpreted(block)
+    t, slow = b.t, b.interpreted(block)
     hd, const_h, consts = t.h_depth, t.const_h[block._tid], t.consts[block._tid]
     hd_append, ch_append, c_append = hd.append, const_h.append, consts.append
     fast = _FAST_SCALARS
@@ -119,7 +119,6 @@ def _scalar(block, b):
         ch_append(h)
         c_append(x)
         return h
-    del tid
     return scalar
 
 
@@ -280,14 +279,12 @@ def _record(block, b):
                 return slow(x)  # raises the missing-field error
             return (f1(v1), f2(v2))
         return record_2
-    pairs = list(zip(keys, fs))
-
     def record(x):
         try:
             vs = [x[k] for k in keys]
         except (KeyError, IndexError, TypeError):
             return slow(x)
-        return tuple([f(v) for (_, f), v in zip(pairs, vs)])
+        return tuple([f(v) for f, v in zip(fs, vs)])
     return record
 
 

@@ -28,10 +28,10 @@ from .batch import Batch, SequenceOutput
 from .blocks import Block, BlockTypeError, Pending
 from .closures import compile_tracer
 from .executor import execute
-from .ops import Operation, flatten_value, unflatten_value
+from .ops import Operation, unflatten_value
 from .trace import BlockInputError, EagerContext, GraphTracer
-from .types import (PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType,
-                    flatten_tensor_types, torch_dtype)
+from .types import (PyObjectType, SequenceType, TensorType, TupleType, Type, flatten_tensor_types,
+                    torch_dtype)
 
 __all__ = ["Compiler", "InputError", "CompileContext"]
 

@@ -7,7 +7,7 @@ number of calls and gathers, never to the number of nodes.  Gradients come from 
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import List, Sequence
 
 import numpy as np
 import torch

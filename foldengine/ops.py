@@ -14,7 +14,7 @@ tensor types.  Two kinds exist:
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Sequence
 
 import torch
 

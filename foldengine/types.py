@@ -14,7 +14,7 @@ known" during inference; :func:`unify` merges a known and an unknown type.
 """
 from __future__ import annotations
 
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Iterator, Optional, Tuple
 
 import numpy as np
 import torch

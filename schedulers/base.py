@@ -15,7 +15,7 @@ Nothing here imports torch: schedules are built in data-loading workers and pick
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -333,7 +333,6 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> Lowered
             nodes = order[starts[ci]:ends[ci]]
             op = int(trace.node_op[nodes[0]])
             arity = ops.arity[op]
-            n = len(nodes)
             fu = read_group[nodes]
             if arity > 0:
                 h0 = trace.edge_src[in_ptr[nodes]]

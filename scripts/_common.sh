@@ -76,13 +76,14 @@ fold_ray_client_env() {
   fi
 }
 
-# HTTP status of a GET (000 when nothing answers). Sends the Ray token when asked to.
-fold_http_status() {  # URL [with-token]
+# One GET, sending the Ray token when WITH_TOKEN is "token".  Prints the HTTP status (000
+# when nothing answers), or with FIELD that field of the JSON body (UNKNOWN on any failure).
+fold_http_get() {  # URL WITH_TOKEN FIELD
   "$FOLD_PYTHON" - "$@" <<'PY'
-import os, sys, urllib.request, urllib.error
-url = sys.argv[1]
+import json, os, sys, urllib.request, urllib.error
+url, with_token, field = sys.argv[1], sys.argv[2] == "token", sys.argv[3]
 req = urllib.request.Request(url)
-if len(sys.argv) > 2:
+if with_token:
     tok = os.environ.get("RAY_AUTH_TOKEN")
     path = os.environ.get("RAY_AUTH_TOKEN_PATH")
     if not tok and path and os.path.exists(path):
@@ -90,14 +91,17 @@ if len(sys.argv) > 2:
     if tok:
         req.add_header("Authorization", "Bearer " + tok)
 try:
-    with urllib.request.urlopen(req, timeout=5) as r:
-        print(r.status)
+    with urllib.request.urlopen(req, timeout=10 if field else 5) as r:
+        print(json.load(r).get(field, "UNKNOWN") if field else r.status)
 except urllib.error.HTTPError as e:
-    print(e.code)
+    print("UNKNOWN" if field else e.code)
 except Exception:
-    print("000")
+    print("UNKNOWN" if field else "000")
 PY
 }
+
+fold_http_status() { fold_http_get "$1" "${2:-}" ""; }            # URL [token]
+fold_http_json_field() { fold_http_get "$1" "${3:-}" "$2"; }      # URL FIELD [token]
 
 fold_port_in_use() {  # PORT -> 0 when something listens on 127.0.0.1:PORT
   "$FOLD_PYTHON" - "$1" <<'PY'

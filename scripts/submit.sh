@@ -127,23 +127,7 @@ set -e
 trap - INT TERM
 
 # `ray job submit` exits 1 on FAILED but 0 on STOPPED; ask for the final status to be sure.
-STATUS="$("$FOLD_PYTHON" - "$FOLD_DASHBOARD_URL/api/jobs/$SUBMISSION_ID" <<'PY'
-import json, os, sys, urllib.request
-req = urllib.request.Request(sys.argv[1])
-tok = os.environ.get("RAY_AUTH_TOKEN")
-path = os.environ.get("RAY_AUTH_TOKEN_PATH")
-if os.environ.get("RAY_AUTH_MODE") == "token":
-    if not tok and path and os.path.exists(path):
-        tok = open(path).read().strip()
-    if tok:
-        req.add_header("Authorization", "Bearer " + tok)
-try:
-    with urllib.request.urlopen(req, timeout=10) as r:
-        print(json.load(r).get("status", "UNKNOWN"))
-except Exception as e:
-    print("UNKNOWN")
-PY
-)"
+STATUS="$(fold_http_json_field "$FOLD_DASHBOARD_URL/api/jobs/$SUBMISSION_ID" status token)"
 fold_log "job $SUBMISSION_ID finished: status $STATUS (ray job submit exit code $submit_rc)"
 if [ "$STATUS" = SUCCEEDED ] && [ "$submit_rc" -eq 0 ]; then
   exit 0

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
 import torch
 
 from foldengine import SequenceOutput

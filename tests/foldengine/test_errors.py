@@ -8,7 +8,7 @@ from torch import nn
 
 import foldengine as fe
 from foldengine import blocks as fb
-from foldengine.types import PyObjectType, SequenceType, TensorType, TupleType
+from foldengine.types import PyObjectType, TensorType
 
 
 def test_compose_mismatch_names_both_blocks_and_types():

@@ -172,7 +172,6 @@ def test_appendix_b_weave_module_on_random_graphs():
     weave, mods = weave_module(n, m, d_a, d_p)
     model = fb.Record([(0, fb.Map(fb.Tensor(n))), (1, fb.Map(fb.Map(fb.Tensor(m))))]) >> weave
     compiler = fe.Compiler(model)
-    names = {name.split(".")[-3] if name.count(".") >= 2 else name for name, _ in compiler.named_parameters()}
     assert len(list(compiler.parameters())) == 12  # six dense layers, f_a_p shared by two blocks
 
     rng = np.random.default_rng(3)

@@ -9,7 +9,6 @@ import glob
 import os
 import time
 
-import mlflow
 import pytest
 import ray
 import torch
@@ -18,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from pipelines.config import load_config, merged_schema
 from pipelines.train import STATE_FILE, RunResult, run
 from tests.pipelines.toy_experiment import ToyExperiment, ToyNet
+from tests.pipelines.helpers import finished_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -54,13 +54,8 @@ def baseline(ray_cluster, tmp_path_factory):
 def test_mlflow_run_is_complete(baseline):
     res, tmp = baseline
     assert isinstance(res, RunResult) and res.run_id
-    mlflow.set_tracking_uri(f"sqlite:///{tmp}/mlflow.db")
     client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
-    runs = mlflow.search_runs(experiment_names=["toy-test"], output_format="list",
-                              filter_string=f"attributes.run_id = '{res.run_id}'")
-    assert len(runs) == 1
-    r = runs[0]
-    assert r.info.status == "FINISHED"
+    r = finished_run(f"sqlite:///{tmp}/mlflow.db", "toy-test", res.run_id)
     p = r.data.params
     assert p["optimizer.name"] == "adagrad" and float(p["optimizer.lr"]) == 0.1
     assert p["ray.num_workers"] == "2" and p["toy.bad_every"] == "50"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import time
 
-import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -14,6 +13,7 @@ from pipelines.molecules.data import TOX21_TASKS
 from pipelines.molecules.experiment import MoleculeExperiment
 from pipelines.molecules.train import after_run
 from pipelines.train import run
+from tests.pipelines.helpers import finished_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -37,12 +37,7 @@ def test_tox21_slice_two_workers_logs_complete_mlflow_run(ray_cluster, data_dir,
     assert res.run_id and len(res.history) == 2
     assert extra["time/build_mol_per_s"] > 0
 
-    mlflow.set_tracking_uri(uri)
-    runs = mlflow.search_runs(experiment_names=["weave-test"], output_format="list",
-                              filter_string=f"attributes.run_id = '{res.run_id}'")
-    assert len(runs) == 1
-    r = runs[0]
-    assert r.info.status == "FINISHED"
+    r = finished_run(uri, "weave-test", res.run_id)
     p = r.data.params
     assert p["molecules.dataset"] == "tox21" and p["molecules.split"] == "random"
     assert p["molecules.atom_hidden"] == "6" and p["ray.num_workers"] == "2"

@@ -7,7 +7,6 @@ import glob
 import os
 import time
 
-import mlflow
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -16,6 +15,7 @@ from pipelines.config import load_config, merged_schema
 from pipelines.train import STATE_FILE, run
 from pipelines.sst.experiment import SCHEMA, SSTExperiment
 from pipelines.sst.train import after_run
+from tests.pipelines.helpers import finished_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -52,12 +52,7 @@ def baseline(ray_cluster, data_dir, tmp_path_factory):
 def test_mlflow_run_is_complete_and_loss_goes_down(baseline):
     res, extra, tmp = baseline
     uri = f"sqlite:///{tmp}/mlflow.db"
-    mlflow.set_tracking_uri(uri)
-    runs = mlflow.search_runs(experiment_names=["sst-test"], output_format="list",
-                              filter_string=f"attributes.run_id = '{res.run_id}'")
-    assert len(runs) == 1
-    r = runs[0]
-    assert r.info.status == "FINISHED"
+    r = finished_run(uri, "sst-test", res.run_id)
     p = r.data.params
     assert p["scheduler"] == "depth" and p["sst.state_size"] == "8" and p["optimizer.name"] == "adagrad"
     assert p["sst.embedding_source"] == "glove-6b-50d" and p["ray.num_workers"] == "2"
