@@ -24,22 +24,45 @@ class BinaryTreeLSTMCell(nn.Module):
     affine in x and in both children's h (so each forget gate sees both children).
     ``recurrent_dropout`` drops the update u (Semeniuta et al. 2016, as the paper's model),
     active in training mode only.
+
+    ``forget_bias`` is a constant added to both forget gates' pre-activations (TF's
+    ``BasicLSTMCell`` and TF Fold's sentiment cell use 1.0; Tai et al. use 0).  ``init``:
+    ``"torch"`` keeps ``nn.Linear``'s default; ``"glorot"`` draws ``[W; U]`` as ONE
+    ``(input_size + 2 * state_size) x 5 * state_size`` Glorot-uniform matrix with zero bias,
+    as TF's ``layers.linear`` over ``concat([x, h_l, h_r])`` in TF Fold's example.
     """
 
-    def __init__(self, input_size: int, state_size: int, recurrent_dropout: float = 0.0):
+    def __init__(self, input_size: int, state_size: int, recurrent_dropout: float = 0.0,
+                 forget_bias: float = 0.0, init: str = "torch"):
         super().__init__()
         self.state_size = state_size
         self.recurrent_dropout = recurrent_dropout
+        self.forget_bias = float(forget_bias)
         self.W = nn.Linear(input_size, 5 * state_size)
         self.U = nn.Linear(2 * state_size, 5 * state_size, bias=False)
+        if init == "glorot":
+            bound = (6.0 / (input_size + 2 * state_size + 5 * state_size)) ** 0.5
+            with torch.no_grad():
+                self.W.weight.uniform_(-bound, bound)
+                self.U.weight.uniform_(-bound, bound)
+                self.W.bias.zero_()
+        elif init != "torch":
+            raise ValueError(f"BinaryTreeLSTMCell: init must be 'torch' or 'glorot', got {init!r}")
+
+    def _gates(self, f_l, f_r, u):
+        """``(dropout(tanh(u)), f_l + forget_bias, f_r + forget_bias)``."""
+        u = torch.tanh(u)
+        if self.recurrent_dropout and self.training:
+            u = F.dropout(u, self.recurrent_dropout, True)
+        if self.forget_bias:
+            f_l, f_r = f_l + self.forget_bias, f_r + self.forget_bias
+        return u, f_l, f_r
 
     def forward(self, x: torch.Tensor, children: Tuple[State, State]) -> State:
         (h_l, c_l), (h_r, c_r) = children
         z = self.W(x) + self.U(torch.cat([h_l, h_r], 1))
         i, f_l, f_r, o, u = z.chunk(5, 1)
-        u = torch.tanh(u)
-        if self.recurrent_dropout and self.training:
-            u = F.dropout(u, self.recurrent_dropout, True)
+        u, f_l, f_r = self._gates(f_l, f_r, u)
         c = torch.sigmoid(i) * u + torch.sigmoid(f_l) * c_l + torch.sigmoid(f_r) * c_r
         h = torch.sigmoid(o) * torch.tanh(c)
         return h, c
@@ -58,9 +81,7 @@ class BinaryTreeLSTMCell(nn.Module):
         (h_l, c_l), (h_r, c_r) = left, right
         z = torch.addmm(self.W.bias, torch.cat([h_l, h_r], 1), self.U.weight.t())
         i, f_l, f_r, o, u = z.chunk(5, 1)
-        u = torch.tanh(u)
-        if self.recurrent_dropout and self.training:
-            u = F.dropout(u, self.recurrent_dropout, True)
+        u, f_l, f_r = self._gates(f_l, f_r, u)
         c = torch.sigmoid(i) * u + torch.sigmoid(f_l) * c_l + torch.sigmoid(f_r) * c_r
         return torch.sigmoid(o) * torch.tanh(c), c
 

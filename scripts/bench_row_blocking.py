@@ -74,7 +74,7 @@ def main(argv=None):
     print(f"{args.mode}, batch {args.batch}, vector {args.vector}, {batch.stats['calls']:.0f} calls:")
     print(format_table(table))
     if not args.no_mlflow:
-        metrics = {f"{r['variant']}.cost_ratio": r["cost_ratio"] for r in table}
+        metrics = {r["variant"].replace("=", "_") + ".cost_ratio": r["cost_ratio"] for r in table}
         print("MLflow run", log_to_mlflow("row_blocking", vars(args), {"row_blocking": table}, metrics))
     return table
 

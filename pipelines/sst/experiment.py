@@ -58,6 +58,12 @@ SCHEMA: dict[str, Field] = {
     "sst.output_dropout": F_(float, 0.0, min=0.0, max=0.99, doc="drop prob on h before the classifier"),
     "sst.recurrent_dropout": F_(float, 0.0, min=0.0, max=0.99, doc="drop prob on the cell update u"),
     "sst.embedding_lr_scale": F_(float, 1.0, min=0.0, doc="embedding LR = optimizer.lr * this (0 freezes)"),
+    "sst.embedding_grad_scale": F_(float, 1.0, min=0.0,
+                                   doc="embedding gradients x this (TF Fold's EMBEDDING_LEARNING_RATE_FACTOR "
+                                       "scales the gradient; under Adagrad that is not an LR scale)"),
+    "sst.forget_bias": F_(float, 0.0, doc="added to the forget gates (TF Fold's cell: 1.0)"),
+    "sst.init": F_(str, "torch", choices=("torch", "glorot"),
+                   doc="cell and classifier init: nn.Linear default or Glorot uniform, zero bias (TF)"),
     "sst.limit_train": F_(int, None, min=1, nullable=True, doc="first N train trees (tests, smoke runs)"),
     "sst.limit_dev": F_(int, None, min=1, nullable=True),
     "sst.limit_test": F_(int, None, min=1, nullable=True),
@@ -142,7 +148,8 @@ class SSTExperiment(Experiment):
         modules = SentimentModules(
             len(self.vocab), self.emb_dim, sc["state_size"], input_dropout=sc["input_dropout"],
             output_dropout=sc["output_dropout"], recurrent_dropout=sc["recurrent_dropout"],
-            embeddings=embeddings)
+            embeddings=embeddings, embedding_grad_scale=sc["embedding_grad_scale"],
+            forget_bias=sc["forget_bias"], init=sc["init"])
         return build_compiler(modules, self.vocab.stoi, scheduler=config["scheduler"])
 
     def build_model(self, config: dict) -> torch.nn.Module:

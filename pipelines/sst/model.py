@@ -53,15 +53,45 @@ class TreeLSTM(nn.Module):
     ``forward((h_l, c_l), (h_r, c_r)) -> (h, c)``: an inner node, ``TreeLSTM(0, left, right)``.
     """
 
-    def __init__(self, input_size: int, state_size: int, recurrent_dropout: float = 0.0):
+    def __init__(self, input_size: int, state_size: int, recurrent_dropout: float = 0.0,
+                 forget_bias: float = 0.0, init: str = "torch"):
         super().__init__()
-        self.cell = BinaryTreeLSTMCell(input_size, state_size, recurrent_dropout)
+        self.cell = BinaryTreeLSTMCell(input_size, state_size, recurrent_dropout, forget_bias, init)
 
     def forward(self, *args):
         if len(args) == 1:
             return self.cell.leaf(args[0])
         left, right = args
         return self.cell.pair(left, right)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale, None
+
+
+class GradScale(nn.Module):
+    """Identity forward; multiplies the gradient flowing back through it by ``scale``.
+
+    Put after the embedding it scales the embedding's gradient, which is how TF Fold's sentiment
+    example applies its ``EMBEDDING_LEARNING_RATE_FACTOR`` (``tf.scalar_mul`` on the gradient).
+    """
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = float(scale)
+
+    def forward(self, x):
+        return x if self.scale == 1.0 else _ScaleGrad.apply(x, self.scale)
+
+    def extra_repr(self):
+        return f"scale={self.scale}"
 
 
 class SentimentModules(nn.Module):
@@ -71,11 +101,15 @@ class SentimentModules(nn.Module):
     ``output_dropout`` drops ``h`` before the classifier (Tai et al.; TF Fold's
     ``output_keep_prob``); ``recurrent_dropout`` drops the cell's update ``u``.  All are
     probabilities of *dropping* (the paper's keep prob 0.75 is 0.25 here).
+    ``embedding_grad_scale`` multiplies the embedding's gradient (:class:`GradScale`);
+    ``forget_bias`` and ``init`` go to the cell (:class:`~foldengine.layers.BinaryTreeLSTMCell`);
+    ``init="glorot"`` also draws the classifier Glorot-uniform with zero bias (TF's ``FC``).
     """
 
     def __init__(self, vocab_size: int, emb_size: int, state_size: int, *, input_dropout: float = 0.0,
                  output_dropout: float = 0.0, recurrent_dropout: float = 0.0,
-                 embeddings: Optional[np.ndarray] = None):
+                 embeddings: Optional[np.ndarray] = None, embedding_grad_scale: float = 1.0,
+                 forget_bias: float = 0.0, init: str = "torch"):
         super().__init__()
         self.emb_size, self.state_size = emb_size, state_size
         self.embedding = nn.Embedding(vocab_size, emb_size)
@@ -84,9 +118,12 @@ class SentimentModules(nn.Module):
                 raise ValueError(f"embedding matrix {embeddings.shape} != ({vocab_size}, {emb_size})")
             with torch.no_grad():
                 self.embedding.weight.copy_(torch.tensor(np.asarray(embeddings, np.float32)))
-        self.word = nn.Sequential(self.embedding, nn.Dropout(input_dropout))
-        self.tree_lstm = TreeLSTM(emb_size, state_size, recurrent_dropout)
+        self.word = nn.Sequential(self.embedding, GradScale(embedding_grad_scale), nn.Dropout(input_dropout))
+        self.tree_lstm = TreeLSTM(emb_size, state_size, recurrent_dropout, forget_bias, init)
         self.classifier = nn.Sequential(nn.Dropout(output_dropout), nn.Linear(state_size, NUM_CLASSES))
+        if init == "glorot":
+            nn.init.xavier_uniform_(self.classifier[1].weight)
+            nn.init.zeros_(self.classifier[1].bias)
 
 
 def build_compiler(modules: SentimentModules, stoi: Mapping[str, int], scheduler="depth",

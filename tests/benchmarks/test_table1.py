@@ -112,14 +112,20 @@ def test_script_writes_json_and_logs_mlflow(tmp_path, monkeypatch):
     assert {"table1.json", "per_tree_time.png", "t1.json"} <= arts
 
 
-def test_bench_row_blocking_smoke():
-    """Every row-block size runs the same Batch and matches manual batching (checked inside)."""
+def test_bench_row_blocking_smoke(tmp_path, monkeypatch):
+    """Every row-block size runs the same Batch and matches manual batching (checked inside);
+    the table is logged to MLflow under valid metric names."""
     import os
     import sys
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                     "scripts"))
     import bench_row_blocking
     table = bench_row_blocking.main(["--batch", "6", "--vector", "8", "--leaves", "9", "--rows", "0,4,64",
-                                     "--repeats", "1", "--threads", "1", "--no-mlflow"])
+                                     "--repeats", "1", "--threads", "1"])
     assert [r["variant"] for r in table] == ["manual", "rows=0", "rows=4", "rows=64"]
     assert all(r["median_s"] > 0 for r in table)
+    run = mlflow.search_runs(experiment_names=["row_blocking"], output_format="list")[0]
+    assert {"manual.cost_ratio", "rows_0.cost_ratio", "rows_64.cost_ratio"} <= set(run.data.metrics)

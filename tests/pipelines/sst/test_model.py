@@ -40,12 +40,16 @@ def _naive(modules, trees, stoi):
     return logits, labels, len(roots)
 
 
-@pytest.mark.parametrize("mode", ["eval_with_dropout_configured", "train_without_dropout"])
+@pytest.mark.parametrize("mode", ["eval_with_dropout_configured", "train_without_dropout",
+                                  "train_tf_fold_cell"])
 def test_batched_outputs_and_gradients_equal_naive_recursion(sst_sample, mode):
     trees, vocab = sst_sample
     if mode == "eval_with_dropout_configured":
         modules, compiler = _model(vocab, input_dropout=0.3, output_dropout=0.5, recurrent_dropout=0.25)
         compiler.eval()
+    elif mode == "train_tf_fold_cell":  # forget bias, Glorot init, scaled embedding gradient
+        modules, compiler = _model(vocab, forget_bias=1.0, init="glorot", embedding_grad_scale=0.1)
+        compiler.train()
     else:
         modules, compiler = _model(vocab)
         compiler.train()
@@ -71,6 +75,36 @@ def test_batched_outputs_and_gradients_equal_naive_recursion(sst_sample, mode):
     torch.testing.assert_close(loss, want_loss, atol=1e-4, rtol=1e-5)
     for p, g, w in zip(params, grads, want_grads):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_embedding_grad_scale_scales_only_the_embedding_gradient(sst_sample):
+    trees, vocab = sst_sample
+    grads = {}
+    for scale in (1.0, 0.1):
+        modules, compiler = _model(vocab, seed=3, embedding_grad_scale=scale)
+        compiler(compiler.build_batch(trees[:6]))
+        logits, labels, _ = node_outputs(compiler)
+        F.cross_entropy(logits, labels, reduction="sum").backward()
+        grads[scale] = {n: p.grad.clone() for n, p in compiler.named_parameters()}
+    emb = [n for n in grads[1.0] if "embedding" in n]
+    assert len(emb) == 1 and grads[1.0][emb[0]].abs().sum() > 0
+    for n in grads[1.0]:
+        want = grads[1.0][n] * (0.1 if n in emb else 1.0)
+        torch.testing.assert_close(grads[0.1][n], want, atol=1e-7, rtol=1e-6)
+
+
+def test_forget_bias_shifts_both_forget_gates():
+    from foldengine.layers import BinaryTreeLSTMCell
+    torch.manual_seed(0)
+    cell = BinaryTreeLSTMCell(3, 4, init="glorot")
+    biased = BinaryTreeLSTMCell(3, 4, forget_bias=1.0)
+    biased.load_state_dict(cell.state_dict())
+    assert float(cell.W.bias.abs().sum()) == 0.0
+    x, kids = torch.randn(2, 3), ((torch.randn(2, 4), torch.randn(2, 4)), (torch.randn(2, 4), torch.randn(2, 4)))
+    with torch.no_grad():
+        cell.W.bias[4:12] += 1.0  # the f_l, f_r slices of the 5 x 4 gates
+    for a, b in zip(cell(x, kids), biased(x, kids)):
+        torch.testing.assert_close(a, b)
 
 
 def test_leaf_and_pair_share_one_cell(sst_sample):
@@ -147,7 +181,8 @@ def test_param_groups_scale_embedding_lr_and_exclude_it_from_weight_decay():
     exp._emb = torch.randn(len(exp.vocab), 4).numpy()
     cfg = {"scheduler": "depth",
            "sst": {"state_size": 5, "input_dropout": 0.0, "output_dropout": 0.5, "recurrent_dropout": 0.0,
-                   "embedding_lr_scale": 0.1},
+                   "embedding_lr_scale": 0.1, "embedding_grad_scale": 1.0, "forget_bias": 0.0,
+                   "init": "torch"},
            "optimizer": {"lr": 0.05, "weight_decay": 1e-4}}
     model = exp.build_model(cfg)
     emb = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding))
