@@ -95,3 +95,24 @@ def test_resume_from_checkpoint_gives_identical_metrics(baseline, tmp_path):
     assert resumed.resumed_after == [1]
     assert _comparable(resumed.history) == _comparable(res.history)
     assert resumed.param_hashes == res.param_hashes
+
+
+@pytest.mark.timeout(300)
+def test_ensemble_of_logged_best_models(baseline, monkeypatch):
+    """pipelines.sst.ensemble loads the logged best model back from MLflow: one member (or the same
+    member twice) reproduces the training run's best test metrics exactly; the result is logged."""
+    from pipelines.sst import ensemble
+
+    res, _, tmp = baseline
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    monkeypatch.chdir(tmp)   # MLflow's default artifact root ./mlruns lands in tmp
+    want = (res.metrics["best/test/fine"], res.metrics["best/test/binary"])
+    for members in ([res.run_id], [res.run_id, res.run_id]):
+        out = ensemble.main([*members, "--tracking-uri", uri, "--batch-size", "20"])
+        assert (out["ensemble"]["fine"], out["ensemble"]["binary"]) == pytest.approx(want, abs=1e-12)
+        assert [m["fine"] for m in out["members"]] == pytest.approx([want[0]] * len(members), abs=1e-12)
+        logged = MlflowClient(uri).get_run(out["run_id"])
+        assert logged.data.params["members"] == ",".join(members)
+        assert logged.data.metrics["test/fine"] == pytest.approx(want[0])
+    with pytest.raises(LookupError, match="not found"):
+        ensemble.main(["no-such-run", "--tracking-uri", uri, "--no-tracking"])

@@ -1,0 +1,175 @@
+"""Ensemble of trained SST Tree-LSTMs (the paper's Table 2 "ensemble" row).
+
+    python -m pipelines.sst.ensemble RUN_ID RUN_ID ... [--split test] [--batch-size 250] [--no-tracking]
+
+Each ``RUN_ID`` is an MLflow run of ``pipelines.sst.train`` that logged its best model
+(``model/state_dict.pt`` and ``model/meta.json`` with the run's config; ``tracking.log_model``,
+on by default).  The members' class probabilities are averaged at every node, and the average
+is scored like one model's softmax output (fine-grained = argmax, binary = p(3)+p(4) against
+p(0)+p(1) on non-neutral nodes), on the root nodes for the paper's metrics.  Members must agree
+on what defines the data and vocabulary (``sst.vocab_splits``, ``sst.embeddings``, ``sst.limit_*``,
+``data.skip_bad``); the data directory comes from ``FOLD_DATA_DIR`` (or each run's ``sst.data_dir``).
+
+The store is ``MLFLOW_TRACKING_URI`` (default ``sqlite:///mlflow.db``); the result is logged there as
+a run of experiment ``sst-ensemble`` (params: the member run ids; metrics ``<split>/fine`` etc. for
+the ensemble and ``member<i>/<split>/fine`` for each member; table ``results.json`` next to the
+paper's Table 2 rows).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from typing import Mapping, Optional, Sequence
+
+import torch
+
+from pipelines.sst.experiment import PAPER_TABLE2, SSTExperiment
+from pipelines.sst.model import count_stats, node_outputs, summarize_counts
+
+__all__ = ["load_member", "evaluate_ensemble", "main"]
+
+#: Config keys that decide the trees, the vocabulary and the embedding size: every member must agree
+#: on them (seeds may differ: the logged state holds the trained embedding rows).
+DATA_KEYS = (("sst", "vocab_splits"), ("sst", "embeddings"), ("sst", "limit_train"), ("sst", "limit_dev"),
+             ("sst", "limit_test"), ("data", "skip_bad"))
+
+
+def _get(cfg: Mapping, path: Sequence[str]):
+    for k in path:
+        cfg = cfg.get(k) if isinstance(cfg, Mapping) else None
+    return cfg
+
+
+def load_member(client, run_id: str) -> tuple[dict, dict]:
+    """``(config, state_dict)`` of the best model a training run logged; a clear error when the run
+    has none."""
+    try:
+        client.get_run(run_id)
+    except Exception as err:  # noqa: BLE001
+        raise LookupError(f"run {run_id!r} not found in the MLflow store {client.tracking_uri} "
+                          f"({type(err).__name__}); give the full run id") from None
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            local = client.download_artifacts(run_id, "model", d)
+        except Exception as err:  # noqa: BLE001 - MLflow raises several types here
+            raise FileNotFoundError(f"run {run_id}: no logged model (model/state_dict.pt); train with "
+                                    f"tracking.log_model=true ({type(err).__name__}: {err})") from None
+        with open(os.path.join(local, "meta.json")) as f:
+            meta = json.load(f)
+        state = torch.load(os.path.join(local, "state_dict.pt"), map_location="cpu")
+    if "config" not in meta:
+        raise ValueError(f"run {run_id}: model/meta.json has no config")
+    return meta["config"], state
+
+
+def evaluate_ensemble(experiment: SSTExperiment, configs: Sequence[dict], states: Sequence[dict],
+                      trees: Sequence, batch_size: int = 250) -> tuple[dict, list[dict]]:
+    """``(ensemble metrics, [member metrics])`` over ``trees`` (keys of
+    :func:`pipelines.sst.model.summarize_counts`).  ``experiment.load_splits`` must have run."""
+    models = []
+    for cfg, state in zip(configs, states):
+        model = experiment.build_model(cfg)
+        model.load_state_dict(state)
+        model.eval()
+        models.append(model)
+    ens_sums: dict[str, float] = {}
+    member_sums: list[dict[str, float]] = [{} for _ in models]
+
+    def add(into, stats):
+        for k, v in stats.items():
+            into[k] = into.get(k, 0.0) + v
+
+    with torch.no_grad():
+        for start in range(0, len(trees), batch_size):
+            chunk = trees[start:start + batch_size]
+            probs, labels, is_root = None, None, None
+            for i, model in enumerate(models):
+                model(model.build_batch(chunk))
+                logits, lab, root = node_outputs(model)
+                add(member_sums[i], count_stats(logits, lab, root))
+                p = torch.softmax(logits.double(), -1)
+                if probs is None:
+                    probs, labels, is_root = p, lab, root
+                else:
+                    if not torch.equal(lab, labels):
+                        raise ValueError("ensemble members disagree on the node order of a batch")
+                    probs += p
+            probs /= len(models)
+            # log of the mean probability: its softmax is that mean, so count_stats scores it
+            add(ens_sums, count_stats(probs.log(), labels, is_root))
+    return summarize_counts(ens_sums), [summarize_counts(s) for s in member_sums]
+
+
+def results_table(run_ids: Sequence[str], ensemble: Mapping[str, float], members: Sequence[Mapping[str, float]]):
+    """Members, the ensemble and the paper's Table 2 rows (percent)."""
+    import pandas as pd
+
+    rows = [{"model": f"member {r}", "fine": round(100 * m["fine"], 2), "binary": round(100 * m["binary"], 2)}
+            for r, m in zip(run_ids, members)]
+    rows.append({"model": f"ensemble of {len(run_ids)} (ours)", "fine": round(100 * ensemble["fine"], 2),
+                 "binary": round(100 * ensemble["binary"], 2)})
+    rows += [{"model": name, "fine": fine, "binary": binary} for name, fine, binary in PAPER_TABLE2]
+    return pd.DataFrame(rows)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    ap = argparse.ArgumentParser(description="Ensemble of trained SST Tree-LSTMs (paper Table 2).")
+    ap.add_argument("run_ids", nargs="+", help="MLflow run ids of pipelines.sst.train runs")
+    ap.add_argument("--split", default="test", choices=["train", "dev", "test"])
+    ap.add_argument("--batch-size", type=int, default=250)
+    ap.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    ap.add_argument("--no-tracking", action="store_true", help="print only; log no MLflow run")
+    args = ap.parse_args(argv)
+
+    from mlflow.tracking import MlflowClient
+
+    from pipelines import tracking
+
+    uri = tracking.resolve_uri(args.tracking_uri)
+    client = MlflowClient(uri)
+    configs, states = [], []
+    for run_id in args.run_ids:
+        cfg, state = load_member(client, run_id)
+        if configs:
+            for key in DATA_KEYS:
+                if _get(cfg, key) != _get(configs[0], key):
+                    raise ValueError(f"run {run_id}: {'.'.join(key)} = {_get(cfg, key)!r} differs from run "
+                                     f"{args.run_ids[0]}'s {_get(configs[0], key)!r}; members must share the data")
+        configs.append(cfg)
+        states.append(state)
+
+    experiment = SSTExperiment()
+    splits = experiment.load_splits(configs[0])
+    trees = splits.records[args.split]
+    print(f"ensemble of {len(configs)} on {args.split} ({len(trees)} trees)", flush=True)
+    ens, members = evaluate_ensemble(experiment, configs, states, trees, args.batch_size)
+    table = results_table(args.run_ids, ens, members)
+    print(table.to_string(index=False))
+    out = {"ensemble": ens, "members": members, "run_id": None}
+    if not args.no_tracking:
+        exp_id = _experiment_id(client, "sst-ensemble")
+        run = client.create_run(exp_id, run_name=f"ensemble-of-{len(configs)}")
+        rid = run.info.run_id
+        tracking.log_params(client, rid, {"members": ",".join(args.run_ids), "split": args.split,
+                                          "n_members": str(len(configs))})
+        metrics = {f"{args.split}/{k}": v for k, v in ens.items()}
+        for i, m in enumerate(members):
+            metrics.update({f"member{i}/{args.split}/{k}": v for k, v in m.items()})
+        tracking.log_metrics(client, rid, metrics)
+        tracking.log_table(client, rid, table, "results.json")
+        client.set_terminated(rid, "FINISHED")
+        out["run_id"] = rid
+        print(f"MLflow run {rid} (experiment sst-ensemble, {uri})")
+    return out
+
+
+def _experiment_id(client, name: str) -> str:
+    exp = client.get_experiment_by_name(name)
+    return exp.experiment_id if exp is not None else client.create_experiment(name)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
