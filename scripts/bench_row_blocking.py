@@ -7,8 +7,9 @@
 On the Table 1 workload (b identical random 128-leaf trees, the benchmark's Tree-LSTM cell),
 times manual batching and foldengine with each row-block size (0 = no blocking) in
 interleaved rounds, and prints each one's median time and cost ratio (median of per-round
-dynamic / manual).  Row blocking is an execution setting, so every variant runs the same
-``Batch``.  Logged to MLflow (experiment ``row_blocking``).
+dynamic / manual, with the quartiles of the per-round ratios to show the noise).  Row
+blocking is an execution setting, so every variant runs the same ``Batch``.  Logged to
+MLflow (experiment ``row_blocking``).
 """
 from __future__ import annotations
 
@@ -68,9 +69,13 @@ def main(argv=None):
             raise AssertionError(f"max_call_rows={rows}: results differ from manual batching by {diff}")
         cols[f"rows={rows}"] = [runner.make(blocked(rows), args.mode)]
     times = _interleaved(cols, args.repeats, 1, torch.device("cpu"))
-    table = [{"variant": name, "median_s": statistics.median(t),
-              "cost_ratio": statistics.median(a / b for a, b in zip(t, times["manual"]))}
-             for name, t in times.items()]
+    def row(name, t):
+        ratios = sorted(a / b for a, b in zip(t, times["manual"]))
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        # the spread of the per-round ratios: on a shared machine it is wider than most effects
+        return {"variant": name, "median_s": statistics.median(t), "cost_ratio": statistics.median(ratios),
+                "ratio_q1": q[0], "ratio_q3": q[2]}
+    table = [row(name, t) for name, t in times.items()]
     print(f"{args.mode}, batch {args.batch}, vector {args.vector}, {batch.stats['calls']:.0f} calls:")
     print(format_table(table))
     if not args.no_mlflow:
