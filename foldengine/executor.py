@@ -34,25 +34,32 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
+def _indexed_source(g, chunks, idx):
+    """``(source, index)`` for the gathers that end in one ``index_select`` ("idx", a permuted
+    "cat", "all"); None for the others ("one", an ordered "cat", "empty")."""
+    kind = g[0]
+    if kind == "idx":
+        return chunks[g[1]][g[2]], idx[g[3]:g[3] + g[4]]
+    if kind == "cat" and g[3] >= 0:
+        return torch.cat([_gather(p, chunks, idx, None, None) for p in g[2]]), idx[g[3]:g[3] + g[4]]
+    if kind == "all":
+        return torch.cat([chunks[g[1]][c] for c in g[2]]), idx[g[3]:g[3] + g[4]]
+    return None
+
+
 def _gather(g, chunks: List[List[torch.Tensor]], idx: torch.Tensor, types, device):
     kind = g[0]
-    src = chunks[g[1]]
     if kind == "one":
-        c = src[g[2]]
+        c = chunks[g[1]][g[2]]
         start, n = g[3], g[4]
         if start == 0 and n == c.shape[0]:
             return c
         return c.narrow(0, start, n)
-    if kind == "idx":
-        off = g[3]
-        return src[g[2]].index_select(0, idx[off:off + g[4]])
-    if kind == "cat":
-        x = torch.cat([_gather(p, chunks, idx, types, device) for p in g[2]])
-        off = g[3]
-        return x if off < 0 else x.index_select(0, idx[off:off + g[4]])
-    if kind == "all":
-        off = g[3]
-        return torch.cat([src[c] for c in g[2]]).index_select(0, idx[off:off + g[4]])
+    src = _indexed_source(g, chunks, idx)
+    if src is not None:
+        return src[0].index_select(0, src[1])
+    if kind == "cat":   # pieces already in order ("cat" pieces are "one"/"idx": never empty)
+        return torch.cat([_gather(p, chunks, idx, types, device) for p in g[2]])
     # empty
     t = types[g[1]]
     return torch.zeros((0,) + t.shape, dtype=torch_dtype(t.dtype), device=device)
@@ -112,16 +119,9 @@ class _BlockedIndexSelect(torch.autograd.Function):
 
 def _gather_blocks(g, chunks, idx, types, device, rows: int):
     """The gather ``g`` as a list of row blocks of ``rows`` (the last may be shorter)."""
-    kind = g[0]
-    if kind == "idx":
-        off = g[3]
-        return _BlockedIndexSelect.apply(chunks[g[1]][g[2]], idx[off:off + g[4]], rows)
-    if kind == "cat" and g[3] >= 0:
-        x = torch.cat([_gather(p, chunks, idx, types, device) for p in g[2]])
-        return _BlockedIndexSelect.apply(x, idx[g[3]:g[3] + g[4]], rows)
-    if kind == "all":
-        x = torch.cat([chunks[g[1]][c] for c in g[2]])
-        return _BlockedIndexSelect.apply(x, idx[g[3]:g[3] + g[4]], rows)
+    src = _indexed_source(g, chunks, idx)
+    if src is not None:
+        return _BlockedIndexSelect.apply(src[0], src[1], rows)
     return torch.split(_gather(g, chunks, idx, types, device), rows)   # views
 
 

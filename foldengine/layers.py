@@ -49,14 +49,18 @@ class BinaryTreeLSTMCell(nn.Module):
         elif init != "torch":
             raise ValueError(f"BinaryTreeLSTMCell: init must be 'torch' or 'glorot', got {init!r}")
 
-    def _gates(self, f_l, f_r, u):
-        """``(dropout(tanh(u)), f_l + forget_bias, f_r + forget_bias)``."""
+    def _update(self, u):
+        """``dropout(tanh(u))`` (recurrent dropout in training mode only)."""
         u = torch.tanh(u)
         if self.recurrent_dropout and self.training:
             u = F.dropout(u, self.recurrent_dropout, True)
+        return u
+
+    def _gates(self, f_l, f_r, u):
+        """``(_update(u), f_l + forget_bias, f_r + forget_bias)``."""
         if self.forget_bias:
             f_l, f_r = f_l + self.forget_bias, f_r + self.forget_bias
-        return u, f_l, f_r
+        return self._update(u), f_l, f_r
 
     def forward(self, x: torch.Tensor, children: Tuple[State, State]) -> State:
         (h_l, c_l), (h_r, c_r) = children
@@ -70,10 +74,7 @@ class BinaryTreeLSTMCell(nn.Module):
     def leaf(self, x: torch.Tensor) -> State:
         """``forward(x, ((0, 0), (0, 0)))`` without the work on the zero children."""
         i, _, _, o, u = self.W(x).chunk(5, 1)
-        u = torch.tanh(u)
-        if self.recurrent_dropout and self.training:
-            u = F.dropout(u, self.recurrent_dropout, True)
-        c = torch.sigmoid(i) * u
+        c = torch.sigmoid(i) * self._update(u)
         return torch.sigmoid(o) * torch.tanh(c), c
 
     def pair(self, left: State, right: State) -> State:

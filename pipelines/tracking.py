@@ -200,6 +200,29 @@ def log_state_dict(client, run_id: str, state_dict: Mapping[str, Any], meta: Map
         client.log_artifacts(run_id, d, artifact_path=artifact_path)
 
 
+def load_logged_state_dict(client, run_id: str, artifact_path: str = "model") -> tuple[dict, dict]:
+    """``(state_dict, meta)`` written by :func:`log_state_dict` to run ``run_id``.  Raises
+    ``LookupError`` naming the run when the store has no such run, ``FileNotFoundError`` when the
+    run logged no model."""
+    import torch
+
+    try:
+        client.get_run(run_id)
+    except Exception as err:  # noqa: BLE001 - MLflow raises several types here
+        raise LookupError(f"run {run_id!r} not found in the MLflow store {client.tracking_uri} "
+                          f"({type(err).__name__}); give the full run id") from None
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            local = client.download_artifacts(run_id, artifact_path, d)
+            with open(os.path.join(local, "meta.json")) as f:
+                meta = json.load(f)
+            state = torch.load(os.path.join(local, "state_dict.pt"), map_location="cpu")
+        except Exception as err:  # noqa: BLE001 - a missing artifact surfaces as several types
+            raise FileNotFoundError(f"run {run_id}: no logged model ({artifact_path}/state_dict.pt and "
+                                    f"meta.json; {type(err).__name__}: {err})") from None
+    return state, meta
+
+
 class Tracker:
     """One MLflow run, driven through an ``MlflowClient`` (no global ``mlflow.start_run`` state,
     so it works the same in the driver and in a Ray actor).  ``enabled=False`` makes every

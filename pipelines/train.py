@@ -127,7 +127,8 @@ def _better(a: float, b: Optional[float], mode: str) -> bool:
     return a > b if mode == "max" else a < b
 
 
-def _sum_into(acc: dict, stats: Mapping[str, float]) -> None:
+def sum_into(acc: dict, stats: Mapping[str, float]) -> None:
+    """``acc[k] += stats[k]`` for every key (missing keys start at 0)."""
     for k, v in stats.items():
         acc[k] = acc.get(k, 0.0) + float(v)
 
@@ -356,7 +357,7 @@ def _train_loop(loop_cfg: dict) -> None:
             acc["n"] += int(row["n"])
             acc["build_s"] += float(row["build_s"])
             acc["steps"] += 1
-            _sum_into(sums, stats)
+            sum_into(sums, stats)
             acc["compute_s"] += time.perf_counter() - t0
             if log_every and rank == 0 and acc["steps"] % log_every == 0:
                 log.info("epoch %d step %d/%d loss/record %.4f", epoch, acc["steps"], plan["steps"],
@@ -368,7 +369,7 @@ def _train_loop(loop_cfg: dict) -> None:
         parts = _gather((sums, acc))
         tot_sums: dict[str, float] = {}
         for s, _ in parts:
-            _sum_into(tot_sums, s)
+            sum_into(tot_sums, s)
         tot = {k: sum(a[k] for _, a in parts) for k in ("loss", "n", "build_s", "compute_s")}
         wait_max = max(a["wait_s"] for _, a in parts)
 
@@ -385,11 +386,11 @@ def _train_loop(loop_cfg: dict) -> None:
                 if name in plan["datasets"]:
                     for row in ray.train.get_dataset_shard(name).iter_rows():
                         t0 = time.perf_counter()
-                        _sum_into(es, experiment.eval_stats(model, pickle.loads(row["batch"])))
+                        sum_into(es, experiment.eval_stats(model, pickle.loads(row["batch"])))
                         acc["compute_s"] += time.perf_counter() - t0
                 total: dict[str, float] = {}
                 for part in _gather(es):
-                    _sum_into(total, part)
+                    sum_into(total, part)
                 metrics.update(_prefixed(split, experiment.summarize(total)))
         eval_s = time.perf_counter() - t_eval
         epoch_s = time.perf_counter() - t_epoch

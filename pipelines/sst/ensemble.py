@@ -18,16 +18,14 @@ paper's Table 2 rows).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
 from typing import Mapping, Optional, Sequence
 
 import torch
 
 from pipelines.sst.experiment import PAPER_TABLE2, SSTExperiment
 from pipelines.sst.model import count_stats, node_outputs, summarize_counts
+from pipelines.train import sum_into
 
 __all__ = ["load_member", "evaluate_ensemble", "main"]
 
@@ -44,22 +42,11 @@ def _get(cfg: Mapping, path: Sequence[str]):
 
 
 def load_member(client, run_id: str) -> tuple[dict, dict]:
-    """``(config, state_dict)`` of the best model a training run logged; a clear error when the run
-    has none."""
-    try:
-        client.get_run(run_id)
-    except Exception as err:  # noqa: BLE001
-        raise LookupError(f"run {run_id!r} not found in the MLflow store {client.tracking_uri} "
-                          f"({type(err).__name__}); give the full run id") from None
-    with tempfile.TemporaryDirectory() as d:
-        try:
-            local = client.download_artifacts(run_id, "model", d)
-        except Exception as err:  # noqa: BLE001 - MLflow raises several types here
-            raise FileNotFoundError(f"run {run_id}: no logged model (model/state_dict.pt); train with "
-                                    f"tracking.log_model=true ({type(err).__name__}: {err})") from None
-        with open(os.path.join(local, "meta.json")) as f:
-            meta = json.load(f)
-        state = torch.load(os.path.join(local, "state_dict.pt"), map_location="cpu")
+    """``(config, state_dict)`` of the best model a training run logged (clear errors naming the
+    run when it does not exist or logged no model)."""
+    from pipelines.tracking import load_logged_state_dict
+
+    state, meta = load_logged_state_dict(client, run_id)
     if "config" not in meta:
         raise ValueError(f"run {run_id}: model/meta.json has no config")
     return meta["config"], state
@@ -77,11 +64,6 @@ def evaluate_ensemble(experiment: SSTExperiment, configs: Sequence[dict], states
         models.append(model)
     ens_sums: dict[str, float] = {}
     member_sums: list[dict[str, float]] = [{} for _ in models]
-
-    def add(into, stats):
-        for k, v in stats.items():
-            into[k] = into.get(k, 0.0) + v
-
     with torch.no_grad():
         for start in range(0, len(trees), batch_size):
             chunk = trees[start:start + batch_size]
@@ -89,7 +71,7 @@ def evaluate_ensemble(experiment: SSTExperiment, configs: Sequence[dict], states
             for i, model in enumerate(models):
                 model(model.build_batch(chunk))
                 logits, lab, root = node_outputs(model)
-                add(member_sums[i], count_stats(logits, lab, root))
+                sum_into(member_sums[i], count_stats(logits, lab, root))
                 p = torch.softmax(logits.double(), -1)
                 if probs is None:
                     probs, labels, is_root = p, lab, root
@@ -99,7 +81,7 @@ def evaluate_ensemble(experiment: SSTExperiment, configs: Sequence[dict], states
                     probs += p
             probs /= len(models)
             # log of the mean probability: its softmax is that mean, so count_stats scores it
-            add(ens_sums, count_stats(probs.log(), labels, is_root))
+            sum_into(ens_sums, count_stats(probs.log(), labels, is_root))
     return summarize_counts(ens_sums), [summarize_counts(s) for s in member_sums]
 
 
@@ -126,9 +108,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
     from mlflow.tracking import MlflowClient
 
-    from pipelines import tracking
+    from pipelines.tracking import Tracker, resolve_uri
 
-    uri = tracking.resolve_uri(args.tracking_uri)
+    uri = resolve_uri(args.tracking_uri)
     client = MlflowClient(uri)
     configs, states = [], []
     for run_id in args.run_ids:
@@ -150,25 +132,17 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     print(table.to_string(index=False))
     out = {"ensemble": ens, "members": members, "run_id": None}
     if not args.no_tracking:
-        exp_id = _experiment_id(client, "sst-ensemble")
-        run = client.create_run(exp_id, run_name=f"ensemble-of-{len(configs)}")
-        rid = run.info.run_id
-        tracking.log_params(client, rid, {"members": ",".join(args.run_ids), "split": args.split,
-                                          "n_members": str(len(configs))})
+        run = Tracker.start(uri, "sst-ensemble", run_name=f"ensemble-of-{len(configs)}")
+        run.params({"members": ",".join(args.run_ids), "split": args.split, "n_members": str(len(configs))})
         metrics = {f"{args.split}/{k}": v for k, v in ens.items()}
         for i, m in enumerate(members):
             metrics.update({f"member{i}/{args.split}/{k}": v for k, v in m.items()})
-        tracking.log_metrics(client, rid, metrics)
-        tracking.log_table(client, rid, table, "results.json")
-        client.set_terminated(rid, "FINISHED")
-        out["run_id"] = rid
-        print(f"MLflow run {rid} (experiment sst-ensemble, {uri})")
+        run.metrics(metrics)
+        run.table(table, "results.json")
+        run.end("FINISHED")
+        out["run_id"] = run.run_id
+        print(f"MLflow run {run.run_id} (experiment sst-ensemble, {uri})")
     return out
-
-
-def _experiment_id(client, name: str) -> str:
-    exp = client.get_experiment_by_name(name)
-    return exp.experiment_id if exp is not None else client.create_experiment(name)
 
 
 if __name__ == "__main__":
