@@ -1,7 +1,8 @@
 """The batched executor: runs a :class:`Batch` schedule as batched PyTorch ops.
 
-For each call of the schedule: gather each input slot (a view when the rows are
-contiguous, else one ``index_select`` per source chunk), call the operation once, and
+For each call of the schedule: gather each input slot (views when the rows are contiguous
+or a few runs of consecutive rows, else one ``index_select`` per source chunk), call the
+operation once, and
 append its outputs to the value chunks of their types.  Python work is proportional to the
 number of calls and gathers, never to the number of nodes.  Gradients come from autograd.
 """
@@ -47,8 +48,51 @@ def _indexed_source(g, chunks, idx):
     return None
 
 
+def _run_blocks(g, chunks, rows: int) -> List[List[torch.Tensor]]:
+    """A "runs" gather cut into row blocks of ``rows`` (0: one block): the views forming
+    each block, in order.  The views of each source chunk come from ONE ``torch.split``
+    (runs are disjoint), so backward writes that chunk's gradient once instead of
+    zero-filling a chunk-sized buffer per view."""
+    pieces = []                # (block, chunk, start, n), in output order
+    block, room = 0, rows or g[4]
+    for c, start, n in g[2]:
+        while n:
+            take = min(n, room)
+            pieces.append((block, c, start, take))
+            start, n, room = start + take, n - take, room - take
+            if not room:
+                block, room = block + 1, rows or g[4]
+    src = chunks[g[1]]
+    views = [None] * len(pieces)
+    by_chunk = {}
+    for k, (_, c, start, n) in enumerate(pieces):
+        by_chunk.setdefault(c, []).append((start, n, k))
+    for c, ps in by_chunk.items():
+        ps.sort()
+        sizes, at, slot = [], 0, []
+        for start, n, k in ps:
+            if start > at:
+                sizes.append(start - at)
+            slot.append((len(sizes), k))
+            sizes.append(n)
+            at = start + n
+        total = src[c].shape[0]
+        if total > at:
+            sizes.append(total - at)
+        parts = torch.split(src[c], sizes) if len(sizes) > 1 else (src[c],)
+        for i, k in slot:
+            views[k] = parts[i]
+    blocks = [[] for _ in range(pieces[-1][0] + 1)]
+    for (blk, _, _, _), v in zip(pieces, views):
+        blocks[blk].append(v)
+    return blocks
+
+
 def _gather(g, chunks: List[List[torch.Tensor]], idx: torch.Tensor, types, device):
     kind = g[0]
+    if kind == "runs":
+        views = _run_blocks(g, chunks, 0)[0]
+        return views[0] if len(views) == 1 else torch.cat(views)
     if kind == "one":
         c = chunks[g[1]][g[2]]
         start, n = g[3], g[4]
@@ -119,6 +163,8 @@ class _BlockedIndexSelect(torch.autograd.Function):
 
 def _gather_blocks(g, chunks, idx, types, device, rows: int):
     """The gather ``g`` as a list of row blocks of ``rows`` (the last may be shorter)."""
+    if g[0] == "runs":
+        return [v[0] if len(v) == 1 else torch.cat(v) for v in _run_blocks(g, chunks, rows)]
     src = _indexed_source(g, chunks, idx)
     if src is not None:
         return _BlockedIndexSelect.apply(src[0], src[1], rows)

@@ -124,8 +124,20 @@ def validate_steps(trace: Trace, steps: np.ndarray) -> None:
 #:   ("cat", tid, (pieces...), perm_off, length)   concatenation of one-chunk pieces, then
 #:                                                 reordered by index_data[perm_off:...] (-1: none)
 #:   ("all", tid, (chunks...), off, length)        concatenate whole chunks, then index_select
+#:   ("runs", tid, ((chunk, start, n)...), -1, length)  disjoint runs of consecutive rows, in
+#:                                                 order: views (one torch.split per chunk)
 #:   ("empty", tid, 0, 0, 0)                       zero rows
 GatherSpec = tuple
+
+
+def spec_index_selects(spec: GatherSpec) -> int:
+    """How many ``index_select`` calls the executor makes for ``spec`` (unblocked)."""
+    kind = spec[0]
+    if kind in ("idx", "all"):
+        return 1
+    if kind == "cat":
+        return sum(spec_index_selects(p) for p in spec[2]) + (spec[3] >= 0)
+    return 0
 
 
 class GatherBuilder:
@@ -138,12 +150,17 @@ class GatherBuilder:
 
     all_min_chunks = 6
     all_max_ratio = 4
+    #: a gather of at most ``runs_max`` runs of consecutive rows, ``runs_min_rows`` rows
+    #: long on average, also gets a "runs" spec (views instead of an index_select)
+    runs_max = 64
+    runs_min_rows = 32
 
     def __init__(self, chunk_sizes: Dict[int, List[int]]):
         self.parts: List[np.ndarray] = []
         self.size = 0
         self.chunk_sizes = chunk_sizes
         self.n_index_selects = 0
+        self.n_runs = 0
         self.gathered_rows = 0
 
     def add(self, arr: np.ndarray) -> int:
@@ -165,6 +182,27 @@ class GatherBuilder:
 
     def gather(self, tid: int, chunks: np.ndarray, rows: np.ndarray) -> GatherSpec:
         """The spec reading row ``rows[i]`` of chunk ``chunks[i]`` (of type ``tid``) as row ``i``."""
+        spec = self._gather(tid, chunks, rows)
+        if spec[0] == "one" or spec[0] == "empty" or (
+                spec[0] == "cat" and spec[3] < 0 and all(p[0] == "one" for p in spec[2])):
+            return spec    # already views
+        n = len(rows)
+        brk = np.flatnonzero((chunks[1:] != chunks[:-1]) | (rows[1:] != rows[:-1] + 1)) + 1
+        n_runs = len(brk) + 1
+        if n_runs > self.runs_max or n_runs * self.runs_min_rows > n:
+            return spec
+        starts = np.concatenate([[0], brk])
+        lengths = np.diff(np.concatenate([starts, [n]]))
+        run_chunk, run_row = chunks[starts], rows[starts]
+        by_place = np.lexsort((run_row, run_chunk))
+        same = run_chunk[by_place][1:] == run_chunk[by_place][:-1]
+        if (same & (run_row[by_place][1:] < (run_row + lengths)[by_place][:-1])).any():
+            return spec    # runs overlap: rows read twice cannot be split out of their chunk
+        self.n_runs += n_runs
+        self.n_index_selects -= spec_index_selects(spec)
+        return ("runs", tid, tuple(zip(run_chunk.tolist(), run_row.tolist(), lengths.tolist())), -1, n)
+
+    def _gather(self, tid: int, chunks: np.ndarray, rows: np.ndarray) -> GatherSpec:
         n = len(rows)
         if n == 0:
             return ("empty", tid, 0, 0, 0)
@@ -280,18 +318,79 @@ def _emit_call(trace, ops, op, arity, nodes, read_group, builder, handle_chunk, 
     return (op, n, tuple(gathers), seg, split)
 
 
+def _read_groups(trace: Trace, steps: np.ndarray) -> np.ndarray:
+    """Per node, ``(first, last)`` step that reads its outputs as one int64 key (sinks get a
+    sentinel).  Rows read at the same steps share a chunk, so a reader's gather (and its
+    backward, which costs the size of the chunk) touches little else."""
+    n_nodes = trace.n_nodes
+    dst = np.repeat(np.arange(n_nodes, dtype=np.int64), np.diff(trace.node_in_ptr))
+    src = trace.handle_node[trace.edge_src] if len(trace.edge_src) else np.zeros(0, np.int64)
+    keep = src >= 0
+    n_steps_total = int(steps.max()) + 2
+    use_src, use_step = src[keep], steps[dst[keep]]
+    first_read = np.full(n_nodes, n_steps_total, np.int64)
+    last_read = np.full(n_nodes, n_steps_total, np.int64)
+    by_step = np.argsort(use_step, kind="stable")
+    last_read[use_src[by_step]] = use_step[by_step]      # later writes win: the largest step
+    first_read[use_src[by_step[::-1]]] = use_step[by_step[::-1]]   # ... the smallest step
+    return first_read * (n_steps_total + 1) + last_read
+
+
+def _order_by_consumers(trace: Trace, ops: OpInfo, call_nodes: List[np.ndarray],
+                        read_group: np.ndarray) -> List[np.ndarray]:
+    """Row order of every call, chosen from its readers (a pass from the last call back).
+
+    A call's nodes are ordered by reading-step group, then by where their first reader
+    reads them: that reader's call, then its input slot, then its row.  So the rows a
+    later call reads through one slot lie in that call's row order, in runs as long as the
+    reader's runs: ``b`` copies of a tree shape give runs of ``b`` rows at every node of the
+    shape, and a reader's gather is a few views.  Nodes nobody reads keep trace order.
+    """
+    n_nodes = trace.n_nodes
+    in_ptr, edge_src, handle_node = trace.node_in_ptr, trace.edge_src, trace.handle_node
+    n_edges = len(edge_src)
+    stride = n_edges + 1
+    # first reader's position; unread nodes sort after every read node, in trace order
+    pos = np.arange(n_nodes, dtype=np.int64) + len(call_nodes) * stride
+    out = list(call_nodes)
+    for ci in range(len(call_nodes) - 1, -1, -1):
+        nodes = call_nodes[ci]
+        nodes = nodes[np.lexsort((pos[nodes], read_group[nodes]))]
+        out[ci] = nodes
+        first = in_ptr[nodes]
+        lengths = in_ptr[nodes + 1] - first
+        if not lengths.any():
+            continue
+        e = _ranges(first, lengths)
+        arity = ops.arity[int(trace.node_op[nodes[0]])]
+        if arity > 0:   # slot-major: a slot's gather reads its rows in row order
+            n = len(nodes)
+            slot = e - np.repeat(first, lengths)
+            at = slot * n + np.repeat(np.arange(n, dtype=np.int64), lengths)
+        else:           # a reduction reads its inputs flattened, node by node
+            at = np.arange(len(e), dtype=np.int64)
+        src = handle_node[edge_src[e]]
+        keep = src >= 0
+        src, at = src[keep], at[keep] + ci * stride
+        rev = np.argsort(at, kind="stable")[::-1]
+        pos[src[rev]] = at[rev]     # earlier calls (and earlier slots/rows) are written last
+    return out
+
+
 def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> LoweredSchedule:
     """Group nodes by (step, operation) and compute all gather indices.
 
     Within a call, nodes are ordered by the steps that read their outputs (first and last
-    reading step), then by where their first input lives.  Each output is then split (one
-    ``torch.split``: views) into one chunk per group of reading steps, so a later step reads
-    a chunk holding only what it needs: in backward, a gather costs the size of what it
-    reads from, and the split's own backward is one concatenation.  (Grouping by the first
-    reader alone fails when a per-node head reads every output at the next step: the
-    parents then read from one chunk holding all of them, once per step.)  Ordering by first input makes that input a contiguous
-    slice more often.  One call per (step, operation): row blocking, where it pays, is the
-    executor's (``Compiler(max_call_rows=...)``), so a schedule does not depend on the device.
+    reading step), then by where their first reader reads them (:func:`_order_by_consumers`),
+    so readers' gathers are runs of consecutive rows (views) wherever the graph allows.
+    Each output is then split (one ``torch.split``: views) into one chunk per group of
+    reading steps, so a later step reads a chunk holding only what it needs: in backward, a
+    gather costs the size of what it reads from, and the split's own backward is one
+    concatenation.  (Grouping by the first reader alone fails when a per-node head reads
+    every output at the next step: the parents then read from one chunk holding all of
+    them, once per step.)  One call per (step, operation): row blocking, where it pays, is
+    the executor's (``Compiler(max_call_rows=...)``), so a schedule does not depend on the
+    device.
     """
     n_nodes = trace.n_nodes
     H = len(trace.handle_type)
@@ -306,22 +405,7 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> Lowered
     step_bounds = [0]
     if n_nodes:
         steps = np.asarray(steps, np.int64)
-        in_ptr = trace.node_in_ptr
-        # first step at which each node's outputs are read (a sentinel for sinks)
-        dst = np.repeat(np.arange(n_nodes, dtype=np.int64), np.diff(in_ptr))
-        src = trace.handle_node[trace.edge_src] if len(trace.edge_src) else np.zeros(0, np.int64)
-        keep = src >= 0
-        # Outputs are grouped by the steps that read them: (first, last) reading step.
-        # Rows read at the same steps share a chunk, so a reader's gather (and its backward,
-        # which costs the size of the chunk) touches little else.  Sinks get a sentinel.
-        n_steps_total = int(steps.max()) + 2
-        use_src, use_step = src[keep], steps[dst[keep]]
-        first_read = np.full(n_nodes, n_steps_total, np.int64)
-        last_read = np.full(n_nodes, n_steps_total, np.int64)
-        by_step = np.argsort(use_step, kind="stable")
-        last_read[use_src[by_step]] = use_step[by_step]      # later writes win: the largest step
-        first_read[use_src[by_step[::-1]]] = use_step[by_step[::-1]]   # ... the smallest step
-        read_group = first_read * (n_steps_total + 1) + last_read
+        read_group = _read_groups(trace, steps)
         key = steps * ops.n_ops + trace.node_op
         order = np.argsort(key, kind="stable")
         skey = key[order]
@@ -329,20 +413,12 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> Lowered
         starts = np.concatenate([[0], cut])
         ends = np.concatenate([cut, [n_nodes]])
         call_steps = steps[order[starts]]
-        for ci in range(len(starts)):
-            nodes = order[starts[ci]:ends[ci]]
+        call_nodes = _order_by_consumers(trace, ops, [order[a:b] for a, b in zip(starts, ends)], read_group)
+        for ci, nodes in enumerate(call_nodes):
             op = int(trace.node_op[nodes[0]])
-            arity = ops.arity[op]
-            fu = read_group[nodes]
-            if arity > 0:
-                h0 = trace.edge_src[in_ptr[nodes]]
-                loc = handle_chunk[h0] * (H + 1) + handle_row[h0]
-                nodes = nodes[np.lexsort((loc, fu))]
-            else:
-                nodes = nodes[np.argsort(fu, kind="stable")]
-            calls.append(_emit_call(trace, ops, op, arity, nodes, read_group, builder,
+            calls.append(_emit_call(trace, ops, op, ops.arity[op], nodes, read_group, builder,
                                     handle_chunk, handle_row, chunk_sizes))
-            if ci + 1 == len(starts) or call_steps[ci + 1] != call_steps[ci]:
+            if ci + 1 == len(call_nodes) or call_steps[ci + 1] != call_steps[ci]:
                 step_bounds.append(len(calls))
     n_steps = len(step_bounds) - 1
     stats = {"nodes": float(n_nodes), "steps": float(n_steps), "calls": float(len(calls))}

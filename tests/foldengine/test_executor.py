@@ -55,3 +55,82 @@ def test_row_blocked_execution_matches_reference(rows):
     trees = [random_tree(rng, rng.randint(1, 25)) for _ in range(10)]
     batch, _ = assert_batched_matches_reference(compiler, trees)
     assert max(call[1] for call in batch.calls) > rows
+
+
+def _pair_model(d=5):
+    import foldengine as fe
+    from foldengine import blocks as fb
+    from foldengine.types import PyObjectType, TensorType
+    from torch import nn
+
+    torch.manual_seed(0)
+    emb, pair = nn.Embedding(20, d), nn.Linear(2 * d, d)
+    expr = fb.ForwardDeclaration(PyObjectType(), TensorType(d))
+    leaf = fb.Scalar("int64") >> fb.Function(emb)
+    inner = fb.Record([(0, expr()), (1, expr())]) >> fb.Function(
+        lambda a, b: torch.tanh(pair(torch.cat([a, b], 1))), name="pair")
+    expr.resolve_to(fb.OneOf(lambda t: isinstance(t, tuple), {False: leaf, True: inner}))
+    return fe.Compiler(expr())
+
+
+def _same_shape_trees(n_trees, n_leaves, seed):
+    """``n_trees`` trees of ONE random shape (different leaves): Table 1's "dynamic" column."""
+    rng = random.Random(seed)
+    shape = random_tree(rng, n_leaves)
+
+    def fill(t):
+        return (fill(t[0]), fill(t[1])) if isinstance(t, tuple) else rng.randrange(20)
+    return [fill(shape) for _ in range(n_trees)]
+
+
+def _kinds(batch):
+    return [g[0] for call in batch.calls for g in call[2]]
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3, 8, 13])
+def test_run_gathers_blocked_and_unblocked_match_reference(monkeypatch, rows):
+    """Copies of one tree shape read each other's outputs in runs ("runs" gathers: views,
+    split per source chunk); values and gradients equal the per-tree reference, with row
+    blocks that cut runs anywhere (8 copies: 13-row blocks straddle runs and chunks)."""
+    from schedulers.base import GatherBuilder
+    monkeypatch.setattr(GatherBuilder, "runs_min_rows", 2)
+    compiler = _pair_model()
+    compiler.max_call_rows = rows or None
+    batch, _ = assert_batched_matches_reference(compiler, _same_shape_trees(8, 9, seed=0))
+    kinds = _kinds(batch)
+    assert "runs" in kinds and "idx" not in kinds[1:] and "all" not in kinds
+    # every cell input is a view or views: no index_select but (maybe) the leaf ids' gather
+    assert batch.stats["index_selects"] <= 1
+
+
+def test_same_shape_trees_need_no_index_select_at_table1_scale():
+    """At default thresholds, 64 copies of a 40-leaf shape: all gathers of float rows are
+    views, independent of the number of copies."""
+    compiler = _pair_model()
+    for n in (64, 256):
+        batch = compiler.build_batch(_same_shape_trees(n, 40, seed=3))
+        assert batch.stats["index_selects"] <= 1, batch.stats
+        assert "runs" in _kinds(batch)
+
+
+def test_run_blocks_split_each_chunk_once():
+    """Backward through run views: every chunk gets its gradient from one split (no
+    zero-filled chunk per view), and rows outside the runs get zero."""
+    from foldengine.executor import _run_blocks
+
+    a = torch.randn(6, 2, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, 2, dtype=torch.float64, requires_grad=True)
+    spec = ("runs", 0, ((1, 1, 3), (0, 4, 2), (0, 0, 3)), -1, 8)
+
+    def run(x, y, rows):
+        blocks = _run_blocks(spec, [[x, y]], rows)
+        return torch.cat([torch.cat(v) for v in blocks])
+    expected = torch.cat([b[1:4], a[4:6], a[0:3]])
+    for rows in (0, 1, 3, 5):
+        assert torch.equal(run(a, b, rows), expected)
+        assert torch.autograd.gradcheck(lambda x, y: run(x, y, rows), (a, b))
+    blocks = _run_blocks(spec, [[a, b]], 3)
+    assert [sum(v.shape[0] for v in blk) for blk in blocks] == [3, 3, 2]
+    views = [v for blk in blocks for v in blk]
+    assert all(v._base is a or v._base is b for v in views)       # views, no copies
+    assert len({v.grad_fn for v in views if v._base is a}) == 1   # one split of a
