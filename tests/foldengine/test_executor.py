@@ -134,3 +134,34 @@ def test_run_blocks_split_each_chunk_once():
     views = [v for blk in blocks for v in blk]
     assert all(v._base is a or v._base is b for v in views)       # views, no copies
     assert len({v.grad_fn for v in views if v._base is a}) == 1   # one split of a
+
+
+def test_split_blocks_regroups_row_blocks():
+    """Row blocks [3, 3, 2] regrouped into chunks of [2, 5, 1] rows: same rows, in order;
+    a chunk within one block is a view of it."""
+    from foldengine.executor import _Segments, _split_blocks, _whole
+
+    x = torch.arange(16.0).view(8, 2)
+    groups = _split_blocks(list(torch.split(x, 3)), (2, 5, 1))
+    assert [tuple(_whole(g).shape) for g in groups] == [(2, 2), (5, 2), (1, 2)]
+    assert torch.equal(torch.cat([_whole(g) for g in groups]), x)
+    assert type(groups[1]) is _Segments and [p.shape[0] for p in groups[1].parts] == [1, 3, 1]
+    assert type(groups[0]) is torch.Tensor and groups[0].data_ptr() == x.data_ptr()
+
+
+@pytest.mark.parametrize("rows", [2, 5])
+def test_blocked_outputs_same_with_and_without_autograd(rows):
+    """With autograd a row-blocked call's outputs stay blocks (readers take views); without,
+    they are concatenated: both give bit-identical results, for both schedulers' layouts."""
+    from .helpers import flat_tensors
+    for scheduler in ("depth", "coalesce"):
+        compiler = _pair_model()
+        compiler.scheduler = __import__("schedulers").get_scheduler(scheduler)
+        compiler.max_call_rows = rows
+        rng = random.Random(rows)
+        batch = compiler.build_batch([random_tree(rng, rng.randint(1, 20)) for _ in range(9)]
+                                     + _same_shape_trees(6, 7, seed=1))
+        with torch.no_grad():
+            a = flat_tensors(compiler(batch))
+        b = flat_tensors(compiler(batch))
+        assert all(torch.equal(x, y.detach()) for x, y in zip(a, b))
