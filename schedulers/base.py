@@ -358,22 +358,19 @@ def _order_by_consumers(trace: Trace, ops: OpInfo, call_nodes: List[np.ndarray],
         nodes = nodes[np.lexsort((pos[nodes], read_group[nodes]))]
         out[ci] = nodes
         first = in_ptr[nodes]
-        lengths = in_ptr[nodes + 1] - first
-        if not lengths.any():
-            continue
-        e = _ranges(first, lengths)
         arity = ops.arity[int(trace.node_op[nodes[0]])]
         if arity > 0:   # slot-major: a slot's gather reads its rows in row order
-            n = len(nodes)
-            slot = e - np.repeat(first, lengths)
-            at = slot * n + np.repeat(np.arange(n, dtype=np.int64), lengths)
-        else:           # a reduction reads its inputs flattened, node by node
-            at = np.arange(len(e), dtype=np.int64)
+            e = (first[None, :] + np.arange(arity, dtype=np.int64)[:, None]).ravel()
+        elif arity < 0:  # a reduction reads its inputs flattened, node by node
+            e = _ranges(first, in_ptr[nodes + 1] - first)
+        else:
+            continue
         src = handle_node[edge_src[e]]
-        keep = src >= 0
-        src, at = src[keep], at[keep] + ci * stride
-        rev = np.argsort(at, kind="stable")[::-1]
-        pos[src[rev]] = at[rev]     # earlier calls (and earlier slots/rows) are written last
+        keep = np.flatnonzero(src >= 0)
+        # reader positions ci * stride + (place in the reader's gathers), written from the
+        # last place back: a node read twice keeps its first place, and earlier calls,
+        # written later, win over later ones
+        pos[src[keep[::-1]]] = keep[::-1] + ci * stride
     return out
 
 
