@@ -207,6 +207,9 @@ class Compiler(nn.Module):
         execution setting, not part of the schedule (batches do not depend on it; it may be
         changed between forwards).  On CPUs, blocks of about 1024 rows ran fastest in
         ``scripts/bench_table1.py`` (inference and training); None: no limit (GPUs).
+
+    Attribute ``row_layout`` (default ``"readers"``): how lowering orders each call's rows
+    (``schedulers.base.lower``); ``"inputs"`` is the earlier rule, kept for benchmarks.
     """
 
     def __init__(self, block: Block, scheduler="depth", input_type: Type = PyObjectType(),
@@ -216,6 +219,7 @@ class Compiler(nn.Module):
         self.root = block
         self.scheduler = get_scheduler(scheduler)
         self.max_call_rows = max_call_rows
+        self.row_layout = "readers"
         cc = CompileContext(self)
         self.input_type = input_type
         self.output_type = block.infer(input_type, cc, block.name or "root", ())
@@ -294,7 +298,7 @@ class Compiler(nn.Module):
         trace = tracer.finish()
         t1 = time.perf_counter()
         steps = self.scheduler.assign(trace, self.op_info)
-        low = lower(trace, self.op_info, steps, len(self.types))
+        low = lower(trace, self.op_info, steps, len(self.types), self.row_layout)
         b = low.builder
         hc, hr = low.handle_chunk, low.handle_row
         outputs = self._layout(roots, self.output_type, b, hc, hr)

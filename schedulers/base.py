@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 __all__ = ["Trace", "OpInfo", "Scheduler", "LoweredSchedule", "lower", "validate_steps",
-           "GatherBuilder"]
+           "GatherBuilder", "LAYOUTS"]
 
 
 @dataclass
@@ -374,7 +374,24 @@ def _order_by_consumers(trace: Trace, ops: OpInfo, call_nodes: List[np.ndarray],
     return out
 
 
-def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> LoweredSchedule:
+def _order_by_first_input(trace: Trace, arity: int, nodes: np.ndarray, read_group: np.ndarray,
+                          handle_chunk: np.ndarray, handle_row: np.ndarray) -> np.ndarray:
+    """The ``"inputs"`` layout's row order of one call: reading-step group, then where the
+    first input lives (that input's gather is then a slice more often)."""
+    fu = read_group[nodes]
+    if arity <= 0:
+        return nodes[np.argsort(fu, kind="stable")]
+    h0 = trace.edge_src[trace.node_in_ptr[nodes]]
+    loc = handle_chunk[h0] * (len(handle_chunk) + 1) + handle_row[h0]
+    return nodes[np.lexsort((loc, fu))]
+
+
+#: row layouts :func:`lower` knows; the first is the default
+LAYOUTS = ("readers", "inputs")
+
+
+def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int,
+          layout: str = "readers") -> LoweredSchedule:
     """Group nodes by (step, operation) and compute all gather indices.
 
     Within a call, nodes are ordered by the steps that read their outputs (first and last
@@ -388,7 +405,13 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> Lowered
     them, once per step.)  One call per (step, operation): row blocking, where it pays, is
     the executor's (``Compiler(max_call_rows=...)``), so a schedule does not depend on the
     device.
+
+    ``layout="inputs"`` is the previous rule, kept to measure against
+    (``scripts/bench_row_layout.py``): rows ordered by where their first input lives, and
+    only index-based gathers (no "runs").  Every layout computes the same values.
     """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown row layout {layout!r}; expected one of {LAYOUTS}")
     n_nodes = trace.n_nodes
     H = len(trace.handle_type)
     handle_chunk = np.full(H, -1, np.int64)
@@ -398,6 +421,8 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> Lowered
     handle_row[is_const] = trace.handle_index[is_const]
     chunk_sizes: Dict[int, List[int]] = {t: [int(trace.n_consts[t])] for t in range(n_types)}
     builder = GatherBuilder(chunk_sizes)
+    if layout == "inputs":
+        builder.runs_max = 0
     calls: List[tuple] = []
     step_bounds = [0]
     if n_nodes:
@@ -410,12 +435,16 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int) -> Lowered
         starts = np.concatenate([[0], cut])
         ends = np.concatenate([cut, [n_nodes]])
         call_steps = steps[order[starts]]
-        call_nodes = _order_by_consumers(trace, ops, [order[a:b] for a, b in zip(starts, ends)], read_group)
-        for ci, nodes in enumerate(call_nodes):
+        groups = [order[a:b] for a, b in zip(starts, ends)]
+        if layout == "readers":
+            groups = _order_by_consumers(trace, ops, groups, read_group)
+        for ci, nodes in enumerate(groups):
             op = int(trace.node_op[nodes[0]])
+            if layout == "inputs":
+                nodes = _order_by_first_input(trace, ops.arity[op], nodes, read_group, handle_chunk, handle_row)
             calls.append(_emit_call(trace, ops, op, ops.arity[op], nodes, read_group, builder,
                                     handle_chunk, handle_row, chunk_sizes))
-            if ci + 1 == len(call_nodes) or call_steps[ci + 1] != call_steps[ci]:
+            if ci + 1 == len(groups) or call_steps[ci + 1] != call_steps[ci]:
                 step_bounds.append(len(calls))
     n_steps = len(step_bounds) - 1
     stats = {"nodes": float(n_nodes), "steps": float(n_steps), "calls": float(len(calls))}

@@ -129,3 +129,33 @@ def test_bench_row_blocking_smoke(tmp_path, monkeypatch):
     assert all(r["median_s"] > 0 for r in table)
     run = mlflow.search_runs(experiment_names=["row_blocking"], output_format="list")[0]
     assert {"manual.cost_ratio", "rows_0.cost_ratio", "rows_64.cost_ratio"} <= set(run.data.metrics)
+
+
+def test_bench_row_layout_quick(tmp_path, monkeypatch):
+    """Both row layouts build from the same trees and agree (checked inside); the reader
+    layout turns copies of one shape into run gathers with fewer index_selects."""
+    import os
+    import sys
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                    "scripts"))
+    import bench_row_layout
+    rows = bench_row_layout.main(["--quick", "--threads", "1"])
+    same = [r for r in rows if r["workload"].startswith("table1_same_shape")]
+    assert {r["scheduler"] for r in same} == {"depth", "coalesce"}
+    for r in same:
+        assert r["run_gathers_readers"] > 0
+        assert r["index_selects_readers"] < r["index_selects_inputs"]
+    assert all(r["inference_ratio"] > 0 and r["training_ratio"] > 0 for r in rows)
+    run = mlflow.search_runs(experiment_names=["row_layout"], output_format="list")[0]
+    assert "table1_same_shape_b32.depth.training_ratio" in run.data.metrics
+
+
+def test_unknown_row_layout_is_an_error():
+    from benchmarks.table1 import Table1Model, fold_compiler
+    c = fold_compiler(Table1Model(4, vocab=3))
+    c.row_layout = "columns"
+    with pytest.raises(ValueError, match="unknown row layout 'columns'"):
+        c.build_batch([(0, 1)])
