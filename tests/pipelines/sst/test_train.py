@@ -54,7 +54,7 @@ def test_mlflow_run_is_complete_and_loss_goes_down(baseline):
     uri = f"sqlite:///{tmp}/mlflow.db"
     r = finished_run(uri, "sst-test", res.run_id)
     p = r.data.params
-    assert p["scheduler"] == "depth" and p["sst.state_size"] == "8" and p["optimizer.name"] == "adagrad"
+    assert p["scheduler"] == "coalesce" and p["sst.state_size"] == "8" and p["optimizer.name"] == "adagrad"
     assert p["sst.embedding_source"] == "glove-6b-50d" and p["ray.num_workers"] == "2"
     assert float(p["sys.cpus_per_worker"]) < 1.0  # fractional CPUs on the 2-CPU cluster
     m = r.data.metrics
