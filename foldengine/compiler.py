@@ -314,7 +314,8 @@ class Compiler(nn.Module):
         index_data = b.finish()
         t2 = time.perf_counter()
         stats = dict(low.stats)
-        stats.update(index_selects=float(b.n_index_selects), gathered_rows=float(b.gathered_rows),
+        stats.update(index_selects=float(b.n_index_selects), run_gathers=float(b.n_run_gathers),
+                     gathered_rows=float(b.gathered_rows),
                      trace_s=t1 - t0, schedule_s=t2 - t1)
         return Batch(size=len(roots), consts=consts, calls=low.calls, step_bounds=low.step_bounds,
                      index_data=index_data, outputs=outputs, metrics=metrics, stats=stats,

@@ -69,6 +69,10 @@ def _segments(parts: List[torch.Tensor]):
     return parts[0] if len(parts) == 1 else _Segments(parts)
 
 
+def _joined(views: List[torch.Tensor]) -> torch.Tensor:
+    return views[0] if len(views) == 1 else torch.cat(views)
+
+
 def _indexed_source(g, chunks, idx):
     """``(source, index)`` for the gathers that end in one ``index_select`` ("idx", a permuted
     "cat", "all"); None for the others ("one", an ordered "cat", "empty")."""
@@ -135,14 +139,12 @@ def _run_blocks(g, chunks, rows: int) -> List[List[torch.Tensor]]:
 def _gather(g, chunks: List[List[torch.Tensor]], idx: torch.Tensor, types, device):
     kind = g[0]
     if kind == "runs":
-        views = _run_blocks(g, chunks, 0)[0]
-        return views[0] if len(views) == 1 else torch.cat(views)
+        return _joined(_run_blocks(g, chunks, 0)[0])
     if kind == "one":
         c = chunks[g[1]][g[2]]
         start, n = g[3], g[4]
-        if type(c) is _Segments:
-            views = _run_blocks(("runs", g[1], ((g[2], start, n),), -1, n), chunks, 0)[0]
-            return views[0] if len(views) == 1 else torch.cat(views)
+        if type(c) is _Segments:   # the one run, as views of the parts it spans
+            return _joined(_run_blocks(("runs", g[1], ((g[2], start, n),), -1, n), chunks, 0)[0])
         if start == 0 and n == c.shape[0]:
             return c
         return c.narrow(0, start, n)
@@ -211,7 +213,7 @@ class _BlockedIndexSelect(torch.autograd.Function):
 def _gather_blocks(g, chunks, idx, types, device, rows: int):
     """The gather ``g`` as a list of row blocks of ``rows`` (the last may be shorter)."""
     if g[0] == "runs":
-        return [v[0] if len(v) == 1 else torch.cat(v) for v in _run_blocks(g, chunks, rows)]
+        return [_joined(v) for v in _run_blocks(g, chunks, rows)]
     src = _indexed_source(g, chunks, idx)
     if src is not None:
         return _BlockedIndexSelect.apply(src[0], src[1], rows)

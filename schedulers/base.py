@@ -130,16 +130,6 @@ def validate_steps(trace: Trace, steps: np.ndarray) -> None:
 GatherSpec = tuple
 
 
-def spec_index_selects(spec: GatherSpec) -> int:
-    """How many ``index_select`` calls the executor makes for ``spec`` (unblocked)."""
-    kind = spec[0]
-    if kind in ("idx", "all"):
-        return 1
-    if kind == "cat":
-        return sum(spec_index_selects(p) for p in spec[2]) + (spec[3] >= 0)
-    return 0
-
-
 class GatherBuilder:
     """Accumulates index arrays into one int64 buffer and builds gather specs.
 
@@ -151,7 +141,7 @@ class GatherBuilder:
     all_min_chunks = 6
     all_max_ratio = 4
     #: a gather of at most ``runs_max`` runs of consecutive rows, ``runs_min_rows`` rows
-    #: long on average, also gets a "runs" spec (views instead of an index_select)
+    #: long on average, gets a "runs" spec (views; no index array) instead of the others
     runs_max = 64
     runs_min_rows = 32
 
@@ -160,7 +150,7 @@ class GatherBuilder:
         self.size = 0
         self.chunk_sizes = chunk_sizes
         self.n_index_selects = 0
-        self.n_runs = 0
+        self.n_run_gathers = 0
         self.gathered_rows = 0
 
     def add(self, arr: np.ndarray) -> int:
@@ -182,24 +172,28 @@ class GatherBuilder:
 
     def gather(self, tid: int, chunks: np.ndarray, rows: np.ndarray) -> GatherSpec:
         """The spec reading row ``rows[i]`` of chunk ``chunks[i]`` (of type ``tid``) as row ``i``."""
-        spec = self._gather(tid, chunks, rows)
-        if spec[0] == "one" or spec[0] == "empty" or (
-                spec[0] == "cat" and spec[3] < 0 and all(p[0] == "one" for p in spec[2])):
-            return spec    # already views
+        runs = self._runs(tid, chunks, rows)
+        return runs if runs is not None else self._gather(tid, chunks, rows)
+
+    def _runs(self, tid: int, chunks: np.ndarray, rows: np.ndarray) -> Optional[GatherSpec]:
+        """A "runs" spec when the rows are 2 to ``runs_max`` disjoint runs of consecutive
+        rows, ``runs_min_rows`` long on average; else None (one run is a "one" spec)."""
         n = len(rows)
+        if n < 2 * self.runs_min_rows or not self.runs_max:
+            return None
         brk = np.flatnonzero((chunks[1:] != chunks[:-1]) | (rows[1:] != rows[:-1] + 1)) + 1
         n_runs = len(brk) + 1
-        if n_runs > self.runs_max or n_runs * self.runs_min_rows > n:
-            return spec
+        if n_runs == 1 or n_runs > self.runs_max or n_runs * self.runs_min_rows > n:
+            return None
         starts = np.concatenate([[0], brk])
         lengths = np.diff(np.concatenate([starts, [n]]))
         run_chunk, run_row = chunks[starts], rows[starts]
         by_place = np.lexsort((run_row, run_chunk))
         same = run_chunk[by_place][1:] == run_chunk[by_place][:-1]
         if (same & (run_row[by_place][1:] < (run_row + lengths)[by_place][:-1])).any():
-            return spec    # runs overlap: rows read twice cannot be split out of their chunk
-        self.n_runs += n_runs
-        self.n_index_selects -= spec_index_selects(spec)
+            return None    # runs overlap: rows read twice cannot be split out of their chunk
+        self.n_run_gathers += 1
+        self.gathered_rows += n
         return ("runs", tid, tuple(zip(run_chunk.tolist(), run_row.tolist(), lengths.tolist())), -1, n)
 
     def _gather(self, tid: int, chunks: np.ndarray, rows: np.ndarray) -> GatherSpec:

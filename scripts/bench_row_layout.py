@@ -97,11 +97,10 @@ def compare(make_compiler, inputs, loss_of, scheduler: str, repeats: int):
     def ratio(mode):
         return statistics.median(a / b for a, b in zip(times[(mode, "readers")], times[(mode, "inputs")]))
     stats = {k: b.stats for k, b in batches.items()}
-    runs = {k: sum(g[0] == "runs" for call in b.calls for g in call[2]) for k, b in batches.items()}
     return {"scheduler": scheduler,
             "index_selects_inputs": stats["inputs"]["index_selects"],
             "index_selects_readers": stats["readers"]["index_selects"],
-            "run_gathers_readers": runs["readers"],
+            "run_gathers_readers": stats["readers"]["run_gathers"],
             "inference_s_inputs": statistics.median(times[("inference", "inputs")]),
             "inference_ratio": ratio("inference"),
             "training_s_inputs": statistics.median(times[("training", "inputs")]),
