@@ -1,19 +1,17 @@
 """The :class:`Batch`: a planned and scheduled batch of inputs, ready to execute.
 
-A Batch holds numpy arrays, tuples and small Python ints only: it pickles cheaply, can be
-built in another process (a Ray Data worker) and shipped to the training process.
-
-Layout of ``outputs`` (and of each element of a sequence output), recursively:
-``("t", gather)`` a tensor with one row per input; ``("u", [layouts])`` a tuple;
-``("s", layout, lengths[int64])`` a sequence, flattened across inputs, with per-input
-lengths; ``("v",)`` Void.
+A Batch holds numpy arrays, small typed records (:mod:`foldengine.plan.records`) and
+Python ints only: it pickles cheaply, can be built in another process (a Ray Data worker)
+and shipped to the training process.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, NamedTuple
+from typing import Dict, List, NamedTuple, Tuple
 
 import numpy as np
+
+from .plan.records import Call, Gather, OutputLayout
 
 __all__ = ["Batch", "SequenceOutput"]
 
@@ -33,23 +31,29 @@ class SequenceOutput(NamedTuple):
 
 @dataclass
 class Batch:
-    """A scheduled batch.
+    """A traced, scheduled and lowered batch of inputs: what ``Compiler.forward`` runs.
 
-    size: number of inputs.
-    consts: per type id, the constants as an array ``[n, *shape]`` of that type's dtype.
-    calls / step_bounds / index_data: the schedule (see ``schedulers.base.LoweredSchedule``).
-    outputs: the output layout (module docstring); metrics: name -> gather spec.
-    stats: schedule statistics (``nodes``, ``steps``, ``calls``, ``gathered_rows``,
-        ``index_selects``, ``trace_s``, ``schedule_s``).
-    signature: identifies the compiler that built it (checked on execution).
+    Attributes:
+        size: number of inputs.
+        consts: per type id, the constants as an array ``[n, *shape]`` of that type's dtype
+            (chunk 0 of that type during execution).
+        calls: the batched calls, in execution order (:class:`~foldengine.plan.records.Call`).
+        step_bounds: ``calls[step_bounds[s]:step_bounds[s + 1]]`` form step ``s``.
+        index_data: int64 ``[K]``, every index array the gathers read, concatenated.
+        outputs: how to read the outputs, one row per input
+            (:data:`~foldengine.plan.records.OutputLayout`).
+        metrics: metric name -> the gather of every value that ``Metric`` saw, in input order.
+        stats: plan statistics (``nodes``, ``steps``, ``calls``, ``gathered_rows``,
+            ``index_selects``, ``run_gathers``, ``trace_s``, ``schedule_s``).
+        signature: identifies the compiler that built it (checked on execution).
     """
     size: int
     consts: List[np.ndarray]
-    calls: List[tuple]
-    step_bounds: List[int]
+    calls: Tuple[Call, ...]
+    step_bounds: Tuple[int, ...]
     index_data: np.ndarray
-    outputs: tuple
-    metrics: Dict[str, tuple]
+    outputs: OutputLayout
+    metrics: Dict[str, Gather]
     stats: Dict[str, float] = field(default_factory=dict)
     signature: str = ""
 

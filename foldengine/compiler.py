@@ -23,11 +23,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from schedulers import OpInfo, get_scheduler, lower
+from schedulers import OpInfo, get_scheduler
 from .batch import Batch, SequenceOutput
 from .blocks import Block, BlockTypeError, Pending
 from .closures import compile_tracer
 from .executor import execute
+from .plan import lower
 from .ops import Operation, unflatten_value
 from .trace import BlockInputError, EagerContext, GraphTracer
 from .types import (PyObjectType, SequenceType, TensorType, TupleType, Type, flatten_tensor_types,
@@ -185,6 +186,21 @@ class CompileContext:
         return out
 
 
+def _output_arrays(values: list, t: Type, out: list) -> list:
+    """The traced outputs ``values`` (one per input, structured as ``t``, of handles)
+    flattened depth first into int64 arrays, the ``output_arrays`` of
+    :func:`foldengine.plan.lower`."""
+    if isinstance(t, TensorType):
+        out.append(np.asarray(values, np.int64))
+    elif isinstance(t, TupleType):
+        for i, it in enumerate(t.items):
+            _output_arrays([v[i] for v in values], it, out)
+    elif isinstance(t, SequenceType):
+        out.append(np.asarray([len(v) for v in values], np.int64))
+        _output_arrays([e for v in values for e in v], t.element, out)
+    return out
+
+
 def _check_output_type(t: Type, where: str):
     if isinstance(t, PyObjectType):
         raise TypeError(f"{where}: the compiled block's output contains a Python object type; "
@@ -209,7 +225,7 @@ class Compiler(nn.Module):
         ``scripts/bench_table1.py`` (inference and training); None: no limit (GPUs).
 
     Attribute ``row_layout`` (default ``"readers"``): how lowering orders each call's rows
-    (``schedulers.base.lower``); ``"inputs"`` is the earlier rule, kept for benchmarks.
+    (``foldengine.plan.lower``); ``"inputs"`` is the earlier rule, kept for benchmarks.
     """
 
     def __init__(self, block: Block, scheduler="depth", input_type: Type = PyObjectType(),
@@ -292,49 +308,36 @@ class Compiler(nn.Module):
         return tracer, roots
 
     def build_batch(self, inputs: Iterable) -> Batch:
-        """Trace and schedule ``inputs``; returns a picklable :class:`Batch` (numpy only)."""
+        """Trace, schedule and lower ``inputs`` into one batch.
+
+        Args:
+            inputs: the inputs (any iterable of values of ``input_type``).
+
+        Returns:
+            A :class:`Batch` (numpy arrays and records only: picklable).
+
+        Raises:
+            InputError: an input cannot be traced (names its index and the block).
+        """
         t0 = time.perf_counter()
         tracer, roots = self.trace(inputs)
         trace = tracer.finish()
         t1 = time.perf_counter()
         steps = self.scheduler.assign(trace, self.op_info)
-        low = lower(trace, self.op_info, steps, len(self.types), self.row_layout)
-        b = low.builder
-        hc, hr = low.handle_chunk, low.handle_row
-        outputs = self._layout(roots, self.output_type, b, hc, hr)
-        metrics = {}
-        for name, tid in self.metric_tids.items():
-            hs = np.asarray(tracer.metrics.get(name, ()), np.int64)
-            metrics[name] = b.gather(tid, hc[hs], hr[hs])
+        metric_handles = {name: (tid, np.asarray(tracer.metrics.get(name, ()), np.int64))
+                          for name, tid in self.metric_tids.items()}
+        plan = lower(trace, self.op_info, steps, self.types, self.output_type,
+                     _output_arrays(roots, self.output_type, []), metric_handles, self.row_layout)
         consts = []
         for tid, t in enumerate(self.types):
             vals = tracer.consts[tid]
             arr = np.array(vals, dtype=t.dtype) if vals else np.zeros((0,) + t.shape, t.dtype)
             consts.append(arr.reshape((len(vals),) + t.shape))
-        index_data = b.finish()
         t2 = time.perf_counter()
-        stats = dict(low.stats)
-        stats.update(index_selects=float(b.n_index_selects), run_gathers=float(b.n_run_gathers),
-                     gathered_rows=float(b.gathered_rows),
-                     trace_s=t1 - t0, schedule_s=t2 - t1)
-        return Batch(size=len(roots), consts=consts, calls=low.calls, step_bounds=low.step_bounds,
-                     index_data=index_data, outputs=outputs, metrics=metrics, stats=stats,
-                     signature=self.signature)
-
-    def _layout(self, values, t: Type, b, hc, hr):
-        if isinstance(t, TensorType):
-            hs = np.asarray(values, np.int64)
-            return ("t", b.gather(self._tid_of(t), hc[hs], hr[hs]))
-        if isinstance(t, TupleType):
-            return ("u", [self._layout([v[i] for v in values], it, b, hc, hr) for i, it in enumerate(t.items)])
-        if isinstance(t, SequenceType):
-            lengths = np.asarray([len(v) for v in values], np.int64)
-            flat = [e for v in values for e in v]
-            return ("s", self._layout(flat, t.element, b, hc, hr), lengths)
-        return ("v",)
-
-    def _tid_of(self, t: TensorType) -> int:
-        return self.types.index(t)
+        stats = dict(plan.stats, trace_s=t1 - t0, schedule_s=t2 - t1)
+        return Batch(size=len(roots), consts=consts, calls=plan.calls, step_bounds=plan.step_bounds,
+                     index_data=plan.index_data, outputs=plan.outputs, metrics=plan.metrics,
+                     stats=stats, signature=self.signature)
 
     # -- execution -----------------------------------------------------------------------------
     def forward(self, batch: Batch):

@@ -1,9 +1,10 @@
-"""The batched executor: runs a :class:`Batch` schedule as batched PyTorch ops.
+"""The batched executor: runs a :class:`Batch`'s plan as batched PyTorch ops.
 
-For each call of the schedule: gather each input slot (views when the rows are contiguous
-or a few runs of consecutive rows, else one ``index_select`` per source chunk), call the
-operation once, and
-append its outputs to the value chunks of their types.  Python work is proportional to the
+Execution begins here: everything before (tracing, scheduling, lowering) is numpy.  For
+each :class:`~foldengine.plan.records.Call` of the plan: gather each input slot (views
+when the rows are contiguous or a few runs of consecutive rows, else one ``index_select``
+per source chunk), call the operation once, and append its outputs to the value chunks of
+their types.  Python work is proportional to the
 number of calls and gathers, never to the number of nodes.  Gradients come from autograd.
 """
 from __future__ import annotations
@@ -16,6 +17,8 @@ import torch
 
 from .batch import Batch, SequenceOutput
 from .ops import Operation
+from .plan.records import (ChunksGather, ConcatGather, Gather, IndexGather, OutputLayout, RunsGather,
+                           SequenceLayout, TensorLayout, TupleLayout, ViewGather)
 from .types import TensorType, torch_dtype
 
 __all__ = ["execute", "ExecutionResult"]
@@ -73,31 +76,33 @@ def _joined(views: List[torch.Tensor]) -> torch.Tensor:
     return views[0] if len(views) == 1 else torch.cat(views)
 
 
-def _indexed_source(g, chunks, idx):
-    """``(source, index)`` for the gathers that end in one ``index_select`` ("idx", a permuted
-    "cat", "all"); None for the others ("one", an ordered "cat", "empty")."""
-    kind = g[0]
-    if kind == "idx":
-        return _whole(chunks[g[1]][g[2]]), idx[g[3]:g[3] + g[4]]
-    if kind == "cat" and g[3] >= 0:
-        return torch.cat([_gather(p, chunks, idx, None, None) for p in g[2]]), idx[g[3]:g[3] + g[4]]
-    if kind == "all":
-        src = chunks[g[1]]
-        parts = [p for c in g[2] for p in (src[c].parts if type(src[c]) is _Segments else (src[c],))]
-        return torch.cat(parts), idx[g[3]:g[3] + g[4]]
+def _indexed_source(g: Gather, chunks, idx):
+    """``(source, index)`` for the gathers that end in one ``index_select``
+    (:class:`IndexGather`, a permuted :class:`ConcatGather`, :class:`ChunksGather`); None for
+    the others."""
+    kind = type(g)
+    if kind is IndexGather:
+        return _whole(chunks[g.tid][g.chunk]), idx[g.offset:g.offset + g.length]
+    if kind is ConcatGather and g.perm_offset >= 0:
+        return (torch.cat([_gather(p, chunks, idx, None, None) for p in g.pieces]),
+                idx[g.perm_offset:g.perm_offset + g.length])
+    if kind is ChunksGather:
+        src = chunks[g.tid]
+        parts = [p for c in g.chunks for p in (src[c].parts if type(src[c]) is _Segments else (src[c],))]
+        return torch.cat(parts), idx[g.offset:g.offset + g.length]
     return None
 
 
-def _run_blocks(g, chunks, rows: int) -> List[List[torch.Tensor]]:
-    """A "runs" gather cut into row blocks of ``rows`` (0: one block): the views forming
-    each block, in order.  Runs are cut at block boundaries and at the boundaries of
-    :class:`_Segments` parts.  The views of each source tensor come from ONE
+def _run_blocks(g: RunsGather, chunks, rows: int) -> List[List[torch.Tensor]]:
+    """A :class:`RunsGather` cut into row blocks of ``rows`` (0: one block): the views
+    forming each block, in order.  Runs are cut at block boundaries and at the boundaries
+    of :class:`_Segments` parts.  The views of each source tensor come from ONE
     ``torch.split`` (runs are disjoint), so backward writes its gradient once instead of
     zero-filling a source-sized buffer per view."""
-    src = chunks[g[1]]
+    src = chunks[g.tid]
     pieces = []                # (block, chunk, part, start in part, n), in output order
-    block, room = 0, rows or g[4]
-    for c, start, n in g[2]:
+    block, room = 0, rows or g.length
+    for c, start, n in g.runs:
         sc = src[c]
         ends = sc.ends if type(sc) is _Segments else None
         while n:
@@ -110,7 +115,7 @@ def _run_blocks(g, chunks, rows: int) -> List[List[torch.Tensor]]:
             pieces.append((block, c, p, start - base, take))
             start, n, room = start + take, n - take, room - take
             if not room:
-                block, room = block + 1, rows or g[4]
+                block, room = block + 1, rows or g.length
     views = [None] * len(pieces)
     by_source = {}
     for k, (_, c, p, start, n) in enumerate(pieces):
@@ -136,25 +141,25 @@ def _run_blocks(g, chunks, rows: int) -> List[List[torch.Tensor]]:
     return blocks
 
 
-def _gather(g, chunks: List[List[torch.Tensor]], idx: torch.Tensor, types, device):
-    kind = g[0]
-    if kind == "runs":
+def _gather(g: Gather, chunks: List[List[torch.Tensor]], idx: torch.Tensor, types, device):
+    """The tensor the gather record ``g`` reads (see :mod:`foldengine.plan.records`)."""
+    kind = type(g)
+    if kind is RunsGather:
         return _joined(_run_blocks(g, chunks, 0)[0])
-    if kind == "one":
-        c = chunks[g[1]][g[2]]
-        start, n = g[3], g[4]
+    if kind is ViewGather:
+        c = chunks[g.tid][g.chunk]
+        start, n = g.start, g.length
         if type(c) is _Segments:   # the one run, as views of the parts it spans
-            return _joined(_run_blocks(("runs", g[1], ((g[2], start, n),), -1, n), chunks, 0)[0])
+            return _joined(_run_blocks(RunsGather(g.tid, ((g.chunk, start, n),), n), chunks, 0)[0])
         if start == 0 and n == c.shape[0]:
             return c
         return c.narrow(0, start, n)
     src = _indexed_source(g, chunks, idx)
     if src is not None:
         return src[0].index_select(0, src[1])
-    if kind == "cat":   # pieces already in order ("cat" pieces are "one"/"idx": never empty)
-        return torch.cat([_gather(p, chunks, idx, types, device) for p in g[2]])
-    # empty
-    t = types[g[1]]
+    if kind is ConcatGather:   # pieces already in order (views or index gathers: never empty)
+        return torch.cat([_gather(p, chunks, idx, types, device) for p in g.pieces])
+    t = types[g.tid]       # EmptyGather
     return torch.zeros((0,) + t.shape, dtype=torch_dtype(t.dtype), device=device)
 
 
@@ -170,15 +175,15 @@ def _reduce(op: Operation, flat: torch.Tensor, seg: torch.Tensor, n: int) -> tor
     return total
 
 
-def _materialize(layout, chunks, idx, types, device):
-    kind = layout[0]
-    if kind == "t":
-        return _gather(layout[1], chunks, idx, types, device)
-    if kind == "u":
-        return tuple(_materialize(l, chunks, idx, types, device) for l in layout[1])
-    if kind == "s":
-        return SequenceOutput(_materialize(layout[1], chunks, idx, types, device),
-                              _tensor(layout[2]).to(device))
+def _materialize(layout: OutputLayout, chunks, idx, types, device):
+    kind = type(layout)
+    if kind is TensorLayout:
+        return _gather(layout.gather, chunks, idx, types, device)
+    if kind is TupleLayout:
+        return tuple(_materialize(item, chunks, idx, types, device) for item in layout.items)
+    if kind is SequenceLayout:
+        return SequenceOutput(_materialize(layout.element, chunks, idx, types, device),
+                              _tensor(layout.lengths).to(device))
     return None
 
 
@@ -210,9 +215,9 @@ class _BlockedIndexSelect(torch.autograd.Function):
         return g, None, None   # g is None when no block had a gradient
 
 
-def _gather_blocks(g, chunks, idx, types, device, rows: int):
+def _gather_blocks(g: Gather, chunks, idx, types, device, rows: int):
     """The gather ``g`` as a list of row blocks of ``rows`` (the last may be shorter)."""
-    if g[0] == "runs":
+    if type(g) is RunsGather:
         return [_joined(v) for v in _run_blocks(g, chunks, rows)]
     src = _indexed_source(g, chunks, idx)
     if src is not None:
@@ -273,7 +278,7 @@ def execute(batch: Batch, ops: Sequence[Operation], types: Sequence[TensorType],
         idx = idx.pin_memory()
     idx = idx.to(device, non_blocking=non_blocking)
     chunks = [[_tensor(c).to(device, non_blocking=non_blocking)] for c in batch.consts]
-    for op_id, n, gathers, seg, split in batch.calls:
+    for op_id, n, gathers, seg, split in batch.calls:   # Call records
         op = ops[op_id]
         if seg is None:
             if not block_rows or n <= block_rows:
@@ -290,7 +295,7 @@ def execute(batch: Batch, ops: Sequence[Operation], types: Sequence[TensorType],
                 continue
         else:
             flat = _gather(gathers[0], chunks, idx, types, device)
-            outs = (_reduce(op, flat, idx[seg[0]:seg[0] + seg[1]], n),)
+            outs = (_reduce(op, flat, idx[seg.offset:seg.offset + seg.length], n),)
         if split is None:
             for tid, o in zip(op.out_tids, outs):
                 chunks[tid].append(o)

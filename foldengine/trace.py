@@ -18,7 +18,7 @@ import itertools
 import numpy as np
 import torch
 
-from schedulers.base import Trace, _ranges
+from schedulers.base import Trace, ranges
 
 __all__ = ["GraphTracer", "EagerContext", "BlockInputError"]
 
@@ -190,7 +190,7 @@ class GraphTracer:
             out_ptr = np.concatenate([[0], np.cumsum(n_out_of_op)])
             out_flat = np.asarray([t for ts in self.op_out_tids for t in ts], np.int32)
             n_out = n_out_of_op[node_op]
-            hs = _ranges(node_out, n_out)
+            hs = ranges(node_out, n_out)
             slot = hs - np.repeat(node_out, n_out)
             handle_node[hs] = np.repeat(np.arange(n_nodes, dtype=i64), n_out)
             handle_index[hs] = slot

@@ -1,10 +1,13 @@
 """Dynamic-batching schedulers (numpy only): a :class:`Trace` in, a step per node out.
 
+Scheduling ends here: what a step assignment becomes (calls, gathers) is the engine's
+lowering, ``foldengine.plan``.
+
 ``get_scheduler(name)`` returns a scheduler by name; ``SCHEDULERS`` lists the names.
 """
 from __future__ import annotations
 
-from .base import LoweredSchedule, OpInfo, Scheduler, Trace, lower, validate_steps
+from .base import OpInfo, Scheduler, Trace, ranges, validate_steps
 from .agenda import AgendaScheduler
 from .coalesce import CoalescingScheduler
 from .depth import DepthScheduler
@@ -28,5 +31,5 @@ def get_scheduler(spec) -> Scheduler:
         raise ValueError(f"unknown scheduler {spec!r}; available: {sorted(SCHEDULERS)}") from None
 
 
-__all__ = ["Scheduler", "Trace", "OpInfo", "LoweredSchedule", "lower", "validate_steps",
+__all__ = ["Scheduler", "Trace", "OpInfo", "ranges", "validate_steps",
            "DepthScheduler", "AgendaScheduler", "CoalescingScheduler", "SCHEDULERS", "get_scheduler", "register"]

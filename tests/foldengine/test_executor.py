@@ -54,7 +54,7 @@ def test_row_blocked_execution_matches_reference(rows):
     rng = random.Random(rows)
     trees = [random_tree(rng, rng.randint(1, 25)) for _ in range(10)]
     batch, _ = assert_batched_matches_reference(compiler, trees)
-    assert max(call[1] for call in batch.calls) > rows
+    assert max(call.n for call in batch.calls) > rows
 
 
 def _pair_model(d=5):
@@ -84,7 +84,10 @@ def _same_shape_trees(n_trees, n_leaves, seed):
 
 
 def _kinds(batch):
-    return [g[0] for call in batch.calls for g in call[2]]
+    from foldengine.plan import ChunksGather, ConcatGather, EmptyGather, IndexGather, RunsGather, ViewGather
+    names = {ViewGather: "one", IndexGather: "idx", ConcatGather: "cat", ChunksGather: "all",
+             RunsGather: "runs", EmptyGather: "empty"}
+    return [names[type(g)] for call in batch.calls for g in call.gathers]
 
 
 @pytest.mark.parametrize("rows", [0, 1, 3, 8, 13])
@@ -92,7 +95,7 @@ def test_run_gathers_blocked_and_unblocked_match_reference(monkeypatch, rows):
     """Copies of one tree shape read each other's outputs in runs ("runs" gathers: views,
     split per source chunk); values and gradients equal the per-tree reference, with row
     blocks that cut runs anywhere (8 copies: 13-row blocks straddle runs and chunks)."""
-    from schedulers.base import GatherBuilder
+    from foldengine.plan import GatherBuilder
     monkeypatch.setattr(GatherBuilder, "runs_min_rows", 2)
     compiler = _pair_model()
     compiler.max_call_rows = rows or None
@@ -117,10 +120,11 @@ def test_run_blocks_split_each_chunk_once():
     """Backward through run views: every chunk gets its gradient from one split (no
     zero-filled chunk per view), and rows outside the runs get zero."""
     from foldengine.executor import _run_blocks
+    from foldengine.plan import RunsGather
 
     a = torch.randn(6, 2, dtype=torch.float64, requires_grad=True)
     b = torch.randn(4, 2, dtype=torch.float64, requires_grad=True)
-    spec = ("runs", 0, ((1, 1, 3), (0, 4, 2), (0, 0, 3)), -1, 8)
+    spec = RunsGather(0, ((1, 1, 3), (0, 4, 2), (0, 0, 3)), 8)
 
     def run(x, y, rows):
         blocks = _run_blocks(spec, [[x, y]], rows)

@@ -132,7 +132,7 @@ def test_row_blocked_calls_match(name):
     c = tree_with_heads(name)
     c.max_call_rows = 7
     batch, _ = assert_batched_matches_reference(c, trees, atol=1e-4)
-    assert max(call[1] for call in batch.calls) > 7   # the blocking happened at run time
+    assert max(call.n for call in batch.calls) > 7   # the blocking happened at run time
 
 
 @pytest.mark.parametrize("name", NAMES)

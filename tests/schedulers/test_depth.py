@@ -61,21 +61,3 @@ def test_unknown_scheduler_name():
         assert "depth" in str(err)
     else:
         raise AssertionError
-
-
-def test_gather_builder_runs():
-    """Few long runs of consecutive rows become a "runs" spec; overlapping runs (a row read
-    twice) or short runs keep the index-based spec."""
-    from schedulers.base import GatherBuilder
-    b = GatherBuilder({0: [10, 100, 100]})
-    chunks = np.array([2] * 40 + [1] * 40)
-    rows = np.concatenate([np.arange(50, 90), np.arange(0, 40)])
-    spec = b.gather(0, chunks, rows)
-    assert spec[0] == "runs" and spec[2] == ((2, 50, 40), (1, 0, 40)) and spec[4] == 80
-    assert b.n_index_selects == 0
-    twice = b.gather(0, np.array([1] * 80), np.concatenate([np.arange(40, 80), np.arange(30, 70)]))
-    assert twice[0] != "runs"
-    short = b.gather(0, np.array([1] * 80), np.arange(80)[::-1].copy())
-    assert short[0] == "idx"
-    whole = b.gather(0, np.array([1] * 80), np.arange(10, 90))
-    assert whole == ("one", 0, 1, 10, 80)

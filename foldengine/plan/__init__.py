@@ -1,0 +1,18 @@
+"""The plan: what lies between a schedule and its execution (numpy only, no torch).
+
+``records``   the typed records of an executable batch (gathers, calls, output layouts);
+``gathers``   :class:`GatherBuilder`, which picks the cheapest gather for a set of rows;
+``lowering``  :func:`lower`: a scheduled trace -> a :class:`LoweredSchedule`.
+
+Pipeline of one batch: trace (``foldengine.trace``) -> schedule (``schedulers``: a step per
+node) -> lower (here) -> :class:`foldengine.Batch` -> execute (``foldengine.executor``).
+"""
+from .gathers import GatherBuilder
+from .lowering import LAYOUTS, LoweredSchedule, lower
+from .records import (Call, ChunksGather, ConcatGather, EmptyGather, Gather, IndexGather, OutputLayout,
+                      RunsGather, Segments, SequenceLayout, TensorLayout, TupleLayout, ViewGather,
+                      VoidLayout)
+
+__all__ = ["lower", "LoweredSchedule", "LAYOUTS", "GatherBuilder", "Call", "Segments", "Gather",
+           "ViewGather", "IndexGather", "ConcatGather", "ChunksGather", "RunsGather", "EmptyGather",
+           "OutputLayout", "TensorLayout", "TupleLayout", "SequenceLayout", "VoidLayout"]
