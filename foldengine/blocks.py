@@ -53,6 +53,10 @@ class Pending(Exception):
     """Raised during inference when a recursive reference's type is not known yet."""
 
 
+def _listed(x) -> list:
+    return [x]
+
+
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
@@ -66,6 +70,53 @@ class _Broadcast:
 
 
 _COMPOSITIONS: List["Composition"] = []  # the stack of open Composition scopes
+
+
+def _identity(x):
+    return x
+
+
+def _void(x):
+    return None
+
+
+def _get_items_tracer(getitems, b) -> Callable:
+    """A run of GetItem blocks as one closure ``x[k1][k2]...`` (fused in a Pipe); any error,
+    and Broadcast values, take the blocks' interpreted path."""
+    keys = tuple(g.key for g in getitems)
+    slows = [b.interpreted(g) for g in getitems]
+
+    def slow(x):
+        for f in slows:
+            x = f(x)
+        return x
+    if len(keys) == 1:
+        (k1,) = keys
+
+        def get_item(x):
+            try:
+                return x[k1]
+            except Exception:
+                return slow(x)
+        return get_item
+    if len(keys) == 2:
+        k1, k2 = keys
+
+        def get_items(x):
+            try:
+                return x[k1][k2]
+            except Exception:
+                return slow(x)
+        return get_items
+
+    def get_items_n(x):
+        try:
+            for k in keys:
+                x = x[k]
+            return x
+        except Exception:
+            return slow(x)
+    return get_items_n
 
 
 # =======================================================================================
@@ -146,6 +197,19 @@ class Block:
     def children(self) -> List["Block"]:
         return []
 
+    def _fast_tracer(self, b) -> Callable:
+        """This block's trace of one input as a closure ``f(x)`` bound to one
+        :class:`~foldengine.trace.GraphTracer` (the fast planning path).
+
+        ``b`` is the :class:`~foldengine.closures.TracerBuilder`: ``b.get(child)`` gives a
+        child's closure, ``b.interpreted(block)`` the generic ``_trace`` as a closure, and
+        ``b.tracer`` hands out the recording functions.  Contract: ``f(x)`` records exactly
+        what ``self._trace(x, b.tracer)`` records, in the same order, and returns the same
+        value; bad input takes the interpreted path, which raises the block's error.
+        Default: the interpreted ``_trace``.
+        """
+        return b.interpreted(self)
+
     def _reset_types(self):
         self.input_type = self.output_type = None
 
@@ -177,6 +241,8 @@ def _require_pyobject(block: Block, t: Type):
 # =======================================================================================
 
 _SCALAR_PY = (int, float, bool, np.integer, np.floating, np.bool_)
+#: exact classes that Scalar's fast path records without checking
+_FAST_SCALARS = frozenset({int, float, bool, np.int64, np.int32, np.float32, np.float64, np.bool_})
 
 
 class Scalar(Block):
@@ -200,6 +266,15 @@ class Scalar(Block):
         if isinstance(xs, np.ndarray) and xs.ndim == 1:
             return ctx.const_many(self._tid, xs.astype(self.type.dtype, copy=False))
         return Block._trace_many(self, xs, ctx)
+
+    def _fast_tracer(self, b):
+        record, slow, fast = b.tracer.const_recorder(self._tid), b.interpreted(self), _FAST_SCALARS
+
+        def scalar(x):
+            if x.__class__ not in fast:
+                return slow(x)  # validates (and records) as _trace does
+            return record(x)
+        return scalar
 
 
 class Tensor(Block):
@@ -254,6 +329,12 @@ class Zeros(Block):
             return ctx.zeros(*self._tids[0])
         return self._unflatten([ctx.zeros(tid, z) for tid, z in self._tids])
 
+    def _fast_tracer(self, b):
+        if not self._simple:
+            return b.interpreted(self)
+        zeros, (tid, value) = b.tracer.zeros, self._tids[0]
+        return lambda x: zeros(tid, value)
+
 
 class InputTransform(Block):
     """Python object -> Python object, by a user function (pre-processing)."""
@@ -272,6 +353,12 @@ class InputTransform(Block):
         except Exception as err:  # name the block and keep the cause
             raise BlockInputError(self, f"{getattr(self.fn, '__name__', self.fn)!s} raised {err!r}") from err
 
+    def _fast_tracer(self, b):
+        return self._trace_one   # no tracer state: the bound method is the closure
+
+    def _trace_one(self, x):
+        return self._trace(x, None)
+
     def __repr__(self):
         return f"InputTransform({self.name or getattr(self.fn, '__name__', 'fn')!r})"
 
@@ -288,6 +375,9 @@ class Identity(Block):
     def _trace_many(self, xs, ctx):
         return list(xs)
 
+    def _fast_tracer(self, b):
+        return _identity
+
 
 class Void(Block):
     """Any input -> Void."""
@@ -297,6 +387,9 @@ class Void(Block):
 
     def _trace(self, x, ctx):
         return None
+
+    def _fast_tracer(self, b):
+        return _void
 
 
 class Length(Block):
@@ -346,6 +439,9 @@ class GetItem(Block):
                 return x.value
             self._fail(f"cannot get item {self.key!r} of a {type(x).__name__}: {err}")
 
+    def _fast_tracer(self, b):
+        return _get_items_tracer([self], b)
+
     def __repr__(self):
         return f"GetItem({self.key!r})"
 
@@ -366,6 +462,13 @@ class Metric(Block):
     def _trace(self, x, ctx):
         ctx.metric(self.metric_name, x)
         return None
+
+    def _fast_tracer(self, b):
+        record = b.tracer.metric_recorder(self.metric_name)
+
+        def metric(x):
+            record(x)
+        return metric
 
     def __repr__(self):
         return f"Metric({self.metric_name!r})"
@@ -439,6 +542,28 @@ class Function(Block):
             return outs
         un = self._unflatten
         return [un(o) for o in outs]
+
+    def _fast_tracer(self, b):
+        t, op = b.tracer, self._op
+        if self._simple_in and self._simple_out:
+            return t.unary_call_recorder(op)
+        record, flatten, n_out = t.call_recorder(op), self._flatten, op.n_out
+        if self._simple_out:
+            return lambda x: record(flatten(x))
+        out = self.output_type
+        if self._simple_in:
+            flatten = _listed
+        if n_out == 2 and all(isinstance(i, TensorType) for i in out.items):
+            def function_n_2(x):  # (h, c)-style outputs: no unflattening needed
+                h = record(flatten(x))
+                return (h, h + 1)
+            return function_n_2
+        unflatten = self._unflatten
+
+        def function_n_m(x):
+            h = record(flatten(x))
+            return unflatten(range(h, h + n_out))
+        return function_n_m
 
     def __repr__(self):
         return f"Function({self.name!r})"
@@ -583,6 +708,38 @@ class Pipe(Block):
             xs = b._trace_many(xs, ctx)
         return xs
 
+    def _fast_tracer(self, b):
+        # nested calls of the children's closures; Identity dropped, GetItem runs fused
+        fs, run = [], []
+        for child in self.blocks + [None]:
+            if type(child) is GetItem:
+                run.append(child)
+                continue
+            if run:
+                fs.append(_get_items_tracer(run, b))
+                run = []
+            if child is not None and type(child) is not Identity:
+                fs.append(b.get(child))
+        if not fs:
+            return _identity
+        if len(fs) == 1:
+            return fs[0]
+        if len(fs) == 2:
+            f1, f2 = fs
+            return lambda x: f2(f1(x))
+        if len(fs) == 3:
+            f1, f2, f3 = fs
+            return lambda x: f3(f2(f1(x)))
+        if len(fs) == 4:
+            f1, f2, f3, f4 = fs
+            return lambda x: f4(f3(f2(f1(x))))
+
+        def pipe(x):
+            for f in fs:
+                x = f(x)
+            return x
+        return pipe
+
     def __repr__(self):
         return " >> ".join(map(repr, self.blocks)) if not self.name else f"Pipe({self.name!r})"
 
@@ -628,6 +785,29 @@ class Record(Block):
             out.append(b._trace(v, ctx))
         return tuple(out)
 
+    def _fast_tracer(self, b):
+        keys = [k for k, _ in self.fields]
+        fs = [b.get(c) for _, c in self.fields]
+        slow = b.interpreted(self)
+        if len(fs) == 2:
+            (k1, k2), (f1, f2) = keys, fs
+
+            def record_2(x):
+                try:
+                    v1, v2 = x[k1], x[k2]
+                except (KeyError, IndexError, TypeError):
+                    return slow(x)  # raises the missing-field error
+                return (f1(v1), f2(v2))
+            return record_2
+
+        def record(x):
+            try:
+                vs = [x[k] for k in keys]
+            except (KeyError, IndexError, TypeError):
+                return slow(x)
+            return tuple([f(v) for f, v in zip(fs, vs)])
+        return record
+
 
 class AllOf(Block):
     """Passes its input to each block; returns the tuple of their outputs."""
@@ -644,6 +824,17 @@ class AllOf(Block):
 
     def _trace(self, x, ctx):
         return tuple([b._trace(x, ctx) for b in self.blocks])
+
+    def _fast_tracer(self, b):
+        fs = [b.get(c) for c in self.blocks]
+        if len(fs) == 2:
+            f1, f2 = fs
+            if f2 is _identity:
+                return lambda x: (f1(x), x)
+            if f1 is _identity:
+                return lambda x: (x, f2(x))
+            return lambda x: (f1(x), f2(x))
+        return lambda x: tuple([f(x) for f in fs])
 
 
 class OneOf(Block):
@@ -699,6 +890,20 @@ class OneOf(Block):
         if b is None:
             self._fail(f"no case for key {key!r} (cases: {list(self.cases)})")
         return b._trace(x, ctx)
+
+    def _fast_tracer(self, b):
+        cases = {k: b.get(c) for k, c in self.cases.items()}
+        get, key_fn, slow = cases.get, self.key_fn, b.interpreted(self)
+
+        def one_of(x):
+            try:
+                f = get(key_fn(x))
+            except Exception:
+                return slow(x)  # raises the key_fn error
+            if f is None:
+                return slow(x)  # raises the no-case error
+            return f(x)
+        return one_of
 
 
 class Optional(Block):
@@ -1052,6 +1257,9 @@ class _Reference(Block):
 
     def _trace(self, x, ctx):
         return self.decl.block._trace(x, ctx)
+
+    def _fast_tracer(self, b):
+        return b.declaration(self.decl)
 
     def __repr__(self):
         return f"{self.decl.name}()"

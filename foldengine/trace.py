@@ -121,6 +121,78 @@ class GraphTracer:
         hd.extend(depths)
         return list(range(h0, h0 + n))
 
+    # -- recording functions handed to the blocks' fast paths (``Block._fast_tracer``) ------
+    # Each returns a closure bound to this tracer's lists: the same records as the methods
+    # above, without their attribute lookups.  Only this class knows its list layout.
+
+    def const_recorder(self, tid: int):
+        """``record(value) -> handle``: a constant of type ``tid`` (as :meth:`const`)."""
+        hd, hd_append = self.h_depth, self.h_depth.append
+        ch_append, c_append = self.const_h[tid].append, self.consts[tid].append
+
+        def record_const(value):
+            h = len(hd)
+            hd_append(0)
+            ch_append(h)
+            c_append(value)
+            return h
+        return record_const
+
+    def unary_call_recorder(self, op):
+        """``record(handle) -> handle``: a call of ``op`` (one input, one output)."""
+        hd, edges = self.h_depth, self.edges
+        hd_append, e_append = hd.append, edges.append
+        op_append, ptr_append, out_append = self.node_op.append, self.node_ptr.append, self.node_out.append
+        op_id = op.op_id
+
+        def record_unary_call(x):
+            h = len(hd)
+            hd_append(hd[x] + 1)
+            op_append(op_id)
+            e_append(x)
+            ptr_append(len(edges))
+            out_append(h)
+            return h
+        return record_unary_call
+
+    def call_recorder(self, op):
+        """``record(handles) -> handle``: a call of ``op`` on the list ``handles``; returns
+        its first output handle (its ``op.n_out`` outputs are consecutive)."""
+        hd, edges = self.h_depth, self.edges
+        hd_append, hd_extend, hd_get = hd.append, hd.extend, hd.__getitem__
+        e_extend = edges.extend
+        op_append, ptr_append, out_append = self.node_op.append, self.node_ptr.append, self.node_out.append
+        op_id, n_out = op.op_id, op.n_out
+
+        if n_out == 1:
+            def record_call(hs):
+                h = len(hd)
+                hd_append(1 + max(map(hd_get, hs)) if hs else 1)
+                op_append(op_id)
+                e_extend(hs)
+                ptr_append(len(edges))
+                out_append(h)
+                return h
+            return record_call
+
+        def record_call_n(hs):
+            h = len(hd)
+            d = 1 + max(map(hd_get, hs)) if hs else 1
+            hd_extend([d] * n_out)
+            op_append(op_id)
+            e_extend(hs)
+            ptr_append(len(edges))
+            out_append(h)
+            return h
+        return record_call_n
+
+    def metric_recorder(self, name: str):
+        """``record(handle)``: a value seen by ``Metric(name)`` (as :meth:`metric`)."""
+        m = self.metrics.get(name)
+        if m is None:
+            m = self.metrics[name] = []
+        return m.append
+
     def zeros(self, tid: int, value) -> int:
         """The batch's one shared handle for zeros of type ``tid`` (``value``: that zero array)."""
         h = self._zeros.get(tid)
