@@ -337,11 +337,21 @@ class Zeros(Block):
 
 
 class InputTransform(Block):
-    """Python object -> Python object, by a user function (pre-processing)."""
+    """Python object -> Python object, by a user function (pre-processing).
 
-    def __init__(self, fn: Callable, name=None):
+    Args:
+        fn: the function, called once per input value while tracing.
+        deterministic: False when ``fn`` is random (e.g. samples or augments): then
+            ``Compiler.trace`` refuses to cache traces of the block tree (they would freeze
+            one draw) and batches must be built from inputs with ``build_batch``, which
+            calls ``fn`` anew every time.
+        name: a label for errors and parameter names.
+    """
+
+    def __init__(self, fn: Callable, deterministic: bool = True, name=None):
         super().__init__(name)
         self.fn = fn
+        self.deterministic = bool(deterministic)
 
     def _infer(self, t, cc):
         _require_pyobject(self, t)

@@ -29,12 +29,13 @@ from .blocks import Block, BlockTypeError, Pending
 from .closures import compile_tracer
 from .executor import execute
 from .plan import lower
+from .plan.traces import InputTrace, MergedTraces, merge_traces, split_traces
 from .ops import Operation, unflatten_value
 from .trace import BlockInputError, EagerContext, GraphTracer
 from .types import (PyObjectType, SequenceType, TensorType, TupleType, Type, flatten_tensor_types,
                     torch_dtype)
 
-__all__ = ["Compiler", "InputError", "CompileContext"]
+__all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext"]
 
 _RECURSION_LIMIT = 100_000
 
@@ -201,6 +202,47 @@ def _output_arrays(values: list, t: Type, out: list) -> list:
     return out
 
 
+def _output_is_handle(t: Type, out: list) -> list:
+    """Per array of :func:`_output_arrays` for type ``t``: True for handles, False for
+    sequence lengths."""
+    if isinstance(t, TensorType):
+        out.append(True)
+    elif isinstance(t, TupleType):
+        for it in t.items:
+            _output_is_handle(it, out)
+    elif isinstance(t, SequenceType):
+        out.append(False)
+        _output_is_handle(t.element, out)
+    return out
+
+
+def _walk(block) -> list:
+    """Every block reachable from ``block`` (through ForwardDeclarations too), once."""
+    seen, stack, out = set(), [block], []
+    while stack:
+        b = stack.pop()
+        if id(b) in seen:
+            continue
+        seen.add(id(b))
+        out.append(b)
+        stack.extend(b.children())
+        decl = getattr(b, "decl", None)
+        if decl is not None and decl.block is not None:
+            stack.append(decl.block)
+    return out
+
+
+class RandomBlockError(ValueError):
+    """``Compiler.trace`` on a block tree holding blocks declared random: reusing their
+    traces would silently freeze their randomness."""
+
+    def __init__(self, blocks):
+        self.blocks = list(blocks)
+        names = ", ".join(f"{b!r} at {b._path}" for b in self.blocks)
+        super().__init__(f"cannot cache traces: {names} declared deterministic=False runs anew on "
+                         "every input; build each batch from the inputs with build_batch(inputs)")
+
+
 def _check_output_type(t: Type, where: str):
     if isinstance(t, PyObjectType):
         raise TypeError(f"{where}: the compiled block's output contains a Python object type; "
@@ -250,6 +292,12 @@ class Compiler(nn.Module):
         sig = repr([(op.name, op.in_type, op.out_type) for op in self.ops]) + repr(self.types)
         self.signature = hashlib.sha1(sig.encode()).hexdigest()[:16]
         block._compiled_signature = self.signature
+        self._metric_names = tuple(self.metric_tids)
+        self._output_is_handle = _output_is_handle(self.output_type, [])
+        self._empty_consts = [np.zeros((0,) + t.shape, t.dtype) for t in self.types]
+        #: blocks declared random (``InputTransform(..., deterministic=False)``): their
+        #: traces must not be reused, so :meth:`trace` refuses to make any
+        self.random_blocks = [b for b in _walk(block) if getattr(b, "deterministic", True) is False]
         self.metrics: Dict[str, torch.Tensor] = {}
 
     # -- parameters --------------------------------------------------------------------------
@@ -287,12 +335,15 @@ class Compiler(nn.Module):
         return self._device_probe.device
 
     # -- planning ------------------------------------------------------------------------------
-    def trace(self, inputs: Iterable) -> Tuple[GraphTracer, list]:
-        """Trace ``inputs`` into one graph; returns the tracer and each input's output value."""
+    def _trace_together(self, inputs: Iterable) -> Tuple[GraphTracer, list]:
+        """Trace ``inputs`` into one tracer (each input ended by ``end_input``); returns the
+        tracer and each input's output value (handles)."""
         if getattr(self.root, "_compiled_signature", None) != self.signature:
             raise RuntimeError("the block tree was compiled again by another Compiler with different "
                                "types; build a fresh block tree for each model")
         tracer = GraphTracer(len(self.types), self.op_info.out_tids)
+        metric_names = self._metric_names
+        end_input = tracer.end_input
         roots = []
         old = sys.getrecursionlimit()
         sys.setrecursionlimit(max(old, _RECURSION_LIMIT))
@@ -303,12 +354,68 @@ class Compiler(nn.Module):
                     roots.append(trace_fn(x))
                 except BlockInputError as err:
                     raise InputError(i, err) from err
+                end_input(metric_names)
         finally:
             sys.setrecursionlimit(old)
         return tracer, roots
 
+    def _merged(self, tracer: GraphTracer, roots: list) -> MergedTraces:
+        consts = []
+        for tid, t in enumerate(self.types):
+            vals = tracer.consts[tid]
+            arr = np.array(vals, dtype=t.dtype) if vals else np.zeros((0,) + t.shape, t.dtype)
+            consts.append(arr.reshape((len(vals),) + t.shape))
+        metrics = {name: (tid, np.asarray(tracer.metrics.get(name, ()), np.int64))
+                   for name, tid in self.metric_tids.items()}
+        return MergedTraces(size=len(roots), graph=tracer.finish(), consts=consts, metrics=metrics,
+                            outputs=_output_arrays(roots, self.output_type, []))
+
+    def trace(self, inputs: Iterable) -> List[InputTrace]:
+        """Trace each input once, for batches built later from the traces.
+
+        A structure does not change between epochs: trace every record once (in a data
+        worker), keep the traces, and build each batch with
+        :meth:`build_batch_from_traces`, which only concatenates arrays.
+
+        Args:
+            inputs: the inputs (any iterable of values of ``input_type``).
+
+        Returns:
+            One :class:`~foldengine.plan.InputTrace` per input (numpy arrays only,
+            picklable, int32 indices).
+
+        Raises:
+            InputError: an input cannot be traced (names its index and the block).
+            RandomBlockError: the block tree holds a block declared random
+                (``InputTransform(fn, deterministic=False)``), whose trace must not be
+                reused: build each batch from the inputs with :meth:`build_batch`.
+        """
+        if self.random_blocks:
+            raise RandomBlockError(self.random_blocks)
+        tracer, roots = self._trace_together(inputs)
+        merged = self._merged(tracer, roots)
+        is_handle = self._output_is_handle
+        per_input = [_output_arrays([r], self.output_type, []) for r in roots]
+        return split_traces(merged, tracer.input_ends, per_input, is_handle, self.signature)
+
+    def merge_traces(self, traces: Sequence[InputTrace]) -> MergedTraces:
+        """Concatenate the traces of a batch's inputs into one graph (numpy, no Python work
+        per node).
+
+        Raises:
+            ValueError: a trace comes from a compiler with a different operation table.
+        """
+        for i, t in enumerate(traces):
+            if t.signature != self.signature:
+                raise ValueError(f"trace {i} was made by a different compiler (operation tables differ)")
+        return merge_traces(traces, self.metric_tids, self._output_is_handle, self._empty_consts)
+
     def build_batch(self, inputs: Iterable) -> Batch:
         """Trace, schedule and lower ``inputs`` into one batch.
+
+        Equal to ``build_batch_from_traces(trace(inputs))`` (same arrays, same plan), but
+        traces the inputs together; use it when inputs are seen once, or when the block tree
+        holds random blocks.
 
         Args:
             inputs: the inputs (any iterable of values of ``input_type``).
@@ -320,22 +427,32 @@ class Compiler(nn.Module):
             InputError: an input cannot be traced (names its index and the block).
         """
         t0 = time.perf_counter()
-        tracer, roots = self.trace(inputs)
-        trace = tracer.finish()
+        merged = self._merged(*self._trace_together(inputs))
+        return self._plan(merged, time.perf_counter() - t0)
+
+    def build_batch_from_traces(self, traces: Sequence[InputTrace]) -> Batch:
+        """Merge, schedule and lower the traces of a batch's inputs (from :meth:`trace`).
+
+        Args:
+            traces: one :class:`~foldengine.plan.InputTrace` per input, in batch order.
+
+        Returns:
+            A :class:`Batch`, the same as ``build_batch`` of the traced inputs.
+
+        Raises:
+            ValueError: a trace comes from a different compiler.
+        """
+        t0 = time.perf_counter()
+        merged = self.merge_traces(traces)
+        return self._plan(merged, time.perf_counter() - t0)
+
+    def _plan(self, merged: MergedTraces, trace_s: float) -> Batch:
         t1 = time.perf_counter()
-        steps = self.scheduler.assign(trace, self.op_info)
-        metric_handles = {name: (tid, np.asarray(tracer.metrics.get(name, ()), np.int64))
-                          for name, tid in self.metric_tids.items()}
-        plan = lower(trace, self.op_info, steps, self.types, self.output_type,
-                     _output_arrays(roots, self.output_type, []), metric_handles, self.row_layout)
-        consts = []
-        for tid, t in enumerate(self.types):
-            vals = tracer.consts[tid]
-            arr = np.array(vals, dtype=t.dtype) if vals else np.zeros((0,) + t.shape, t.dtype)
-            consts.append(arr.reshape((len(vals),) + t.shape))
-        t2 = time.perf_counter()
-        stats = dict(plan.stats, trace_s=t1 - t0, schedule_s=t2 - t1)
-        return Batch(size=len(roots), consts=consts, calls=plan.calls, step_bounds=plan.step_bounds,
+        steps = self.scheduler.assign(merged.graph, self.op_info)
+        plan = lower(merged.graph, self.op_info, steps, self.types, self.output_type, merged.outputs,
+                     merged.metrics, self.row_layout)
+        stats = dict(plan.stats, trace_s=trace_s, schedule_s=time.perf_counter() - t1)
+        return Batch(size=merged.size, consts=merged.consts, calls=plan.calls, step_bounds=plan.step_bounds,
                      index_data=plan.index_data, outputs=plan.outputs, metrics=plan.metrics,
                      stats=stats, signature=self.signature)
 

@@ -39,11 +39,11 @@ class GraphTracer:
     what is cheap to append: each handle's ASAP depth, each node's operation, inputs and
     first output handle, and the constants (handle and value) per type; :meth:`finish`
     derives the per-handle arrays with numpy.  ``zeros(tid)`` returns one shared handle per
-    type for all zero constants of the batch.
+    type for all zero constants of one input (:meth:`end_input` starts the next input).
     """
 
     __slots__ = ("h_depth", "node_op", "node_ptr", "edges", "node_out", "consts", "const_h",
-                 "metrics", "n_types", "op_out_tids", "_zeros")
+                 "metrics", "n_types", "op_out_tids", "_zeros", "input_ends")
 
     def __init__(self, n_types: int, op_out_tids: Sequence[Sequence[int]]):
         self.n_types = n_types
@@ -57,6 +57,19 @@ class GraphTracer:
         self.const_h: List[list] = [[] for _ in range(n_types)]
         self.metrics: Dict[str, list] = {}
         self._zeros: Dict[int, int] = {}
+        #: per input ended by :meth:`end_input`: the counts (nodes, edges, handles, then
+        #: constants per type, then values per metric name in ``metric_names`` order)
+        self.input_ends: List[tuple] = []
+
+    def end_input(self, metric_names: Sequence[str]) -> None:
+        """Mark the end of one input's records.  Zeros handles are shared within an input
+        only, so each input's trace stands alone (merging traces gives the same graph as
+        tracing the inputs together)."""
+        metrics = self.metrics
+        self.input_ends.append((len(self.node_op), len(self.edges), len(self.h_depth))
+                               + tuple(len(c) for c in self.consts)
+                               + tuple(len(metrics.get(m, ())) for m in metric_names))
+        self._zeros.clear()
 
     def const(self, tid: int, value) -> int:
         h = len(self.h_depth)
@@ -194,7 +207,7 @@ class GraphTracer:
         return m.append
 
     def zeros(self, tid: int, value) -> int:
-        """The batch's one shared handle for zeros of type ``tid`` (``value``: that zero array)."""
+        """The input's one shared handle for zeros of type ``tid`` (``value``: that zero array)."""
         h = self._zeros.get(tid)
         if h is None:
             h = self._zeros[tid] = self.const(tid, value)

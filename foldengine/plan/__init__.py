@@ -1,5 +1,6 @@
 """The plan: what lies between a schedule and its execution (numpy only, no torch).
 
+``traces``    :class:`InputTrace` (one input's graph as arrays) and :func:`merge_traces`;
 ``records``   the typed records of an executable batch (gathers, calls, output layouts);
 ``gathers``   :class:`GatherBuilder`, which picks the cheapest gather for a set of rows;
 ``lowering``  :func:`lower`: a scheduled trace -> a :class:`LoweredSchedule`.
@@ -9,10 +10,11 @@ node) -> lower (here) -> :class:`foldengine.Batch` -> execute (``foldengine.exec
 """
 from .gathers import GatherBuilder
 from .lowering import LAYOUTS, LoweredSchedule, lower
+from .traces import InputTrace, MergedTraces, merge_traces
 from .records import (Call, ChunksGather, ConcatGather, EmptyGather, Gather, IndexGather, OutputLayout,
                       RunsGather, Segments, SequenceLayout, TensorLayout, TupleLayout, ViewGather,
                       VoidLayout)
 
-__all__ = ["lower", "LoweredSchedule", "LAYOUTS", "GatherBuilder", "Call", "Segments", "Gather",
+__all__ = ["InputTrace", "MergedTraces", "merge_traces", "lower", "LoweredSchedule", "LAYOUTS", "GatherBuilder", "Call", "Segments", "Gather",
            "ViewGather", "IndexGather", "ConcatGather", "ChunksGather", "RunsGather", "EmptyGather",
            "OutputLayout", "TensorLayout", "TupleLayout", "SequenceLayout", "VoidLayout"]

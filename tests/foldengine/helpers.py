@@ -33,9 +33,12 @@ def weighted_sum(tensors, seed=1234):
     return total
 
 
-def assert_batched_matches_reference(compiler, inputs, atol=1e-5, check_grads=True, scheduler=None):
-    """Batched forward == per-example reference, for outputs, metrics and all gradients."""
-    batch = compiler.build_batch(inputs)
+def assert_batched_matches_reference(compiler, inputs, atol=1e-5, check_grads=True, scheduler=None,
+                                     from_traces=False):
+    """Batched forward == per-example reference, for outputs, metrics and all gradients
+    (the batch built from the inputs, or from their cached traces with ``from_traces``)."""
+    batch = (compiler.build_batch_from_traces(compiler.trace(inputs)) if from_traces
+             else compiler.build_batch(inputs))
     params = [p for p in compiler.parameters() if p.requires_grad]
 
     def run(fn):

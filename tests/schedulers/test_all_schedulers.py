@@ -37,8 +37,7 @@ def tree_with_heads(scheduler):
 
 
 def check_valid(compiler, inputs):
-    tracer, _ = compiler.trace(inputs)
-    trace = tracer.finish()
+    trace = compiler.merge_traces(compiler.trace(inputs)).graph
     steps = compiler.scheduler.assign(trace, compiler.op_info)
     validate_steps(trace, steps)
     return steps
@@ -102,8 +101,7 @@ def test_coalescing_runs_heads_once_and_cuts_calls():
     assert coal.stats["calls"] < 0.7 * depth.stats["calls"]
     assert agenda.stats["calls"] <= depth.stats["calls"]
     c = tree_with_heads("coalesce")
-    tracer, _ = c.trace(trees)
-    trace = tracer.finish()
+    trace = c.merge_traces(c.trace(trees)).graph
     steps = CoalescingScheduler().assign(trace, c.op_info)
     head_op = [op.op_id for op in c.ops if op.name == "head"][0]
     assert len(np.unique(steps[trace.node_op == head_op])) == 1
@@ -137,18 +135,18 @@ def test_row_blocked_calls_match(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_real_sst_trees_with_per_node_losses(name, data_dir):
-    """The SST training model (classifier and loss on every node) on real trees."""
-    from benchmarks.engine import TreeLSTMModules, tree_lstm_all_nodes_compiler
+    """The SST training model (pipelines.sst.model: classifier and loss on every node) on real trees."""
     from pipelines.sst.data import load_split
+    from pipelines.sst.model import SentimentModules, build_compiler, node_outputs
     from pipelines.sst.vocab import build_vocab
 
     trees, _ = load_split("dev", data_dir=data_dir)
     vocab = build_vocab(trees)
     torch.manual_seed(0)
-    c = tree_lstm_all_nodes_compiler(TreeLSTMModules(len(vocab.itos), 6, 5), vocab.stoi, name)
+    c = build_compiler(SentimentModules(len(vocab.itos), 6, 5), vocab.stoi, name)
     assert_batched_matches_reference(c, trees[:12], atol=1e-4)
     check_valid(c, trees[:12])
-    assert c.metrics["loss"].shape == (sum(1 for _ in _nodes(trees[:12])),)  # one loss per node
+    assert node_outputs(c)[1].shape == (sum(1 for _ in _nodes(trees[:12])),)  # one label (loss) per node
 
 
 def _nodes(trees):

@@ -28,8 +28,7 @@ def test_depth_steps_are_valid_and_grouped():
     c = tree_compiler()
     rng = random.Random(0)
     ts = [random_tree(rng, rng.randint(1, 30)) for _ in range(20)]
-    tracer, _ = c.trace(ts)
-    trace = tracer.finish()
+    trace = c.merge_traces(c.trace(ts)).graph
     steps = DepthScheduler().assign(trace, c.op_info)
     validate_steps(trace, steps)
     batch = c.build_batch(ts)
@@ -43,8 +42,7 @@ def test_depth_steps_are_valid_and_grouped():
 
 def test_validate_steps_rejects_bad_assignment():
     c = tree_compiler()
-    tracer, _ = c.trace([((1, 2), 3)])
-    trace = tracer.finish()
+    trace = c.merge_traces(c.trace([((1, 2), 3)])).graph
     steps = np.ones(trace.n_nodes, np.int64)
     try:
         validate_steps(trace, steps)

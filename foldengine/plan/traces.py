@@ -1,0 +1,198 @@
+"""Traced inputs as arrays: one :class:`InputTrace` per input, merged per batch by
+concatenation (numpy only).
+
+A structure does not change between epochs, so each input is traced once
+(``Compiler.trace``) and every batch is built from its inputs' traces
+(``Compiler.build_batch_from_traces``): :func:`merge_traces` adds offsets to the arrays and
+concatenates each array once, with no Python work per node.  ``Compiler.build_batch(inputs)``
+traces the inputs together and gives the same :class:`MergedTraces` (and so the same Batch)
+as tracing them one by one and merging.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from schedulers.base import Trace
+
+__all__ = ["InputTrace", "MergedTraces", "merge_traces", "split_traces"]
+
+_I32 = np.int32
+
+
+@dataclass(frozen=True, eq=False)
+class InputTrace:
+    """The computation graph of one traced input: numpy arrays only, picklable, int32 indices.
+
+    Handles number the input's values (operation outputs and constants) from 0 in creation
+    order; nodes are its operation calls.
+
+    Attributes:
+        node_op: int32 ``[N]``, the operation of each node.
+        node_in_ptr: int32 ``[N + 1]``, CSR offsets of each node's inputs in ``edge_src``.
+        edge_src: int32 ``[E]``, input handles, in slot order.
+        node_out: int32 ``[N]``, each node's first output handle (outputs are consecutive).
+        node_depth: int32 ``[N]``, ASAP level (1 + the deepest input; constants are 0).
+        handle_type: int32 ``[H]``, type id of each handle.
+        handle_node: int32 ``[H]``, producing node, or -1 for a constant.
+        handle_index: int32 ``[H]``, output slot of the producing node, or the constant's row
+            in ``consts[type]``.
+        consts: per type id, the constants, an array ``[n_t, *shape]`` of the type's dtype.
+        metrics: per metric name (the compiler's ``metric_names`` order), int32 handles.
+        outputs: the output, flattened depth first over the output type (see
+            ``foldengine.plan.lower``'s ``output_arrays``): int32 handles or lengths.
+        signature: the signature of the compiler that traced it.
+    """
+    node_op: np.ndarray
+    node_in_ptr: np.ndarray
+    edge_src: np.ndarray
+    node_out: np.ndarray
+    node_depth: np.ndarray
+    handle_type: np.ndarray
+    handle_node: np.ndarray
+    handle_index: np.ndarray
+    consts: Tuple[np.ndarray, ...]
+    metrics: Tuple[np.ndarray, ...]
+    outputs: Tuple[np.ndarray, ...]
+    signature: str
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.node_op)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of array data held."""
+        arrays = [self.node_op, self.node_in_ptr, self.edge_src, self.node_out, self.node_depth,
+                  self.handle_type, self.handle_node, self.handle_index,
+                  *self.consts, *self.metrics, *self.outputs]
+        return int(sum(a.nbytes for a in arrays))
+
+
+@dataclass(frozen=True)
+class MergedTraces:
+    """A batch of traces as one graph, ready to schedule and lower.
+
+    Attributes:
+        size: number of inputs.
+        graph: the merged DAG (int64 arrays; handles and nodes of input ``i`` follow those
+            of inputs ``0..i-1``).
+        consts: per type id, every input's constants, concatenated ``[n_t, *shape]``.
+        metrics: per metric name, ``(type id, int64 handles)`` of every value it saw.
+        outputs: the outputs of all inputs, flattened as in :class:`InputTrace` (int64).
+    """
+    size: int
+    graph: Trace
+    consts: List[np.ndarray]
+    metrics: Dict[str, Tuple[int, np.ndarray]]
+    outputs: List[np.ndarray]
+
+
+def _cat(arrays: Sequence[np.ndarray], dtype=np.int64) -> np.ndarray:
+    return np.concatenate(arrays).astype(dtype, copy=False) if len(arrays) else np.zeros(0, dtype)
+
+
+def merge_traces(traces: Sequence[InputTrace], metric_tids: Dict[str, int],
+                 output_is_handle: Sequence[bool], empty_consts: Sequence[np.ndarray]) -> MergedTraces:
+    """Concatenate ``traces`` into one graph, offsetting node, edge, handle and constant
+    indices (vectorised: one concatenation per array).
+
+    Args:
+        traces: the inputs' traces, in batch order.
+        metric_tids: metric name -> type id, in the compiler's order (that of
+            ``InputTrace.metrics``).
+        output_is_handle: per array of ``InputTrace.outputs``, whether it holds handles
+            (offset when merging) or sequence lengths (not offset).
+        empty_consts: per type id, an empty array ``[0, *shape]`` of its dtype.
+    """
+    k = len(traces)
+    n_types = len(empty_consts)
+    n_nodes = np.fromiter((len(t.node_op) for t in traces), np.int64, k)
+    n_edges = np.fromiter((len(t.edge_src) for t in traces), np.int64, k)
+    n_handles = np.fromiter((len(t.handle_type) for t in traces), np.int64, k)
+    node_off = np.cumsum(n_nodes) - n_nodes
+    edge_off = np.cumsum(n_edges) - n_edges
+    handle_off = np.cumsum(n_handles) - n_handles
+    # constants: rows of type t of input i start at const_off[i, t]
+    n_consts = np.array([[len(c) for c in t.consts] for t in traces], np.int64).reshape(k, n_types)
+    const_off = np.cumsum(n_consts, axis=0) - n_consts
+
+    h_of_node = np.repeat(handle_off, n_nodes)
+    node_op = _cat([t.node_op for t in traces], np.int32)
+    node_out = _cat([t.node_out for t in traces]) + h_of_node
+    edge_src = _cat([t.edge_src for t in traces]) + np.repeat(handle_off, n_edges)
+    ptr = _cat([t.node_in_ptr[1:] for t in traces]) + np.repeat(edge_off, n_nodes)
+    node_in_ptr = np.concatenate([[0], ptr]).astype(np.int64)
+    node_depth = _cat([t.node_depth for t in traces], np.int32)
+    handle_type = _cat([t.handle_type for t in traces], np.int32)
+    handle_node = _cat([t.handle_node for t in traces])
+    handle_index = _cat([t.handle_index for t in traces])
+    is_const = handle_node < 0
+    input_of_handle = np.repeat(np.arange(k), n_handles)
+    handle_node[~is_const] += np.repeat(node_off, n_handles)[~is_const]
+    handle_index[is_const] += const_off[input_of_handle[is_const], handle_type[is_const]]
+    graph = Trace(node_op=node_op, node_in_ptr=node_in_ptr, edge_src=edge_src, node_out=node_out,
+                  handle_type=handle_type, handle_node=handle_node, handle_index=handle_index,
+                  node_depth=node_depth, n_consts=n_consts.sum(axis=0))
+    consts = [np.concatenate([empty_consts[tid]] + [t.consts[tid] for t in traces if len(t.consts[tid])])
+              for tid in range(n_types)]
+    metrics = {}
+    for m, (name, tid) in enumerate(metric_tids.items()):
+        arrays = [t.metrics[m] for t in traces]
+        lengths = np.fromiter((len(a) for a in arrays), np.int64, k)
+        metrics[name] = (tid, _cat(arrays) + np.repeat(handle_off, lengths))
+    outputs = []
+    for j, is_handle in enumerate(output_is_handle):
+        arrays = [t.outputs[j] for t in traces]
+        flat = _cat(arrays)
+        if is_handle:
+            lengths = np.fromiter((len(a) for a in arrays), np.int64, k)
+            flat = flat + np.repeat(handle_off, lengths)
+        outputs.append(flat)
+    return MergedTraces(size=k, graph=graph, consts=consts, metrics=metrics, outputs=outputs)
+
+
+def split_traces(merged: MergedTraces, input_ends: Sequence[tuple], per_input_outputs: Sequence[Sequence[np.ndarray]],
+                 output_is_handle: Sequence[bool], signature: str) -> List[InputTrace]:
+    """The :class:`InputTrace` of each input of ``merged`` (the inverse of
+    :func:`merge_traces`).
+
+    Args:
+        merged: several inputs traced together.
+        input_ends: per input, the tracer's counts at its end (``GraphTracer.input_ends``).
+        per_input_outputs: per input, its output arrays, with handles of ``merged``.
+        output_is_handle: as in :func:`merge_traces`.
+        signature: the compiler's signature.
+    """
+    g = merged.graph
+    n_types = len(merged.consts)
+    ends = np.asarray(input_ends, np.int64).reshape(len(input_ends), -1)
+    starts = np.vstack([np.zeros((1, ends.shape[1]), np.int64), ends[:-1]])
+    metric_lists = [hs for _, hs in merged.metrics.values()]
+    out = []
+    for i in range(len(ends)):
+        (n0, e0, h0), (n1, e1, h1) = starts[i, :3], ends[i, :3]
+        c0, c1 = starts[i, 3:3 + n_types], ends[i, 3:3 + n_types]
+        m0, m1 = starts[i, 3 + n_types:], ends[i, 3 + n_types:]
+        handle_node = g.handle_node[h0:h1]
+        handle_type = g.handle_type[h0:h1]
+        is_const = handle_node < 0
+        handle_index = g.handle_index[h0:h1].copy()
+        handle_index[is_const] -= c0[handle_type[is_const]]
+        out.append(InputTrace(
+            node_op=g.node_op[n0:n1].astype(_I32),
+            node_in_ptr=(g.node_in_ptr[n0:n1 + 1] - e0).astype(_I32),
+            edge_src=(g.edge_src[e0:e1] - h0).astype(_I32),
+            node_out=(g.node_out[n0:n1] - h0).astype(_I32),
+            node_depth=g.node_depth[n0:n1].astype(_I32),
+            handle_type=handle_type.astype(_I32),
+            handle_node=np.where(is_const, -1, handle_node - n0).astype(_I32),
+            handle_index=handle_index.astype(_I32),
+            consts=tuple(merged.consts[t][c0[t]:c1[t]] for t in range(n_types)),
+            metrics=tuple((hs[m0[j]:m1[j]] - h0).astype(_I32) for j, hs in enumerate(metric_lists)),
+            outputs=tuple((a - h0 if is_h else a).astype(_I32)
+                          for a, is_h in zip(per_input_outputs[i], output_is_handle)),
+            signature=signature))
+    return out
