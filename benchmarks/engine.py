@@ -1,109 +1,78 @@
 """Engine benchmark (issue: foundations): batched Tree-LSTM vs naive per-tree PyTorch.
 
-Workload: real SST trees, the sec. 3.5 binary Tree-LSTM (Tai et al. eqs. 9-14) with a root
-classifier and cross-entropy loss.  The same modules run (a) through foldengine, batched,
-and (b) in a naive recursion over each tree, one tree at a time -- what a user writes
-without dynamic batching.  Both do forward + backward of the summed loss; the ratio of
-their times is the speedup.  ``build_batch`` throughput is measured separately.
+Workload: real SST trees, the SST pipeline's Tree-LSTM modules (:mod:`pipelines.sst.model`,
+Tai et al. eqs. 9-14, no dropout) with a classifier and cross-entropy loss on the root
+(:func:`benchmarks.workloads.sst_root_loss_compiler`).  The same modules run (a) through
+foldengine, batched, and (b) in a naive recursion over each tree, one tree at a time
+(:func:`benchmarks.workloads.sst_naive_root_loss`) -- what a user writes without dynamic
+batching.  Both do forward + backward of the summed loss (checked equal first); the ratio of
+their median times is the speedup.  ``build_batch`` throughput is measured separately.
 """
 from __future__ import annotations
 
-from typing import Dict
+import random
+import time
+from typing import Callable, Dict, Optional
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-import foldengine as fe
-from foldengine import blocks as fb
-from foldengine.layers import BinaryTreeLSTMCell
-from foldengine.types import PyObjectType, TensorType, TupleType
+from .reporting import echo, format_table, log_to_mlflow
+from .timing import median_time
+from .workloads import sst_modules, sst_naive_root_loss, sst_root_loss_compiler, sst_train
 
-__all__ = ["TreeLSTMModules", "tree_lstm_compiler", "tree_lstm_all_nodes_compiler", "naive_loss"]
+__all__ = ["run"]
 
 
-class TreeLSTMModules(nn.Module):
-    """Embedding, the Tree-LSTM cell, and a 5-way classifier on the root state."""
+def run(trees: int = 256, state: int = 150, emb: int = 50, threads: int = 1, repeats: int = 5,
+        scheduler: str = "depth", seed: int = 0, data_dir: Optional[str] = None, mlflow: bool = True,
+        log: Callable[[str], None] = echo) -> Dict[str, float]:
+    """Measure, print, log to MLflow (experiment ``bench_engine``) unless ``mlflow=False``;
+    returns the metrics (``speedup_vs_naive``, ``build_batch_trees_per_s``, ...)."""
+    params = {"trees": trees, "state": state, "emb": emb, "threads": threads, "repeats": repeats,
+              "scheduler": scheduler, "seed": seed, "data_dir": data_dir}
+    torch.set_num_threads(threads)
+    train, vocab = sst_train(data_dir)
+    sample = random.Random(seed).sample(train, trees)
+    modules = sst_modules(len(vocab.itos), state, emb, seed)
+    stoi = vocab.stoi
+    compiler = sst_root_loss_compiler(modules, stoi, scheduler)
 
-    def __init__(self, vocab_size: int, emb_size: int, state_size: int):
-        super().__init__()
-        self.emb_size, self.state_size = emb_size, state_size
-        self.embedding = nn.Embedding(vocab_size, emb_size)
-        self.cell = BinaryTreeLSTMCell(emb_size, state_size)
-        self.classifier = nn.Linear(state_size, 5)
+    # build_batch throughput on one core: 8 batches of the requested size
+    many = random.Random(seed + 1).sample(train, min(len(train), 8 * trees))
+    t0 = time.perf_counter()
+    for i in range(0, len(many), trees):
+        compiler.build_batch(many[i:i + trees])
+    build_tps = len(many) / (time.perf_counter() - t0)
+    batch = compiler.build_batch(sample)
 
-    def leaf(self, x):
-        """TreeLSTM(x, 0, 0): ``[B, emb] -> (h, c)``."""
-        return self.cell.leaf(x)
+    def batched():
+        compiler.zero_grad()
+        compiler(batch).sum().backward()
 
-    def pair(self, left, right):
-        """TreeLSTM(0, left, right): ``(h, c), (h, c) -> (h, c)``."""
-        return self.cell.pair(left, right)
+    def naive():
+        modules.zero_grad()
+        for t in sample:
+            sst_naive_root_loss(modules, t, stoi).backward()
 
+    # same numbers both ways (a benchmark of two different computations would be meaningless)
+    compiler.zero_grad()
+    loss_b = float(compiler(batch).sum().detach())
+    with torch.no_grad():
+        loss_n = sum(sst_naive_root_loss(modules, t, stoi).item() for t in sample)
+    assert abs(loss_b - loss_n) < 1e-3 * max(1.0, abs(loss_n)), (loss_b, loss_n)
 
-class _Leaf(nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def forward(self, x):
-        return self.m.leaf(x)
-
-
-class _Pair(nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def forward(self, left, right):
-        return self.m.pair(left, right)
-
-
-def _tree_cases(modules: TreeLSTMModules, stoi: Dict[str, int]):
-    """``(expr, cases)``: the recursive declaration and the sec. 3.5 leaf/pair dispatch."""
-    S = modules.state_size
-    expr = fb.ForwardDeclaration(PyObjectType(), TupleType(TensorType(S), TensorType(S)), name="tree")
-    word = fb.GetItem(1) >> fb.InputTransform(lambda w: stoi.get(w, 0)) >> fb.Scalar("int64") \
-        >> fb.Function(modules.embedding, name="embedding") >> fb.Function(_Leaf(modules), name="leaf")
-    pair = fb.Record([(1, expr()), (2, expr())]) >> fb.Function(_Pair(modules), name="pair")
-    return expr, fb.OneOf(len, {2: word, 3: pair})
-
-
-def node_loss(logits, y):
-    return F.cross_entropy(logits, y, reduction="none")
-
-
-def tree_lstm_compiler(modules: TreeLSTMModules, stoi: Dict[str, int], scheduler="depth") -> fe.Compiler:
-    """SST trees ``(label, word)`` / ``(label, left, right)`` -> per-tree loss [B]."""
-    expr, cases = _tree_cases(modules, stoi)
-    expr.resolve_to(cases)
-    root = fb.AllOf(expr() >> fb.GetItem(0) >> fb.Function(modules.classifier, name="classifier"),
-                    fb.GetItem(0) >> fb.Scalar("int64"))
-    loss = root >> fb.Function(node_loss, output_type=TensorType(()), name="cross_entropy")
-    return fe.Compiler(loss, scheduler=scheduler)
-
-
-def naive_state(modules: TreeLSTMModules, node, stoi):
-    if len(node) == 2:
-        return modules.leaf(modules.embedding(torch.tensor([stoi.get(node[1], 0)])))
-    return modules.pair(naive_state(modules, node[1], stoi), naive_state(modules, node[2], stoi))
-
-
-def naive_loss(modules: TreeLSTMModules, tree, stoi) -> torch.Tensor:
-    """Loss of one tree by plain recursion (batch of one at every node)."""
-    h, _ = naive_state(modules, tree, stoi)
-    return F.cross_entropy(modules.classifier(h), torch.tensor([tree[0]]))
-
-
-def tree_lstm_all_nodes_compiler(modules: TreeLSTMModules, stoi: Dict[str, int], scheduler="depth") -> fe.Compiler:
-    """The SST training model: a classifier and cross-entropy loss on *every* node (as TF
-    Fold's sentiment example); per-node losses go to ``compiler.metrics['loss']``."""
-    expr, cases = _tree_cases(modules, stoi)
-    loss = fb.Function(node_loss, output_type=TensorType(()), name="cross_entropy")
-    head = fb.AllOf(fb.GetItem(0) >> fb.GetItem(0) >> fb.Function(modules.classifier, name="classifier"),
-                    fb.GetItem(1) >> fb.GetItem(0) >> fb.Scalar("int64")) >> loss >> fb.Metric("loss")
-    node = fb.AllOf(cases, fb.Identity()) >> fb.AllOf(fb.GetItem(0), head) \
-        >> fb.GetItem(0)
-    expr.resolve_to(node)
-    return fe.Compiler(expr() >> fb.Void(), scheduler=scheduler)
-
+    t_batched = median_time(batched, repeats)
+    t_naive = median_time(naive, max(1, repeats // 2))
+    rows = [{"method": "foldengine batched", "fwd+bwd s": t_batched, "trees/s": trees / t_batched},
+            {"method": "naive per-tree", "fwd+bwd s": t_naive, "trees/s": trees / t_naive}]
+    metrics = {"speedup_vs_naive": t_naive / t_batched, "build_batch_trees_per_s": build_tps,
+               "batched_fwd_bwd_s": t_batched, "naive_fwd_bwd_s": t_naive,
+               "steps": batch.stats["steps"], "calls": batch.stats["calls"], "nodes": batch.stats["nodes"]}
+    log(format_table(rows))
+    log(f"speedup (naive / batched): {metrics['speedup_vs_naive']:.1f}x   "
+        f"build_batch: {build_tps:.0f} trees/s (one core)   schedule: {int(batch.stats['steps'])} steps, "
+        f"{int(batch.stats['calls'])} calls for {int(batch.stats['nodes'])} nodes")
+    if mlflow:
+        run_id = log_to_mlflow("bench_engine", params, {"engine_vs_naive": rows}, metrics)
+        log(f"MLflow run {run_id}")
+    return metrics

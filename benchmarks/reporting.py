@@ -1,38 +1,24 @@
-"""Shared benchmark utilities: robust timing and logging a result table to MLflow.
-
-Benchmarks measure *ratios side by side in one run* (never absolute thresholds in tests):
-every timing is the median of ``repeats`` runs after ``warmup`` runs, synchronising CUDA.
+"""Shared benchmark reporting: system info, plain-text tables, the commit measured, and logging
+one benchmark run to MLflow.  (Timing lives in :mod:`benchmarks.timing`.)
 """
 from __future__ import annotations
 
 import os
 import platform
-import statistics
-import time
-from typing import Callable, Dict, Iterable, List, Optional
+import subprocess
+from typing import Dict, Iterable, List, Optional
 
 import torch
 
-__all__ = ["median_time", "system_info", "log_to_mlflow", "format_table"]
+__all__ = ["REPO_ROOT", "echo", "system_info", "git_state", "log_to_mlflow", "format_table"]
+
+#: The repository the benchmarks run from (``benchmarks/`` lives at its top).
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _sync(device) -> None:
-    if device is not None and torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, device=None) -> float:
-    """Median wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def echo(line: str) -> None:
+    """The benchmarks' default ``log``: print and flush (their output is often piped to tee)."""
+    print(line, flush=True)
 
 
 def system_info() -> Dict[str, str]:
@@ -40,6 +26,17 @@ def system_info() -> Dict[str, str]:
             "torch_threads": str(torch.get_num_threads()), "python": platform.python_version(),
             "machine": platform.machine(),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"}
+
+
+def git_state(root: str = REPO_ROOT) -> Dict[str, object]:
+    """The commit measured, and whether the engine's files differ from it (they change often)."""
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"commit": git("rev-parse", "HEAD"),
+            "engine_dirty": bool(git("status", "--porcelain", "--", "foldengine", "schedulers"))}
 
 
 def format_table(rows: List[Dict[str, object]], columns: Optional[List[str]] = None) -> str:

@@ -2,132 +2,120 @@
 
 For each workload and each scheduler, in one run: batched steps, operation calls, gathered
 rows and index_select gathers, schedule build throughput, and forward+backward time.
-Workloads: SST Tree-LSTM training batches (per-node classifier and loss, batch 25 and 100),
-random 128-leaf trees with the paper's Table-1 cell, and Tox21 weave batches.
+Workloads (:mod:`benchmarks.workloads`): SST Tree-LSTM training batches (the pipeline's model:
+per-node classifier and loss, batch 25 and 100), random 128-leaf trees with the paper's
+Table-1 cell, and Tox21 weave batches.
 """
 from __future__ import annotations
 
-import random
-import statistics
-import time
-from typing import Callable, Dict, List
+import json
+import os
+from typing import Callable, Dict, List, Optional, Sequence
 
-import torch
+from . import workloads as wl
+from .reporting import echo, format_table, log_to_mlflow
+from .timing import interleaved, median_time, medians
 
-from .reporting import median_time
-
-__all__ = ["measure_schedulers", "sst_workload", "sst_heads_bound", "random_tree_workload", "tox21_workload"]
-
-
-def _round_robin(steps: Dict[str, Callable[[], None]], repeats: int) -> Dict[str, float]:
-    """Median seconds of each step, run one of each per round (after two warm-up calls each),
-    so that background load drifts affect all steps alike."""
-    for step in steps.values():
-        step()
-        step()
-    times = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            t0 = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(v) for name, v in times.items()}
-
-
-def _training_step(compiler, batch, loss_of) -> Callable[[], None]:
-    def step():
-        compiler.zero_grad(set_to_none=True)
-        loss_of(compiler, compiler(batch)).backward()
-    return step
+__all__ = ["measure_schedulers", "sst_heads_bound", "workloads", "run"]
 
 
 def measure_schedulers(make_compiler: Callable[[str], object], inputs: List, loss_of: Callable,
                        schedulers: List[str], repeats: int = 7) -> List[Dict[str, float]]:
-    """Build one batch of ``inputs`` per scheduler, then time forward+backward round-robin
-    (median over rounds).  Returns one row of figures per scheduler."""
+    """Build one batch of ``inputs`` per scheduler, then time forward+backward in interleaved
+    rounds (two warm-up rounds; medians).  Returns one row of figures per scheduler."""
     runs = []
     for name in schedulers:
         compiler = make_compiler(name)
         batch = compiler.build_batch(inputs)
         build_s = median_time(lambda: compiler.build_batch(inputs), 3, 0)
         runs.append((name, compiler, batch, build_s))
-    med = _round_robin({name: _training_step(c, batch, loss_of) for name, c, batch, _ in runs}, repeats)
+    med = medians(interleaved({name: wl.training_step(c, batch, loss_of) for name, c, batch, _ in runs},
+                              repeats, warmup=2))
     return [{"scheduler": name, "steps": batch.stats["steps"], "calls": batch.stats["calls"],
              "gathered_rows": batch.stats["gathered_rows"], "index_selects": batch.stats["index_selects"],
              "build_inputs_per_s": len(inputs) / build_s, "fwd_bwd_s": med[name]}
             for name, _, batch, build_s in runs]
 
 
-def _sst_setup(batch_size: int, seed: int, state: int, data_dir):
-    """``(modules, stoi, trees)``: Tree-LSTM modules over the SST train vocabulary and a
-    random sample of ``batch_size`` train trees."""
-    from pipelines.sst.data import load_split
-    from pipelines.sst.vocab import build_vocab
-
-    from .engine import TreeLSTMModules
-    train, _ = load_split("train", data_dir=data_dir)
-    vocab = build_vocab(train)
-    torch.manual_seed(seed)
-    modules = TreeLSTMModules(len(vocab.itos), 50, state)
-    return modules, vocab.stoi, random.Random(seed).sample(train, batch_size)
-
-
-def _node_losses(compiler, out):
-    return compiler.metrics["loss"].sum()
-
-
-def sst_workload(batch_size: int, seed: int = 0, state: int = 150, data_dir=None):
-    """SST training batch: Tree-LSTM with a classifier and loss on every node."""
-    from .engine import tree_lstm_all_nodes_compiler
-    modules, stoi, trees = _sst_setup(batch_size, seed, state, data_dir)
-    return (lambda s: tree_lstm_all_nodes_compiler(modules, stoi, s), trees, _node_losses)
+def _root_loss_sum(compiler, out):
+    return out.sum()
 
 
 def sst_heads_bound(batch_size: int, repeats: int = 15, seed: int = 0, state: int = 150,
                     data_dir=None) -> Dict[str, float]:
     """What scheduling can win on the SST training workload, measured side by side.
 
-    Times forward+backward (round-robin, medians) of: depth-greedy and coalesce with the
-    per-node heads (classifier + loss on every node), and depth-greedy on the same trees with
-    a classifier on the root only.  Every valid schedule calls the Tree-LSTM cell at least
-    tree-height times (depth-greedy's count) on the same rows, so the heads' whole cost,
-    ``1 - no_heads / depth``, bounds what any scheduler can save on this workload.
+    Times forward+backward (interleaved rounds, medians) of: depth-greedy and coalesce with the
+    per-node heads (the pipeline's model: classifier + loss on every node), and depth-greedy
+    on the same trees and modules with a classifier on the root only.  Every valid schedule
+    calls the Tree-LSTM cell at least tree-height times (depth-greedy's count) on the same
+    rows, so the heads' whole cost, ``1 - no_heads / depth``, bounds what any scheduler can
+    save on this workload.
     """
-    from .engine import tree_lstm_all_nodes_compiler, tree_lstm_compiler
-    modules, stoi, trees = _sst_setup(batch_size, seed, state, data_dir)
-    variants = {"depth": (tree_lstm_all_nodes_compiler(modules, stoi, "depth"), _node_losses),
-                "coalesce": (tree_lstm_all_nodes_compiler(modules, stoi, "coalesce"), _node_losses),
-                "no_heads": (tree_lstm_compiler(modules, stoi, "depth"), lambda c, out: out.sum())}
-    med = _round_robin({name: _training_step(c, c.build_batch(trees), loss_of)
-                        for name, (c, loss_of) in variants.items()}, repeats)
+    from pipelines.sst.model import build_compiler
+    vocab, trees = wl.sst_sample(batch_size, seed, data_dir)
+    modules = wl.sst_modules(len(vocab.itos), state, seed=seed)
+    stoi = vocab.stoi
+    variants = {"depth": (build_compiler(modules, stoi, "depth"), wl.sst_training_loss),
+                "coalesce": (build_compiler(modules, stoi, "coalesce"), wl.sst_training_loss),
+                "no_heads": (wl.sst_root_loss_compiler(modules, stoi, "depth"), _root_loss_sum)}
+    med = medians(interleaved({name: wl.training_step(c, c.build_batch(trees), loss_of)
+                               for name, (c, loss_of) in variants.items()}, repeats, warmup=2))
     return {"depth_s": med["depth"], "coalesce_s": med["coalesce"], "no_heads_s": med["no_heads"],
             "coalesce_vs_depth": med["coalesce"] / med["depth"],
             "no_heads_vs_depth": med["no_heads"] / med["depth"]}
 
 
-def random_tree_workload(batch_size: int, leaves: int = 128, size: int = 256, seed: int = 0):
-    """Table-1 workload: random binary trees, embedding leaves, the benchmark's cell."""
-    from .table1 import Table1Model, fold_compiler, l2_loss, random_tree
-    torch.manual_seed(seed)
-    model = Table1Model(size, vocab=1000)
-    rng = random.Random(seed)
-    trees = [random_tree(leaves, 1000, rng) for _ in range(batch_size)]
-    return (lambda s: fold_compiler(model, s), trees, lambda c, out: l2_loss(out))
+def workloads(quick: bool, data_dir):
+    """``(name, make)`` pairs; ``make()`` returns a workload (see :mod:`benchmarks.workloads`)."""
+    yield "sst_batch25", lambda: wl.sst_workload(25, data_dir=data_dir)
+    yield "sst_batch100", lambda: wl.sst_workload(100, data_dir=data_dir)
+    yield "random_trees_128leaves", lambda: wl.random_tree_workload(8 if quick else 32, size=64 if quick else 256)
+    yield "tox21_batch64", lambda: wl.tox21_workload(16 if quick else 64, data_dir=data_dir)
 
 
-def tox21_workload(batch_size: int, seed: int = 0, data_dir=None):
-    """Tox21 batch through the pipeline's weave model (2 weave layers, masked BCE)."""
-    import foldengine as fe
-    from pipelines.molecules.data import load_tox21, labels_matrix
-    from pipelines.molecules.featurize import N_ATOM_FEATURES, N_PAIR_FEATURES, featurize_dataset
-    from pipelines.molecules.model import masked_bce_sum, weave_model
+def run(schedulers: Optional[Sequence[str]] = None, threads: int = 1, repeats: int = 15, quick: bool = False,
+        data_dir=None, out: Optional[str] = None, mlflow: bool = True,
+        log: Callable[[str], None] = echo) -> List[Dict[str, float]]:
+    """Every workload x scheduler (default: all of ``schedulers.SCHEDULERS``), each
+    scheduler's ratios to depth-greedy, and (unless ``quick``) the SST heads bound; prints,
+    writes JSON to ``out``, logs to MLflow (experiment ``bench_schedulers``) unless
+    ``mlflow=False``.  Returns the rows."""
+    import torch
+    from schedulers import SCHEDULERS
 
-    records, _ = load_tox21(data_dir)
-    picked = random.Random(seed).sample(records, batch_size + 8)
-    feats = featurize_dataset(picked)
-    mols = [g.model_input() for g in feats.graphs][:batch_size]
-    labels = torch.from_numpy(labels_matrix(picked, feats.kept)[:batch_size])
-    torch.manual_seed(seed)
-    block = weave_model(N_ATOM_FEATURES, N_PAIR_FEATURES, labels.shape[1])
-    return (lambda s: fe.Compiler(block, scheduler=s), mols,
-            lambda c, out: masked_bce_sum(out, labels)[0])
+    names = list(schedulers) if schedulers else sorted(SCHEDULERS)
+    params = {"schedulers": ",".join(names), "threads": threads, "repeats": repeats, "quick": quick,
+              "data_dir": data_dir, "out": out}
+    torch.set_num_threads(threads)
+    rows = []
+    for wname, make in workloads(quick, data_dir):
+        make_compiler, inputs, loss_of = make()
+        new = [{"workload": wname, **r} for r in measure_schedulers(
+            make_compiler, inputs, loss_of, names, repeats=3 if quick else repeats)]
+        base = next((r for r in new if r["scheduler"] == "depth"), None)
+        for row in new:
+            if base is not None:
+                row["calls_vs_depth"] = row["calls"] / base["calls"]
+                row["time_vs_depth"] = row["fwd_bwd_s"] / base["fwd_bwd_s"]
+        rows.extend(new)
+        log(format_table([r for r in rows if r["workload"] == wname]))
+    bounds = []
+    if not quick:
+        for b in (25, 100):
+            bounds.append({"workload": f"sst_batch{b}",
+                           **sst_heads_bound(b, repeats=4 * repeats, data_dir=data_dir)})
+        log("\nWhat scheduling can win on SST (depth-greedy without the per-node heads = the bound):")
+        log(format_table(bounds))
+    metrics = {f"{r['workload']}.{r['scheduler']}.{k}": r[k] for r in rows
+               for k in ("calls_vs_depth", "time_vs_depth", "fwd_bwd_s", "build_inputs_per_s") if k in r}
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump({"schedulers": rows, "heads_bound": bounds}, f, indent=1)
+    if mlflow:
+        metrics.update({f"{r['workload']}.bound.{k}": r[k] for r in bounds
+                        for k in ("coalesce_vs_depth", "no_heads_vs_depth")})
+        tables = {"schedulers": rows, **({"heads_bound": bounds} if bounds else {})}
+        log(f"MLflow run {log_to_mlflow('bench_schedulers', params, tables, metrics, json_path=out)}")
+    return rows

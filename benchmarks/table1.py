@@ -25,14 +25,18 @@ forward + ``0.5*sum(y^2)`` loss (``tf.nn.l2_loss``) + backward + an SGD step.
     from benchmarks.table1 import Table1Config, run_table1, format_report
     result = run_table1(Table1Config(vector_size=64, batch_sizes=(1, 32)))
     print(format_report(result))
+
+:func:`run` is the whole experiment (``scripts/bench_table1.py``): a configuration resolved from
+``conf/bench_table1.yaml`` (:func:`resolve_config`), the sweep, the report, JSON and MLflow.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import random
-import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -44,10 +48,14 @@ import foldengine as fe
 from foldengine import blocks as fb
 from foldengine.types import PyObjectType, TensorType
 
+from .reporting import REPO_ROOT, echo, git_state, log_to_mlflow, system_info
+from .timing import interleaved, median_ratio, median_time, medians
+
 __all__ = ["PAPER_CPU", "Table1Config", "TreeLSTMVariant", "Table1Model", "make_tree_shape",
-           "fill_leaves", "random_tree", "count_leaves", "fold_compiler", "ManualTree", "eager_forward",
-           "l2_loss", "cell_flops", "run_table1", "format_report", "summary_metrics", "goals",
-           "plot_per_tree"]
+           "fill_leaves", "random_tree", "count_leaves", "tree_depth", "fold_compiler", "ManualTree",
+           "eager_forward", "Runner", "leaf_matrix", "l2_loss", "cell_flops", "run_table1", "format_report",
+           "summary_metrics", "goals", "plot_per_tree", "DEFAULT_CONFIG", "ConfigError", "resolve_config",
+           "config_from", "run"]
 
 #: The paper's Table 1, CPU rows (inference; dual 8-core Xeon, 32 threads, vector 1024):
 #: batch size -> (manual batch s, manual tree s, dynamic batch s, dynamic tree s,
@@ -229,51 +237,10 @@ def eager_forward(model: Table1Model, tree, device) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------
-# Timing
+# Running a forward closure as an inference call or a training step
 # ---------------------------------------------------------------------------------------
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _median_time(fns: Sequence[Callable[[], object]], repeats: int, warmup: int, device) -> float:
-    """Median seconds over ``repeats`` calls after ``warmup`` calls, cycling through ``fns``."""
-    return statistics.median(_interleaved({"x": fns}, repeats, warmup, device)["x"])
-
-
-def _interleaved(columns: Dict[str, Sequence[Callable[[], object]]], repeats: int, warmup: int,
-                 device) -> Dict[str, List[float]]:
-    """Seconds of each column's calls, ``repeats`` rounds after ``warmup`` rounds.
-
-    Each round runs every column once (the order rotates between rounds); a column with
-    several callables cycles through them.  Columns compared by a ratio thus share the
-    machine's conditions round by round (the benchmark machine may be shared).
-    """
-    names = list(columns)
-    k = {n: 0 for n in names}
-    times: Dict[str, List[float]] = {n: [] for n in names}
-    for rnd in range(warmup + repeats):
-        order = names[rnd % len(names):] + names[:rnd % len(names)]
-        for n in order:
-            fns = columns[n]
-            fn = fns[k[n] % len(fns)]
-            k[n] += 1
-            _sync(device)
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            if rnd >= warmup:
-                times[n].append(time.perf_counter() - t0)
-    return times
-
-
-def _med_ratio(num: List[float], den: List[float], scale: float = 1.0) -> float:
-    """Median over rounds of ``scale * num[i] / den[i]``."""
-    return statistics.median(scale * a / b for a, b in zip(num, den))
-
-
-class _Runner:
+class Runner:
     """Wraps a forward closure as an inference call (no_grad) or a training step."""
 
     def __init__(self, model: nn.Module, lr: float):
@@ -303,11 +270,12 @@ class _Runner:
 # The run
 # ---------------------------------------------------------------------------------------
 
-def _leaf_matrix(n_leaves: int, b: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
+def leaf_matrix(n_leaves: int, b: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
+    """``[n_leaves, b]`` random leaf indices in ``[0, vocab)``: column ``j`` fills tree ``j``."""
     return torch.randint(0, vocab, (n_leaves, b), generator=gen, dtype=torch.int64)
 
 
-def run_table1(cfg: Table1Config, log: Callable[[str], None] = print) -> Dict[str, object]:
+def run_table1(cfg: Table1Config, log: Callable[[str], None] = echo) -> Dict[str, object]:
     """Run the sweep; returns ``{"config", "rows", "notes", ...}`` (JSON-ready)."""
     threads = cfg.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
@@ -319,7 +287,7 @@ def run_table1(cfg: Table1Config, log: Callable[[str], None] = print) -> Dict[st
     model = Table1Model(d, vocab=L).to(device)
     rows = max(1024, cfg.vector_size) if cfg.max_call_rows == -1 else cfg.max_call_rows
     compilers = {s: fold_compiler(model, s, rows).to(device) for s in cfg.schedulers}
-    runner = _Runner(model, cfg.lr)
+    runner = Runner(model, cfg.lr)
     init_state = {k: v.clone() for k, v in model.state_dict().items()}
     flops_fwd_tree = (L - 1) * cell_flops(d)
     rows: List[Dict[str, object]] = []
@@ -328,12 +296,12 @@ def run_table1(cfg: Table1Config, log: Callable[[str], None] = print) -> Dict[st
     # sweep has one, else measured here.
     shape1 = make_tree_shape(L, rng)
     manual1 = ManualTree(shape1)
-    idx1 = _leaf_matrix(L, 1, L, gen)
+    idx1 = leaf_matrix(L, 1, L, gen)
     manual1_tree_s: Dict[str, float] = {}
     if 1 not in cfg.batch_sizes:
         idx1_dev = idx1.to(device)
-        manual1_tree_s = {m: _median_time([runner.make(lambda: manual1(model, idx1_dev), m)],
-                                          cfg.repeats, cfg.warmup, device) for m in cfg.modes}
+        manual1_tree_s = {m: median_time(runner.make(lambda: manual1(model, idx1_dev), m),
+                                         cfg.repeats, cfg.warmup, device) for m in cfg.modes}
 
     for b in cfg.batch_sizes:
         if b == 1:
@@ -341,7 +309,7 @@ def run_table1(cfg: Table1Config, log: Callable[[str], None] = print) -> Dict[st
         else:
             shape = make_tree_shape(L, rng)
             manual = ManualTree(shape)
-            leaf_idx = _leaf_matrix(L, b, L, gen)
+            leaf_idx = leaf_matrix(L, b, L, gen)
         same_trees = [fill_leaves(shape, leaf_idx[:, j].tolist()) for j in range(b)]
         leaf_idx = leaf_idx.to(device)
         n_fd = 1 if b >= cfg.full_dynamic_min_trees else math.ceil(cfg.full_dynamic_min_trees / b)
@@ -393,15 +361,15 @@ def run_table1(cfg: Table1Config, log: Callable[[str], None] = print) -> Dict[st
                 bs, bf = batches[s]
                 cols["dynamic:" + s] = [runner.make(lambda c=comp, x=bs: c(x), mode)]
                 cols["full:" + s] = [runner.make(lambda c=comp, x=x: c(x), mode) for x in bf]
-            t = _interleaved(cols, cfg.repeats, cfg.warmup, device)
-            med = {n: statistics.median(v) for n, v in t.items()}
+            t = interleaved(cols, cfg.repeats, cfg.warmup, device)
+            med = medians(t)
             if b == 1:
                 manual1_tree_s[mode] = med["manual"]
 
             def eager_all():
                 return torch.cat([eager_forward(model, tr, device) for tr in eager_trees])
-            eager_s = _median_time([runner.make(eager_all, mode)], max(1, min(cfg.repeats, 3)),
-                                   cfg.warmup, device)
+            eager_s = median_time(runner.make(eager_all, mode), max(1, min(cfg.repeats, 3)),
+                                  cfg.warmup, device)
             eager_tree_s = eager_s / len(eager_trees)
             man_s = med["manual"]
             for s in compilers:
@@ -411,8 +379,8 @@ def run_table1(cfg: Table1Config, log: Callable[[str], None] = print) -> Dict[st
                     "manual_batch_s": man_s, "manual_tree_s": man_s / b,
                     "dynamic_batch_s": dyn_s, "dynamic_tree_s": dyn_s / b,
                     "full_batch_s": full_s, "full_tree_s": full_s / b,
-                    "cost_ratio": _med_ratio(t["dynamic:" + s], t["manual"]),
-                    "full_cost_ratio": _med_ratio(t["full:" + s], t["manual"]),
+                    "cost_ratio": median_ratio(t["dynamic:" + s], t["manual"]),
+                    "full_cost_ratio": median_ratio(t["full:" + s], t["manual"]),
                     "manual_min_s": min(t["manual"]), "dynamic_min_s": min(t["dynamic:" + s]),
                     "full_min_s": min(t["full:" + s]),
                     "cost_ratio_of_mins": min(t["dynamic:" + s]) / min(t["manual"]),
@@ -430,7 +398,7 @@ def run_table1(cfg: Table1Config, log: Callable[[str], None] = print) -> Dict[st
                     row["gemm_s"] = med["gemm"]
                     row["ceiling_gflops"] = b * flops_fwd_tree / med["gemm"] / 1e9
                     for c, n in (("manual", "manual"), ("dynamic", "dynamic:" + s), ("full", "full:" + s)):
-                        row[f"{c}_frac_ceiling"] = _med_ratio(t["gemm"], t[n], k)
+                        row[f"{c}_frac_ceiling"] = median_ratio(t["gemm"], t[n], k)
                 rows.append(row)
                 log(f"[{mode:9s} {s:8s} b={b:5d}] manual {man_s:.4g}s  dynamic {dyn_s:.4g}s  "
                     f"full {full_s:.4g}s  cost {row['cost_ratio']:.3f}  eager/tree {eager_tree_s:.4g}s"
@@ -610,3 +578,89 @@ def plot_per_tree(result: Dict[str, object]):
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+# ---------------------------------------------------------------------------------------
+# The experiment: configuration (YAML < quick section < overrides), sweep, report, JSON, MLflow
+# ---------------------------------------------------------------------------------------
+
+#: The experiment's YAML defaults.
+DEFAULT_CONFIG = os.path.join(REPO_ROOT, "conf", "bench_table1.yaml")
+#: Keys of the configuration that are about recording, not the sweep.
+RECORD_KEYS = ("out", "mlflow", "experiment", "run_name")
+
+
+class ConfigError(ValueError):
+    """An unknown key or scheduler in a Table 1 configuration."""
+
+
+def resolve_config(path: Optional[str] = DEFAULT_CONFIG, quick: bool = False,
+                   overrides: Optional[Dict[str, object]] = None) -> Dict[str, object]:
+    """The YAML file at ``path`` (none: empty), its ``quick:`` section applied on top when
+    ``quick``, then the ``overrides`` that are not None (command-line flags)."""
+    import yaml
+
+    conf: Dict[str, object] = {}
+    if path:
+        with open(path) as f:
+            conf = yaml.safe_load(f) or {}
+    quick_section = conf.pop("quick", {}) or {}
+    if quick:
+        conf.update(quick_section)
+    conf.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return conf
+
+
+def config_from(conf: Dict[str, object]) -> Table1Config:
+    """The sweep's :class:`Table1Config` from a resolved configuration (:data:`RECORD_KEYS` aside);
+    raises :class:`ConfigError` on unknown keys or schedulers."""
+    fields = set(Table1Config.__dataclass_fields__)
+    unknown = set(conf) - fields - set(RECORD_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown config keys: {sorted(unknown)}")
+    kw = {k: v for k, v in conf.items() if k in fields}
+    for k in ("batch_sizes", "schedulers", "modes"):
+        if k in kw:
+            kw[k] = tuple(kw[k])
+    cfg = Table1Config(**kw)
+    from schedulers import SCHEDULERS
+    bad = [s for s in cfg.schedulers if s not in SCHEDULERS]
+    if bad:
+        raise ConfigError(f"unknown scheduler(s) {bad}; available: {sorted(SCHEDULERS)}")
+    return cfg
+
+
+def run(conf: Dict[str, object], command: Optional[str] = None,
+        log: Callable[[str], None] = echo) -> Dict[str, object]:
+    """The experiment for a resolved configuration: the sweep (:func:`run_table1`), the report
+    printed, the result as JSON at ``conf["out"]``, and (unless ``conf["mlflow"]`` is false) an
+    MLflow run in ``conf["experiment"]`` (default ``table1``): params, the table, key ratios as
+    metrics, the per-tree plot and the JSON.  Returns the result (``mlflow_run_id`` added)."""
+    cfg = config_from(conf)
+    result = run_table1(cfg, log=log)
+    result["command"] = command if command is not None else " ".join(
+        [os.path.basename(sys.argv[0])] + sys.argv[1:])
+    result["system"] = system_info()
+    result["git"] = git_state()
+    log("")
+    log(format_report(result))
+
+    out = conf.get("out")
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+        log(f"\nwrote {out}")
+    if conf.get("mlflow", True):
+        experiment = conf.get("experiment") or "table1"
+        fig = plot_per_tree(result)
+        run_id = log_to_mlflow(experiment, cfg.as_params(), {"table1": result["rows"]},
+                               summary_metrics(result), figures=[("per_tree_time", fig)],
+                               run_name=conf.get("run_name"), json_path=out)
+        result["mlflow_run_id"] = run_id
+        if out:  # record the run id beside the results
+            with open(out, "w") as f:
+                json.dump(result, f, indent=1)
+        log(f"MLflow run {run_id} (experiment {experiment}, "
+            f"{os.environ.get('MLFLOW_TRACKING_URI', 'sqlite:///mlflow.db')})")
+    return result

@@ -9,23 +9,17 @@ times manual batching and foldengine with each row-block size (0 = no blocking) 
 interleaved rounds, and prints each one's median time and cost ratio (median of per-round
 dynamic / manual, with the quartiles of the per-round ratios to show the noise).  Row
 blocking is an execution setting, so every variant runs the same ``Batch``.  Logged to
-MLflow (experiment ``row_blocking``).
+MLflow (experiment ``row_blocking``).  The benchmark lives in ``benchmarks/row_blocking.py``.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import random
-import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import row_blocking
 
-import torch  # noqa: E402
 
-from benchmarks.reporting import format_table, log_to_mlflow  # noqa: E402
-from benchmarks.table1 import (ManualTree, Table1Model, _interleaved, _leaf_matrix, _Runner,  # noqa: E402
-                               fill_leaves, fold_compiler, make_tree_shape)
+def _ints(s):
+    return [int(x) for x in s.split(",") if x.strip()]
 
 
 def main(argv=None):
@@ -34,54 +28,13 @@ def main(argv=None):
     ap.add_argument("--vector", type=int, default=256)
     ap.add_argument("--leaves", type=int, default=128)
     ap.add_argument("--mode", default="training", choices=["training", "inference"])
-    ap.add_argument("--rows", default="0,256,512,1024,2048", help="comma separated; 0 = no blocking")
+    ap.add_argument("--rows", type=_ints, default=[0, 256, 512, 1024, 2048],
+                    help="comma separated; 0 = no blocking (default 0,256,512,1024,2048)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-mlflow", action="store_true")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
-    gen = torch.Generator().manual_seed(args.seed)
-    model = Table1Model(args.vector, vocab=args.leaves)
-    runner = _Runner(model, 1e-5)
-    shape = make_tree_shape(args.leaves, rng)
-    manual = ManualTree(shape)
-    leaf_idx = _leaf_matrix(args.leaves, args.batch, args.leaves, gen)
-    trees = [fill_leaves(shape, leaf_idx[:, j].tolist()) for j in range(args.batch)]
-    compiler = fold_compiler(model, "depth")
-    batch = compiler.build_batch(trees)
-    with torch.no_grad():
-        expected = manual(model, leaf_idx)
-
-    def blocked(rows):
-        def forward():
-            compiler.max_call_rows = rows or None
-            return compiler(batch)
-        return forward
-    cols = {"manual": [runner.make(lambda: manual(model, leaf_idx), args.mode)]}
-    sizes = [int(r) for r in args.rows.split(",")]
-    for rows in sizes:
-        with torch.no_grad():
-            diff = float((blocked(rows)() - expected).abs().max())
-        if diff > 1e-4:
-            raise AssertionError(f"max_call_rows={rows}: results differ from manual batching by {diff}")
-        cols[f"rows={rows}"] = [runner.make(blocked(rows), args.mode)]
-    times = _interleaved(cols, args.repeats, 1, torch.device("cpu"))
-    def row(name, t):
-        ratios = sorted(a / b for a, b in zip(t, times["manual"]))
-        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-        # the spread of the per-round ratios: on a shared machine it is wider than most effects
-        return {"variant": name, "median_s": statistics.median(t), "cost_ratio": statistics.median(ratios),
-                "ratio_q1": q[0], "ratio_q3": q[2]}
-    table = [row(name, t) for name, t in times.items()]
-    print(f"{args.mode}, batch {args.batch}, vector {args.vector}, {batch.stats['calls']:.0f} calls:")
-    print(format_table(table))
-    if not args.no_mlflow:
-        metrics = {r["variant"].replace("=", "_") + ".cost_ratio": r["cost_ratio"] for r in table}
-        print("MLflow run", log_to_mlflow("row_blocking", vars(args), {"row_blocking": table}, metrics))
-    return table
+    ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
+    return row_blocking.run(**vars(ap.parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -4,57 +4,14 @@ paper's and the anchors', written as Markdown and logged as an MLflow run linkin
 
     python scripts/summarize_reproduction.py --table1 results/table1.json \
         --sst-log results/sst.log --tox21-log results/tox21.log --out results/summary.md
+
+The summary lives in ``benchmarks/reproduction.py``.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
-from typing import Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-PAPER_SST = {"fine": 52.3, "binary": 89.4}          # Looks et al. 2017, Table 2, single model
-TAI_SST = {"fine": 51.0, "binary": 88.0}            # Tai et al. 2015
-MOLECULENET_TOX21 = {"weave": 0.820, "graphconv": 0.829}  # MoleculeNet (Wu et al. 2018), random split
-
-
-def last_json_object(path: str) -> Dict:
-    """The last top-level JSON object an entry point printed (it ends its output with one)."""
-    with open(path) as f:
-        lines = f.read().splitlines()
-    for start in range(len(lines) - 1, -1, -1):
-        if lines[start] != "{":
-            continue
-        for end in range(start + 1, len(lines)):
-            if lines[end] == "}":
-                try:
-                    return json.loads("\n".join(lines[start:end + 1]))
-                except json.JSONDecodeError:
-                    break
-    raise ValueError(f"{path}: no result JSON found (did the run fail?)")
-
-
-def table1_rows(result: Dict) -> List[Dict]:
-    rows = result["rows"]
-    sched = rows[0]["scheduler"]
-    sizes = sorted({r["batch_size"] for r in rows})
-    big = 256 if 256 in sizes else sizes[-1]
-    out = []
-    for mode in ("inference", "training"):
-        r = {x["batch_size"]: x for x in rows if x["mode"] == mode and x["scheduler"] == sched}
-        if not r:
-            continue
-        paper = result.get("paper_cpu", {}).get(str(big), {}) if mode == "inference" else {}
-        out.append({"experiment": "Table 1 (speed)", "metric": f"{mode} cost ratio, batch {big}",
-                    "ours": r[big]["cost_ratio"], "paper": paper.get("cost_ratio"), "anchor": None})
-        out.append({"experiment": "Table 1 (speed)", "metric": f"{mode} speedup ratio, batch {big}",
-                    "ours": r[big]["speedup_ratio"], "paper": paper.get("speedup_ratio"), "anchor": None})
-        if 1 in r:
-            out.append({"experiment": "Table 1 (speed)", "metric": f"{mode} cost ratio, batch 1",
-                        "ours": r[1]["cost_ratio"], "paper": 0.49 if mode == "inference" else None, "anchor": None})
-    return out
+from benchmarks import reproduction
 
 
 def main(argv=None):
@@ -64,54 +21,8 @@ def main(argv=None):
     ap.add_argument("--tox21-log")
     ap.add_argument("--out", default="results/summary.md")
     ap.add_argument("--quick", action="store_true", help="label the figures as a smoke run")
-    ap.add_argument("--no-mlflow", action="store_true")
-    args = ap.parse_args(argv)
-
-    rows: List[Dict] = []
-    links: Dict[str, str] = {}
-    if args.table1:
-        with open(args.table1) as f:
-            t1 = json.load(f)
-        rows += table1_rows(t1)
-        if t1.get("mlflow_run_id"):
-            links["table1_run_id"] = t1["mlflow_run_id"]
-    if args.sst_log:
-        sst = last_json_object(args.sst_log)
-        links["sst_run_id"] = sst["run_id"]
-        for k in ("fine", "binary"):
-            rows.append({"experiment": "Table 2 (SST)", "metric": f"test {k}-grained accuracy %" if k == "fine"
-                         else "test binary accuracy %", "ours": 100 * sst[f"best/test/{k}"],
-                         "paper": PAPER_SST[k], "anchor": TAI_SST[k]})
-    if args.tox21_log:
-        tox = last_json_object(args.tox21_log)
-        links["tox21_run_id"] = tox["run_id"]
-        rows.append({"experiment": "App. B (Tox21 weave)", "metric": "mean test ROC-AUC (12 tasks)",
-                     "ours": tox["best/test/auc"], "paper": None, "anchor": MOLECULENET_TOX21["weave"]})
-
-    def fmt(v):
-        return "" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
-    title = "foldengine reproduction" + (" (QUICK smoke run: slices, not comparable)" if args.quick else "")
-    md = [f"# {title}", "", "| experiment | metric | ours | paper | anchor |", "| --- | --- | --- | --- | --- |"]
-    md += [f"| {r['experiment']} | {r['metric']} | {fmt(r['ours'])} | {fmt(r['paper'])} | {fmt(r['anchor'])} |"
-           for r in rows]
-    md += ["", "Anchors: Tai et al. 2015 (SST); MoleculeNet weave, random split (Tox21).",
-           "Runs: " + ", ".join(f"{k}={v}" for k, v in links.items())]
-    text = "\n".join(md) + "\n"
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(text)
-    print(text)
-    if not args.no_mlflow:
-        import mlflow
-        import pandas as pd
-        mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
-        mlflow.set_experiment("reproduce")
-        with mlflow.start_run(run_name="summary-quick" if args.quick else "summary") as run:
-            mlflow.set_tags({**links, "quick": str(args.quick)})
-            mlflow.log_table(pd.DataFrame(rows), artifact_file="summary.json")
-            mlflow.log_artifact(args.out)
-            print("MLflow summary run", run.info.run_id)
-    return rows
+    ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
+    return reproduction.run(**vars(ap.parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -2,30 +2,24 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
-
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 
 def test_bench_engine_runs_and_checks_equal_losses(data_dir):
-    import bench_engine
-    m = bench_engine.main(["--trees", "6", "--repeats", "1", "--no-mlflow", "--data-dir", str(data_dir)])
+    from benchmarks import engine
+    m = engine.run(trees=6, repeats=1, mlflow=False, data_dir=str(data_dir))
     assert m["speedup_vs_naive"] > 0 and m["build_batch_trees_per_s"] > 0
     assert m["nodes"] > 0 and m["calls"] <= m["nodes"]
 
 
 def test_bench_schedulers_quick_table(data_dir, tmp_path, monkeypatch):
-    import bench_schedulers
     from benchmarks import schedulers as bs
+    from benchmarks import workloads as wl
     # a smaller workload set keeps this a smoke test
-    monkeypatch.setattr(bench_schedulers, "workloads", lambda quick, d: [
-        ("sst_batch5", lambda: bs.sst_workload(5, state=8, data_dir=d)),
-        ("random_trees", lambda: bs.random_tree_workload(2, leaves=8, size=8))])
+    monkeypatch.setattr(bs, "workloads", lambda quick, d: [
+        ("sst_batch5", lambda: wl.sst_workload(5, state=8, data_dir=d)),
+        ("random_trees", lambda: wl.random_tree_workload(2, leaves=8, size=8))])
     out = tmp_path / "s.json"
-    rows = bench_schedulers.main(["--quick", "--no-mlflow", "--out", str(out), "--data-dir", str(data_dir)])
+    rows = bs.run(quick=True, mlflow=False, out=str(out), data_dir=str(data_dir))
     assert {r["scheduler"] for r in rows} >= {"depth", "agenda", "coalesce"}
     depth = [r for r in rows if r["workload"] == "sst_batch5" and r["scheduler"] == "depth"][0]
     coal = [r for r in rows if r["workload"] == "sst_batch5" and r["scheduler"] == "coalesce"][0]

@@ -91,40 +91,46 @@ def test_run_table1_rows_are_consistent():
     assert "inference.depth.b4.cost_ratio" in summary_metrics(res)
 
 
-def test_script_writes_json_and_logs_mlflow(tmp_path, monkeypatch):
+def test_run_writes_json_and_logs_mlflow(tmp_path, monkeypatch):
+    """The experiment as scripts/bench_table1.py runs it: the YAML's quick section, flags on top."""
     mlflow = pytest.importorskip("mlflow")
-    from scripts.bench_table1 import main
+    from benchmarks.table1 import resolve_config, run
 
     monkeypatch.chdir(tmp_path)   # MLflow's default artifact root ./mlruns lands in tmp_path
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
 
     out = tmp_path / "res" / "t1.json"
-    res = main(["--quick", "--vector", str(D), "--leaves", str(LEAVES), "--batch-sizes", "1,2",
-                "--repeats", "1", "--warmup", "0", "--threads", "1", "--eager-max-trees", "1",
-                "--schedulers", "depth", "--out", str(out), "--run-name", "smoke"])
+    conf = resolve_config(quick=True, overrides={
+        "vector_size": D, "leaves": LEAVES, "batch_sizes": (1, 2), "repeats": 1, "warmup": 0, "threads": 1,
+        "eager_max_trees": 1, "schedulers": ("depth",), "out": str(out), "run_name": "smoke"})
+    res = run(conf, log=lambda s: None)
     data = json.loads(out.read_text())
     assert data["config"]["vector_size"] == D and data["config"]["batch_sizes"] == "1,2"
     assert len(data["rows"]) == 4 and data["paper_cpu"]["256"]["cost_ratio"] == 1.26
-    run = mlflow.get_run(res["mlflow_run_id"])
-    assert run.data.params["vector_size"] == str(D)
-    assert "inference.depth.b2.cost_ratio" in run.data.metrics
-    arts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
+    run_ = mlflow.get_run(res["mlflow_run_id"])
+    assert run_.data.params["vector_size"] == str(D)
+    assert "inference.depth.b2.cost_ratio" in run_.data.metrics
+    arts = {a.path for a in mlflow.MlflowClient().list_artifacts(run_.info.run_id)}
     assert {"table1.json", "per_tree_time.png", "t1.json"} <= arts
+
+
+def test_config_errors_name_the_key_and_the_scheduler():
+    from benchmarks.table1 import ConfigError, config_from, resolve_config
+    with pytest.raises(ConfigError, match="unknown config keys: \\['vectr'\\]"):
+        config_from({**resolve_config(), "vectr": 3})
+    with pytest.raises(ConfigError, match="unknown scheduler"):
+        config_from(resolve_config(overrides={"schedulers": ("nope",)}))
 
 
 def test_bench_row_blocking_smoke(tmp_path, monkeypatch):
     """Every row-block size runs the same Batch and matches manual batching (checked inside);
     the table is logged to MLflow under valid metric names."""
-    import os
-    import sys
     mlflow = pytest.importorskip("mlflow")
+    from benchmarks import row_blocking
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                    "scripts"))
-    import bench_row_blocking
-    table = bench_row_blocking.main(["--batch", "6", "--vector", "8", "--leaves", "9", "--rows", "0,4,64",
-                                     "--repeats", "1", "--threads", "1"])
+    table = row_blocking.run(batch=6, vector=8, leaves=9, rows=(0, 4, 64), repeats=1, threads=1,
+                             log=lambda s: None)
     assert [r["variant"] for r in table] == ["manual", "rows=0", "rows=4", "rows=64"]
     assert all(r["median_s"] > 0 for r in table)
     run = mlflow.search_runs(experiment_names=["row_blocking"], output_format="list")[0]
@@ -134,15 +140,11 @@ def test_bench_row_blocking_smoke(tmp_path, monkeypatch):
 def test_bench_row_layout_quick(tmp_path, monkeypatch):
     """Both row layouts build from the same trees and agree (checked inside); the reader
     layout turns copies of one shape into run gathers with fewer index_selects."""
-    import os
-    import sys
     mlflow = pytest.importorskip("mlflow")
+    from benchmarks import row_layout
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                    "scripts"))
-    import bench_row_layout
-    rows = bench_row_layout.main(["--quick", "--threads", "1"])
+    rows = row_layout.run(quick=True, threads=1, log=lambda s: None)
     same = [r for r in rows if r["workload"].startswith("table1_same_shape")]
     assert {r["scheduler"] for r in same} == {"depth", "coalesce"}
     for r in same:
