@@ -51,43 +51,6 @@ class LoweredSchedule:
     stats: Dict[str, float] = field(default_factory=dict)
 
 
-def _emit_call(trace, ops, op, arity, nodes, read_group, builder, handle_chunk, handle_row,
-               chunk_sizes) -> Call:
-    """One batched call of ``op`` on ``nodes`` (already ordered): its gathers, and where its
-    outputs will live (one chunk per group of reading steps, ``read_group``)."""
-    n = len(nodes)
-    in_ptr = trace.node_in_ptr
-    fu = read_group[nodes]
-    first = in_ptr[nodes].astype(np.int64)
-    if arity >= 0:
-        gathers = []
-        for slot in range(arity):
-            h = trace.edge_src[first + slot]
-            tid = int(trace.handle_type[h[0]])
-            gathers.append(builder.gather(tid, handle_chunk[h], handle_row[h]))
-        seg = None
-    else:
-        lengths = in_ptr[nodes + 1] - first
-        h = trace.edge_src[ranges(first, lengths)]
-        tid = ops.out_tids[op][0]
-        gathers = [builder.gather(tid, handle_chunk[h], handle_row[h])]
-        seg_ids = np.repeat(np.arange(n, dtype=np.int64), lengths)
-        seg = Segments(builder.add(seg_ids), len(seg_ids))
-    bounds = np.flatnonzero(np.diff(fu)) + 1
-    group_start = np.concatenate([[0], bounds])
-    group_sizes = np.diff(np.concatenate([group_start, [n]]))
-    group_of = np.repeat(np.arange(len(group_sizes)), group_sizes)
-    row = np.arange(n) - group_start[group_of]
-    outs = trace.node_out[nodes]
-    for slot, tid in enumerate(ops.out_tids[op]):
-        sizes = chunk_sizes[tid]
-        handle_chunk[outs + slot] = len(sizes) + group_of
-        handle_row[outs + slot] = row
-        sizes.extend(int(g) for g in group_sizes)
-    split = tuple(int(g) for g in group_sizes) if len(group_sizes) > 1 else None
-    return Call(op, n, tuple(gathers), seg, split)
-
-
 def _read_groups(trace: Trace, steps: np.ndarray) -> np.ndarray:
     """Per node, ``(first, last)`` step that reads its outputs as one int64 key (sinks get a
     sentinel).  Rows read at the same steps share a chunk, so a reader's gather (and its
@@ -99,16 +62,77 @@ def _read_groups(trace: Trace, steps: np.ndarray) -> np.ndarray:
     n_steps_total = int(steps.max()) + 2
     use_src, use_step = src[keep], steps[dst[keep]]
     first_read = np.full(n_nodes, n_steps_total, np.int64)
-    last_read = np.full(n_nodes, n_steps_total, np.int64)
-    by_step = np.argsort(use_step, kind="stable")
-    last_read[use_src[by_step]] = use_step[by_step]      # later writes win: the largest step
-    first_read[use_src[by_step[::-1]]] = use_step[by_step[::-1]]   # ... the smallest step
+    last_read = np.zeros(n_nodes, np.int64)
+    np.minimum.at(first_read, use_src, use_step)
+    np.maximum.at(last_read, use_src, use_step)
+    last_read[first_read == n_steps_total] = n_steps_total
     return first_read * (n_steps_total + 1) + last_read
 
 
+_SLOTS = np.arange(16, dtype=np.int64)
+
+
+def _call_edges(trace: Trace, arity: int, nodes: np.ndarray) -> np.ndarray:
+    """Edge positions a call on ``nodes`` (in row order) reads: slot-major for a fixed
+    arity (slot ``j``'s gather reads ``result[j * n:(j + 1) * n]``); for a reduction, each
+    node's inputs in turn (one gather)."""
+    first = trace.node_in_ptr[nodes]
+    if arity == 1:
+        return first
+    if arity > 0:
+        return (first[None, :] + _SLOTS[:arity, None]).ravel() if arity <= len(_SLOTS) else \
+            (first[None, :] + np.arange(arity, dtype=np.int64)[:, None]).ravel()
+    if arity < 0:
+        return ranges(first, trace.node_in_ptr[nodes + 1] - first)
+    return np.zeros(0, np.int64)
+
+
+def _place_outputs(trace: Trace, ops: OpInfo, groups: Sequence[np.ndarray], read_group: np.ndarray,
+                   handle_chunk: np.ndarray, handle_row: np.ndarray, chunk_sizes: Dict[int, List[int]]) -> list:
+    """Decide where the outputs of the calls ``groups`` (nodes in row order, in execution
+    order) live: each output gets one new chunk per group of reading steps of its call
+    (vectorised over all calls; chunk numbers follow call, output slot, group order).
+    Fills ``handle_chunk`` / ``handle_row`` and appends to ``chunk_sizes``; returns each
+    call's ``split`` (its group sizes, or None for one group)."""
+    C = len(groups)
+    sizes = np.fromiter((len(g) for g in groups), np.int64, C)
+    nodes = np.concatenate(groups) if C > 1 else groups[0]
+    N = len(nodes)
+    call_of = np.repeat(np.arange(C, dtype=np.int64), sizes)
+    fu = read_group[nodes]
+    new_seg = np.ones(N, bool)
+    new_seg[1:] = (call_of[1:] != call_of[:-1]) | (fu[1:] != fu[:-1])
+    seg_start = np.flatnonzero(new_seg)
+    seg_id = np.cumsum(new_seg) - 1
+    row = np.arange(N, dtype=np.int64) - seg_start[seg_id]
+    seg_sizes = np.diff(np.append(seg_start, N)).tolist()
+    n_segs = np.bincount(call_of[seg_start], minlength=C)
+    first_seg = np.cumsum(n_segs) - n_segs
+    local_seg = seg_id - first_seg[call_of]
+    call_op = trace.node_op[nodes[np.cumsum(sizes) - sizes]].tolist()
+    max_out = max(len(ops.out_tids[op]) for op in call_op)
+    first_chunk = np.zeros((C, max_out), np.int64)
+    splits = []
+    for c, (op, k, fs) in enumerate(zip(call_op, n_segs.tolist(), first_seg.tolist())):
+        group_sizes = seg_sizes[fs:fs + k]
+        for slot, tid in enumerate(ops.out_tids[op]):
+            cs = chunk_sizes[tid]
+            first_chunk[c, slot] = len(cs)
+            cs.extend(group_sizes)
+        splits.append(tuple(group_sizes) if k > 1 else None)
+    outs = trace.node_out[nodes]
+    n_out = np.asarray([len(t) for t in ops.out_tids], np.int64)[trace.node_op[nodes]]
+    for slot in range(max_out):
+        m = slice(None) if slot == 0 else np.flatnonzero(n_out > slot)
+        handle_chunk[outs[m] + slot] = first_chunk[call_of[m], slot] + local_seg[m]
+        handle_row[outs[m] + slot] = row[m]
+    return splits
+
+
 def _order_by_consumers(trace: Trace, ops: OpInfo, call_nodes: List[np.ndarray],
-                        read_group: np.ndarray) -> List[np.ndarray]:
-    """Row order of every call, chosen from its readers (a pass from the last call back).
+                        read_group: np.ndarray) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+    """Row order of every call, chosen from its readers (a pass from the last call back);
+    returns the ordered calls and the edges each reads (:func:`_call_edges`).
 
     A call's nodes are ordered by reading-step group, then by where their first reader
     reads them: that reader's call, then its input slot, then its row.  So the rows a
@@ -117,31 +141,39 @@ def _order_by_consumers(trace: Trace, ops: OpInfo, call_nodes: List[np.ndarray],
     shape, and a reader's gather is a few views.  Nodes nobody reads keep trace order.
     """
     n_nodes = trace.n_nodes
-    in_ptr, edge_src, handle_node = trace.node_in_ptr, trace.edge_src, trace.handle_node
-    n_edges = len(edge_src)
+    n_edges = len(trace.edge_src)
     stride = n_edges + 1
-    # first reader's position; unread nodes sort after every read node, in trace order
-    pos = np.arange(n_nodes, dtype=np.int64) + len(call_nodes) * stride
+    # the node each edge reads; constants read the dummy slot n_nodes of ``pos``
+    edge_node = trace.handle_node[trace.edge_src] if n_edges else np.zeros(0, np.int64)
+    edge_node = np.where(edge_node < 0, n_nodes, edge_node)
+    places_desc = np.arange(n_edges, dtype=np.int64)[::-1]       # [.., 2, 1, 0]
+    # first reader's position; unread nodes sort after every read node, in trace order.
+    # Positions are distinct, so (group, position) as one int64 key sorts as a lexsort.
+    n_pos = len(call_nodes) * stride + n_nodes
+    pos = np.arange(n_nodes + 1, dtype=np.int64) + len(call_nodes) * stride
+    if (int(read_group.max(initial=0)) + 1) * n_pos < 2 ** 62:
+        group_key = read_group * n_pos
+    else:   # ranks keep the order of the groups and fit in the key
+        group_key = np.unique(read_group, return_inverse=True)[1].astype(np.int64).ravel() * n_pos
     out = list(call_nodes)
+    edges: List[np.ndarray] = [None] * len(call_nodes)
+    arity_of = ops.arity
+    node_op = trace.node_op
     for ci in range(len(call_nodes) - 1, -1, -1):
         nodes = call_nodes[ci]
-        nodes = nodes[np.lexsort((pos[nodes], read_group[nodes]))]
+        if len(nodes) > 1:
+            k = group_key[nodes] + pos[nodes]
+            if not (k[1:] > k[:-1]).all():   # often already in order: no sort then
+                nodes = nodes[np.argsort(k)]
         out[ci] = nodes
-        first = in_ptr[nodes].astype(np.int64)
-        arity = ops.arity[int(trace.node_op[nodes[0]])]
-        if arity > 0:   # slot-major: a slot's gather reads its rows in row order
-            e = (first[None, :] + np.arange(arity, dtype=np.int64)[:, None]).ravel()
-        elif arity < 0:  # a reduction reads its inputs flattened, node by node
-            e = ranges(first, in_ptr[nodes + 1] - first)
-        else:
+        e = edges[ci] = _call_edges(trace, arity_of[node_op[nodes[0]]], nodes)
+        if not len(e):
             continue
-        src = handle_node[edge_src[e]]
-        keep = np.flatnonzero(src >= 0)
         # reader positions ci * stride + (place in the reader's gathers), written from the
         # last place back: a node read twice keeps its first place, and earlier calls,
         # written later, win over later ones
-        pos[src[keep[::-1]]] = keep[::-1] + ci * stride
-    return out
+        pos[edge_node[e[::-1]]] = places_desc[n_edges - len(e):] + ci * stride
+    return out, edges
 
 
 def _order_by_first_input(trace: Trace, arity: int, nodes: np.ndarray, read_group: np.ndarray,
@@ -156,21 +188,39 @@ def _order_by_first_input(trace: Trace, arity: int, nodes: np.ndarray, read_grou
     return nodes[np.lexsort((loc, fu))]
 
 
-def _output_layout(t: Type, arrays: Sequence[np.ndarray], pos: int, tid_of, builder, hc, hr):
-    """The layout of output type ``t`` read from ``arrays[pos:]`` (see
-    :func:`lower`'s ``output_arrays``); returns ``(layout, next_pos)``."""
+def _output_reads(t: Type, arrays: Sequence[np.ndarray], pos: int, tid_of, tids: list, lengths: list,
+                  parts: list) -> int:
+    """Append the gathers of output type ``t`` read from ``arrays[pos:]`` (see :func:`lower`'s
+    ``output_arrays``), depth first; returns the next position."""
     if isinstance(t, TensorType):
-        hs = arrays[pos]
-        return TensorLayout(builder.gather(tid_of(t), hc[hs], hr[hs])), pos + 1
+        hs = np.asarray(arrays[pos], np.int64)
+        tids.append(tid_of(t))
+        lengths.append(len(hs))
+        parts.append(hs)
+        return pos + 1
+    if isinstance(t, TupleType):
+        for it in t.items:
+            pos = _output_reads(it, arrays, pos, tid_of, tids, lengths, parts)
+        return pos
+    if isinstance(t, SequenceType):
+        return _output_reads(t.element, arrays, pos + 1, tid_of, tids, lengths, parts)
+    return pos
+
+
+def _output_layout(t: Type, arrays: Sequence[np.ndarray], pos: int, next_gather):
+    """The layout of output type ``t`` (gathers from ``next_gather()``, in the order of
+    :func:`_output_reads`); returns ``(layout, next_pos)``."""
+    if isinstance(t, TensorType):
+        return TensorLayout(next_gather()), pos + 1
     if isinstance(t, TupleType):
         items = []
         for it in t.items:
-            layout, pos = _output_layout(it, arrays, pos, tid_of, builder, hc, hr)
+            layout, pos = _output_layout(it, arrays, pos, next_gather)
             items.append(layout)
         return TupleLayout(tuple(items)), pos
     if isinstance(t, SequenceType):
         lengths = np.asarray(arrays[pos], np.int64)
-        element, pos = _output_layout(t.element, arrays, pos + 1, tid_of, builder, hc, hr)
+        element, pos = _output_layout(t.element, arrays, pos + 1, next_gather)
         return SequenceLayout(element, lengths), pos
     return VoidLayout(), pos
 
@@ -227,33 +277,76 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, types: Sequence[TensorTy
     builder = GatherBuilder(chunk_sizes)
     if layout == "inputs":
         builder.runs_max = 0
-    calls: List[Call] = []
+    groups: List[np.ndarray] = []
+    edges: List[np.ndarray] = []
+    splits: list = []
     step_bounds = [0]
     if n_nodes:
         steps = np.asarray(steps, np.int64)
         read_group = _read_groups(trace, steps)
         key = steps * ops.n_ops + trace.node_op
         order = np.argsort(key, kind="stable")
-        skey = key[order]
-        cut = np.flatnonzero(np.diff(skey)) + 1
+        cut = np.flatnonzero(np.diff(key[order])) + 1
         starts = np.concatenate([[0], cut])
         ends = np.concatenate([cut, [n_nodes]])
-        call_steps = steps[order[starts]]
-        groups = [order[a:b] for a, b in zip(starts, ends)]
+        call_steps = steps[order[starts]].tolist()
+        groups = [order[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+        step_bounds += [ci + 1 for ci in range(len(groups))
+                        if ci + 1 == len(groups) or call_steps[ci + 1] != call_steps[ci]]
         if layout == "readers":
-            groups = _order_by_consumers(trace, ops, groups, read_group)
-        for ci, nodes in enumerate(groups):
-            op = int(trace.node_op[nodes[0]])
-            if layout == "inputs":
-                nodes = _order_by_first_input(trace, ops.arity[op], nodes, read_group, handle_chunk, handle_row)
-            calls.append(_emit_call(trace, ops, op, ops.arity[op], nodes, read_group, builder,
-                                    handle_chunk, handle_row, chunk_sizes))
-            if ci + 1 == len(groups) or call_steps[ci + 1] != call_steps[ci]:
-                step_bounds.append(len(calls))
+            groups, edges = _order_by_consumers(trace, ops, groups, read_group)
+            splits = _place_outputs(trace, ops, groups, read_group, handle_chunk, handle_row, chunk_sizes)
+        else:   # each call's order depends on where the previous calls put their outputs
+            for ci, nodes in enumerate(groups):
+                arity = ops.arity[int(trace.node_op[nodes[0]])]
+                nodes = groups[ci] = _order_by_first_input(trace, arity, nodes, read_group,
+                                                           handle_chunk, handle_row)
+                edges.append(_call_edges(trace, arity, nodes))
+                splits += _place_outputs(trace, ops, [nodes], read_group, handle_chunk, handle_row,
+                                         chunk_sizes)
+    # Every gather's rows, analysed at once: the calls' input slots, then outputs, then metrics.
+    call_ops = [int(trace.node_op[g[0]]) for g in groups]
+    g_tids, g_lengths, handle_parts = [], [], []
+    for op, nodes, e in zip(call_ops, groups, edges):
+        arity = ops.arity[op]
+        h = trace.edge_src[e]
+        handle_parts.append(h)
+        if arity >= 0:
+            n = len(nodes)
+            g_lengths += [n] * arity
+            g_tids += [int(t) for t in trace.handle_type[h[::n]]] if arity else []
+        else:
+            g_lengths.append(len(h))
+            g_tids.append(ops.out_tids[op][0])
     tid_of = {t: i for i, t in enumerate(types)}.__getitem__
-    outputs, _ = _output_layout(output_type, output_arrays, 0, tid_of, builder, handle_chunk, handle_row)
-    metrics = {name: builder.gather(tid, handle_chunk[hs], handle_row[hs])
-               for name, (tid, hs) in metric_handles.items()}
+    _output_reads(output_type, output_arrays, 0, tid_of, g_tids, g_lengths, handle_parts)
+    for tid, hs in metric_handles.values():
+        g_tids.append(tid)
+        g_lengths.append(len(hs))
+        handle_parts.append(np.asarray(hs, np.int64))
+    hs = np.concatenate(handle_parts) if handle_parts else np.zeros(0, np.int64)
+    lengths = np.asarray(g_lengths, np.int64)
+    prepared = builder.prepare(g_tids, np.cumsum(lengths) - lengths, lengths, handle_chunk[hs], handle_row[hs])
+    emit = builder.emit
+    calls: List[Call] = []
+    j = 0
+    for op, nodes, split in zip(call_ops, groups, splits):
+        arity = ops.arity[op]
+        n = len(nodes)
+        if arity >= 0:
+            gathers = tuple([emit(prepared, j + k) for k in range(arity)])
+            j += arity
+            seg = None
+        else:
+            gathers = (emit(prepared, j),)
+            j += 1
+            in_ptr = trace.node_in_ptr
+            seg_ids = np.repeat(np.arange(n, dtype=np.int64), in_ptr[nodes + 1] - in_ptr[nodes])
+            seg = Segments(builder.add(seg_ids), len(seg_ids))
+        calls.append(Call(op, n, gathers, seg, split))
+    counter = iter(range(j, len(g_lengths)))
+    outputs, _ = _output_layout(output_type, output_arrays, 0, lambda: emit(prepared, next(counter)))
+    metrics = {name: emit(prepared, next(counter)) for name in metric_handles}
     stats = {"nodes": float(n_nodes), "steps": float(len(step_bounds) - 1), "calls": float(len(calls)),
              "index_selects": float(builder.n_index_selects), "run_gathers": float(builder.n_run_gathers),
              "gathered_rows": float(builder.gathered_rows)}

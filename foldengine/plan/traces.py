@@ -91,7 +91,7 @@ class MergedTraces:
 
 
 def _cat(arrays: Sequence[np.ndarray], dtype=np.int64) -> np.ndarray:
-    return np.concatenate(arrays).astype(dtype, copy=False) if len(arrays) else np.zeros(0, dtype)
+    return np.concatenate(arrays, dtype=dtype) if len(arrays) else np.zeros(0, dtype)
 
 
 def merge_traces(traces: Sequence[InputTrace], metric_tids: Dict[str, int],

@@ -55,3 +55,48 @@ def test_batch_records_pickle_compactly_and_round_trip():
     assert again.calls == batch.calls and type(again.calls[0]) is type(batch.calls[0])
     with torch.no_grad():
         assert torch.equal(compiler(again), compiler(batch))
+
+
+def test_prepared_gathers_equal_one_by_one_gathers():
+    """GatherBuilder.prepare/emit (vectorised over many gathers) gives the records and the
+    index buffer that gather() gives one gather at a time, on random reads covering every
+    kind: views, index gathers, runs, ordered and permuted concatenations, whole chunks."""
+    rng = np.random.default_rng(0)
+    sizes = {0: [int(x) for x in rng.integers(1, 90, size=12)]}
+    kinds = set()
+    for trial in range(60):
+        specs = []
+        for _ in range(int(rng.integers(1, 8))):
+            kind = int(rng.integers(0, 5))
+            if kind == 0:      # one run in one chunk (a view), or empty
+                c = int(rng.integers(0, 12))
+                n = int(rng.integers(0, sizes[0][c] + 1))
+                s0 = int(rng.integers(0, sizes[0][c] - n + 1))
+                chunks, rows = np.full(n, c), np.arange(s0, s0 + n)
+            elif kind == 1:    # long runs from several chunks (RunsGather candidates)
+                parts = [(c, np.arange(0, min(40, sizes[0][c]))) for c in rng.permutation(12)[:3].tolist()]
+                chunks = np.concatenate([np.full(len(r), c) for c, r in parts])
+                rows = np.concatenate([r for _, r in parts])
+            else:              # random rows from some chunks
+                n = int(rng.integers(1, 120))
+                cs = rng.integers(0, int(rng.integers(1, 13)), size=n)
+                if kind == 3:
+                    cs = np.sort(cs)
+                chunks = cs
+                rows = np.array([int(rng.integers(0, sizes[0][c])) for c in cs], np.int64)
+            specs.append((chunks.astype(np.int64), rows.astype(np.int64)))
+        one = GatherBuilder({0: list(sizes[0])})
+        expected = [one.gather(0, c, r) for c, r in specs]
+        many = GatherBuilder({0: list(sizes[0])})
+        lengths = np.array([len(r) for _, r in specs], np.int64)
+        prepared = many.prepare([0] * len(specs), np.cumsum(lengths) - lengths, lengths,
+                                np.concatenate([c for c, _ in specs]), np.concatenate([r for _, r in specs]))
+        got = [many.emit(prepared, j) for j in range(len(specs))]
+        assert got == expected and [type(g) for g in got] == [type(g) for g in expected], trial
+        kinds |= {type(g).__name__ for g in got}
+        kinds |= {"permuted" for g in got if type(g).__name__ == "ConcatGather" and g.perm_offset >= 0}
+        assert np.array_equal(many.finish(), one.finish())
+        assert (many.n_index_selects, many.n_run_gathers, many.gathered_rows) == \
+            (one.n_index_selects, one.n_run_gathers, one.gathered_rows)
+    assert kinds == {"EmptyGather", "ViewGather", "IndexGather", "RunsGather", "ConcatGather", "ChunksGather",
+                     "permuted"}, kinds
