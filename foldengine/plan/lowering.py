@@ -51,20 +51,27 @@ class LoweredSchedule:
     stats: Dict[str, float] = field(default_factory=dict)
 
 
-def _read_groups(trace: Trace, steps: np.ndarray) -> np.ndarray:
+def _edge_nodes(trace: Trace) -> Tuple[np.ndarray, np.ndarray]:
+    """``(reader, read)`` per edge: the node that reads it, and the node it reads
+    (``trace.n_nodes`` for a constant)."""
+    n_nodes = trace.n_nodes
+    reader = np.repeat(np.arange(n_nodes, dtype=np.int64), np.diff(trace.node_in_ptr))
+    read = trace.handle_node[trace.edge_src] if len(trace.edge_src) else np.zeros(0, np.int64)
+    return reader, np.where(read < 0, n_nodes, read)
+
+
+def _read_groups(trace: Trace, steps: np.ndarray, reader: np.ndarray, read: np.ndarray) -> np.ndarray:
     """Per node, ``(first, last)`` step that reads its outputs as one int64 key (sinks get a
     sentinel).  Rows read at the same steps share a chunk, so a reader's gather (and its
     backward, which costs the size of the chunk) touches little else."""
     n_nodes = trace.n_nodes
-    dst = np.repeat(np.arange(n_nodes, dtype=np.int64), np.diff(trace.node_in_ptr))
-    src = trace.handle_node[trace.edge_src] if len(trace.edge_src) else np.zeros(0, np.int64)
-    keep = src >= 0
     n_steps_total = int(steps.max()) + 2
-    use_src, use_step = src[keep], steps[dst[keep]]
-    first_read = np.full(n_nodes, n_steps_total, np.int64)
-    last_read = np.zeros(n_nodes, np.int64)
-    np.minimum.at(first_read, use_src, use_step)
-    np.maximum.at(last_read, use_src, use_step)
+    use_step = steps[reader]
+    first_read = np.full(n_nodes + 1, n_steps_total, np.int64)   # slot n_nodes: constants
+    last_read = np.zeros(n_nodes + 1, np.int64)
+    np.minimum.at(first_read, read, use_step)
+    np.maximum.at(last_read, read, use_step)
+    first_read, last_read = first_read[:n_nodes], last_read[:n_nodes]
     last_read[first_read == n_steps_total] = n_steps_total
     return first_read * (n_steps_total + 1) + last_read
 
@@ -129,8 +136,8 @@ def _place_outputs(trace: Trace, ops: OpInfo, groups: Sequence[np.ndarray], read
     return splits
 
 
-def _order_by_consumers(trace: Trace, ops: OpInfo, call_nodes: List[np.ndarray],
-                        read_group: np.ndarray) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+def _order_by_consumers(trace: Trace, ops: OpInfo, call_nodes: List[np.ndarray], read_group: np.ndarray,
+                        edge_node: np.ndarray) -> Tuple[List[np.ndarray], List[np.ndarray]]:
     """Row order of every call, chosen from its readers (a pass from the last call back);
     returns the ordered calls and the edges each reads (:func:`_call_edges`).
 
@@ -143,9 +150,7 @@ def _order_by_consumers(trace: Trace, ops: OpInfo, call_nodes: List[np.ndarray],
     n_nodes = trace.n_nodes
     n_edges = len(trace.edge_src)
     stride = n_edges + 1
-    # the node each edge reads; constants read the dummy slot n_nodes of ``pos``
-    edge_node = trace.handle_node[trace.edge_src] if n_edges else np.zeros(0, np.int64)
-    edge_node = np.where(edge_node < 0, n_nodes, edge_node)
+    # edge_node: the node each edge reads; constants read the dummy slot n_nodes of ``pos``
     places_desc = np.arange(n_edges, dtype=np.int64)[::-1]       # [.., 2, 1, 0]
     # first reader's position; unread nodes sort after every read node, in trace order.
     # Positions are distinct, so (group, position) as one int64 key sorts as a lexsort.
@@ -283,9 +288,13 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, types: Sequence[TensorTy
     step_bounds = [0]
     if n_nodes:
         steps = np.asarray(steps, np.int64)
-        read_group = _read_groups(trace, steps)
+        reader, read = _edge_nodes(trace)
+        read_group = _read_groups(trace, steps, reader, read)
         key = steps * ops.n_ops + trace.node_op
-        order = np.argsort(key, kind="stable")
+        key_max = int(key.max())
+        # a stable sort of small ints is a radix sort (much faster than the int64 merge sort)
+        small = np.uint16 if key_max < 2 ** 16 else np.uint32 if key_max < 2 ** 32 else np.int64
+        order = np.argsort(key.astype(small), kind="stable")
         cut = np.flatnonzero(np.diff(key[order])) + 1
         starts = np.concatenate([[0], cut])
         ends = np.concatenate([cut, [n_nodes]])
@@ -294,7 +303,7 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, types: Sequence[TensorTy
         step_bounds += [ci + 1 for ci in range(len(groups))
                         if ci + 1 == len(groups) or call_steps[ci + 1] != call_steps[ci]]
         if layout == "readers":
-            groups, edges = _order_by_consumers(trace, ops, groups, read_group)
+            groups, edges = _order_by_consumers(trace, ops, groups, read_group, read)
             splits = _place_outputs(trace, ops, groups, read_group, handle_chunk, handle_row, chunk_sizes)
         else:   # each call's order depends on where the previous calls put their outputs
             for ci, nodes in enumerate(groups):

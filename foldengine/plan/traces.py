@@ -130,9 +130,10 @@ def merge_traces(traces: Sequence[InputTrace], metric_tids: Dict[str, int],
     handle_node = _cat([t.handle_node for t in traces])
     handle_index = _cat([t.handle_index for t in traces])
     is_const = handle_node < 0
-    input_of_handle = np.repeat(np.arange(k), n_handles)
-    handle_node[~is_const] += np.repeat(node_off, n_handles)[~is_const]
-    handle_index[is_const] += const_off[input_of_handle[is_const], handle_type[is_const]]
+    handle_node += np.where(is_const, 0, np.repeat(node_off, n_handles))
+    # constant rows: offset by the constants of the same type in earlier inputs
+    const_key = np.repeat(np.arange(k, dtype=np.int64) * n_types, n_handles) + handle_type
+    handle_index += np.where(is_const, const_off.ravel()[const_key], 0)
     graph = Trace(node_op=node_op, node_in_ptr=node_in_ptr, edge_src=edge_src, node_out=node_out,
                   handle_type=handle_type, handle_node=handle_node, handle_index=handle_index,
                   node_depth=node_depth, n_consts=n_consts.sum(axis=0))
