@@ -12,6 +12,14 @@ So an ``Experiment`` instance must be picklable and its class importable on ever
 "Records" are whatever ``load_splits`` returns (picklable); "a batch" is whatever ``make_batch``
 returns (picklable, e.g. a ``foldengine`` ``Batch`` of numpy arrays) -- the glue never looks inside.
 
+Loaded context: what ``load_splits`` derives from the data besides the records and the model
+needs (a vocabulary, a pretrained embedding matrix, target statistics) travels in
+``Splits.context``, never on the instance: the glue hands it explicitly to
+``build_model(config, context)`` and ``batch_builder(config, context)`` on the workers, so an
+experiment object holds configuration only and any caller can build a model from a context it
+loaded itself.  Whatever ``loss`` / ``eval_stats`` need from the context must come with the model
+``build_model`` returns.
+
 Metric conventions: ``loss`` and ``eval_stats`` return *sums* over the records of the batch
 (e.g. ``{"correct": 17.0, "count": 25.0, "loss_sum": 31.2}``); the glue adds them up over batches
 and workers and calls ``summarize`` on the totals to get the metrics
@@ -33,10 +41,14 @@ class Splits(NamedTuple):
     ``records``: ``{"train": [...], "dev": [...], "test": [...]}`` (``test`` optional).
     ``skipped``: counts of records dropped while loading, e.g. ``{"train/unparsable": 3}``;
     logged as MLflow metrics ``skipped/<key>``.
+    ``context``: the experiment's loaded context (its own typed record, or None): passed to
+    ``build_model`` and ``batch_builder``; shipped (pickled) to every Ray Data task and Ray Train
+    worker, so keep it small (put large arrays in the Ray object store and keep the reference).
     """
 
     records: dict[str, list]
     skipped: dict[str, int] = {}
+    context: Any = None
 
 
 class Experiment(abc.ABC):
@@ -54,11 +66,13 @@ class Experiment(abc.ABC):
     # ------------------------------------------------------------------ required
     @abc.abstractmethod
     def load_splits(self, config: dict) -> Splits:
-        """Load (and parse) all splits.  Honour ``config["data"]["skip_bad"]``."""
+        """Load (and parse) all splits, and the context the model needs (``Splits.context``).
+        Honour ``config["data"]["skip_bad"]``.  Must not change ``self``."""
 
     @abc.abstractmethod
-    def build_model(self, config: dict) -> torch.nn.Module:
-        """The model, deterministic given ``config["seed"]`` (the glue also seeds torch first)."""
+    def build_model(self, config: dict, context: Any) -> torch.nn.Module:
+        """The model for ``context`` (``load_splits(config).context``), deterministic given
+        ``config["seed"]`` (the glue also seeds torch first)."""
 
     @abc.abstractmethod
     def make_batch(self, builder: Any, records: Sequence[Any]) -> Any:
@@ -81,10 +95,10 @@ class Experiment(abc.ABC):
         for the dev split)."""
 
     # ------------------------------------------------------------------ optional
-    def batch_builder(self, config: dict) -> Any:
-        """What ``make_batch`` needs in Ray Data tasks; built once per worker process.
-        Default: ``build_model(config)`` (e.g. a ``foldengine.Compiler``)."""
-        return self.build_model(config)
+    def batch_builder(self, config: dict, context: Any) -> Any:
+        """What ``make_batch`` needs in Ray Data tasks; built once per worker process and config.
+        Default: ``build_model(config, context)`` (e.g. a ``foldengine.Compiler``)."""
+        return self.build_model(config, context)
 
     def eval_stats(self, model: torch.nn.Module, batch: Any) -> dict[str, float]:
         """Sums for ``summarize`` on an eval batch (called under ``torch.no_grad`` with

@@ -5,12 +5,16 @@ Where things run (see ``pipelines/experiment.py``):
 
 * driver (``load_splits``): read the CSV, parse every SMILES with RDKit (unparsable ones are
   skipped and counted with ``data.skip_bad``, else raise), split (random with a fixed seed, or
-  scaffold).  Records are :class:`MolRecord` ``(id, smiles, labels)``: small to ship.
+  scaffold).  Records are :class:`MolRecord` ``(id, smiles, labels)``: small to ship.  The
+  loaded context is the regression target standardisation (:class:`TargetScaling`, from the
+  training split; identity for Tox21).
 * Ray Data tasks (``make_batch``): RDKit featurisation (cached per worker process, so each
   molecule is featurised once per process, not once per epoch) and ``compiler.build_batch``
   (trace + schedule); the result is a :class:`~pipelines.molecules.model.MolBatch` holding the
   foldengine ``Batch`` and the label array.
-* Ray Train workers: the compiled weave model, masked BCE (Tox21) or MSE (ESOL).
+* Ray Train workers: the compiled weave model, masked BCE (Tox21) or MSE (ESOL) on standardised
+  targets; ``build_model`` attaches the :class:`TargetScaling` to the model
+  (``model.target_scaling``, a plain attribute: not in the ``state_dict``) for ``loss``.
 
 Exact ROC-AUC through the glue's "sums" protocol: ``eval_stats`` returns one key per labelled
 prediction, ``p/<id>/<task>`` (the probability) and ``y/<id>/<task>`` (the 0/1 label), with
@@ -37,6 +41,13 @@ MOLECULENET_TOX21 = [("Weave (MoleculeNet paper)", 0.820), ("GraphConv (Molecule
 # MoleculeNet paper, ESOL random split test RMSE (log mol/L); quoted from memory, not re-checked.
 MOLECULENET_ESOL = [("Weave (MoleculeNet paper)", 0.61), ("GraphConv (MoleculeNet paper)", 0.97),
                     ("MPNN (MoleculeNet paper)", 0.58)]
+
+
+class TargetScaling(NamedTuple):
+    """Regression targets are learnt as ``(y - mean) / std`` (the training split's statistics)."""
+
+    mean: float = 0.0
+    std: float = 1.0
 
 
 class MolRecord(NamedTuple):
@@ -92,9 +103,6 @@ class MoleculeExperiment(Experiment):
         self.tasks = tuple(TOX21_TASKS) if self.classification else ("logS",)
         self.selection_metric = "auc" if self.classification else "rmse"
         self.selection_mode = "max" if self.classification else "min"
-        # Regression target standardisation (set from the training split in load_splits; the
-        # instance is pickled to Ray workers after that).
-        self.target_mean, self.target_std = 0.0, 1.0
 
     # ------------------------------------------------------------------ driver
     def load_splits(self, config: dict) -> Splits:
@@ -131,20 +139,24 @@ class MoleculeExperiment(Experiment):
         for name, idx in zip(("train", "dev", "test"), parts):
             out[name] = [MolRecord(k, kept[int(i)].smiles, np.asarray(kept[int(i)].labels, np.float32))
                          for k, i in enumerate(idx)]
+        scaling = TargetScaling()
         if not self.classification:
             y = np.array([r.labels[0] for r in out["train"]], np.float64)
-            self.target_mean, self.target_std = float(y.mean()), float(y.std() or 1.0)
-        return Splits(out, skipped)
+            scaling = TargetScaling(float(y.mean()), float(y.std() or 1.0))
+        return Splits(out, skipped, scaling)
 
     # ------------------------------------------------------------------ model / batches
-    def build_model(self, config: dict) -> torch.nn.Module:
+    def build_model(self, config: dict, context: TargetScaling) -> torch.nn.Module:
+        """The compiled weave model, with ``context`` attached as ``model.target_scaling``."""
         from .featurize import N_ATOM_FEATURES, N_PAIR_FEATURES
 
         mc = config["molecules"]
-        return build_compiler(N_ATOM_FEATURES, N_PAIR_FEATURES, len(self.tasks),
-                              atom_hidden=mc["atom_hidden"], pair_hidden=mc["pair_hidden"],
-                              n_weave=mc["n_weave"], gather=mc["gather"], mol_hidden=mc["mol_hidden"],
-                              final_pair_output=mc["final_pair_output"])
+        model = build_compiler(N_ATOM_FEATURES, N_PAIR_FEATURES, len(self.tasks),
+                               atom_hidden=mc["atom_hidden"], pair_hidden=mc["pair_hidden"],
+                               n_weave=mc["n_weave"], gather=mc["gather"], mol_hidden=mc["mol_hidden"],
+                               final_pair_output=mc["final_pair_output"])
+        model.target_scaling = context
+        return model
 
     def make_batch(self, builder, records: Sequence[MolRecord]) -> MolBatch:
         graphs = [featurize_cached(r.smiles).model_input() for r in records]
@@ -164,9 +176,10 @@ class MoleculeExperiment(Experiment):
             loss_sum, n_lab = masked_bce_sum(out, labels)
             loss = loss_sum / len(self.tasks)
             return out, loss, {"loss_sum": float(loss.detach()), "count": n, "labelled": float(n_lab)}
-        z = (labels - self.target_mean) / self.target_std
+        s: TargetScaling = model.target_scaling
+        z = (labels - s.mean) / s.std
         loss = ((out - z) ** 2).sum()
-        pred = out.detach() * self.target_std + self.target_mean
+        pred = out.detach() * s.std + s.mean
         err = (pred - labels)[:, 0]
         return out, loss, {"loss_sum": float(loss.detach()), "count": n,
                            "sq_err": float((err ** 2).sum()), "abs_err": float(err.abs().sum()),

@@ -22,7 +22,7 @@ import numpy as np
 from pipelines.config import merged_schema, parse_cli
 from pipelines.train import BEST_FILE, RunResult, run
 
-from .experiment import SCHEMA, MoleculeExperiment
+from .experiment import SCHEMA, MoleculeExperiment, TargetScaling
 
 log = logging.getLogger("pipelines.molecules.train")
 
@@ -41,11 +41,13 @@ def build_throughput(res: RunResult) -> dict[str, float]:
     return {"time/build_mol_per_s": float(np.median(rates)), "time/build_mol_per_s_epoch1": float(rates[0])}
 
 
-def predict(experiment: MoleculeExperiment, cfg: dict, state_dict, records, batch_size: int = 128):
-    """Probabilities / values of ``state_dict``'s model for ``records`` (built here, on the driver)."""
+def predict(experiment: MoleculeExperiment, cfg: dict, context: TargetScaling, state_dict, records,
+            batch_size: int = 128):
+    """Probabilities / values of ``state_dict``'s model for ``records`` (built here, on the driver;
+    ``context``: the target scaling ``experiment.load_splits`` returned)."""
     import torch
 
-    model = experiment.build_model(cfg)
+    model = experiment.build_model(cfg, context)
     model.load_state_dict(state_dict)
     model.eval()
     outs = []
@@ -54,7 +56,7 @@ def predict(experiment: MoleculeExperiment, cfg: dict, state_dict, records, batc
             mb = experiment.make_batch(model, records[i:i + batch_size])
             o = model(mb.batch)
             outs.append(torch.sigmoid(o) if experiment.classification else
-                        o * experiment.target_std + experiment.target_mean)
+                        o * context.std + context.mean)
     return torch.cat(outs).numpy()
 
 
@@ -101,7 +103,8 @@ def after_run(experiment: MoleculeExperiment, cfg: dict, res: RunResult) -> dict
             splits = experiment.load_splits(cfg)
             test = splits.records.get("test") or []
             if test:
-                probs = predict(experiment, cfg, torch.load(best_path, map_location="cpu"), test)
+                probs = predict(experiment, cfg, splits.context, torch.load(best_path, map_location="cpu"),
+                                test)
                 labels = np.stack([r.labels for r in test])
                 tracker.figures([("roc_curves", roc_figure(labels, probs, experiment.tasks))])
                 df = pd.DataFrame({"id": [r.id for r in test], "smiles": [r.smiles for r in test]})

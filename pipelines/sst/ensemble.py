@@ -23,9 +23,9 @@ from typing import Mapping, Optional, Sequence
 
 import torch
 
-from pipelines.sst.experiment import PAPER_TABLE2, SSTExperiment
+from pipelines.metrics import sum_into
+from pipelines.sst.experiment import PAPER_TABLE2, SSTContext, SSTExperiment
 from pipelines.sst.model import count_stats, node_outputs, summarize_counts
-from pipelines.train import sum_into
 
 __all__ = ["load_member", "evaluate_ensemble", "main"]
 
@@ -52,13 +52,14 @@ def load_member(client, run_id: str) -> tuple[dict, dict]:
     return meta["config"], state
 
 
-def evaluate_ensemble(experiment: SSTExperiment, configs: Sequence[dict], states: Sequence[dict],
-                      trees: Sequence, batch_size: int = 250) -> tuple[dict, list[dict]]:
+def evaluate_ensemble(experiment: SSTExperiment, context: SSTContext, configs: Sequence[dict],
+                      states: Sequence[dict], trees: Sequence, batch_size: int = 250) -> tuple[dict, list[dict]]:
     """``(ensemble metrics, [member metrics])`` over ``trees`` (keys of
-    :func:`pipelines.sst.model.summarize_counts`).  ``experiment.load_splits`` must have run."""
+    :func:`pipelines.sst.model.summarize_counts`).  ``context``: what ``experiment.load_splits``
+    loaded (vocabulary, embedding matrix) for the members' shared data config."""
     models = []
     for cfg, state in zip(configs, states):
-        model = experiment.build_model(cfg)
+        model = experiment.build_model(cfg, context)
         model.load_state_dict(state)
         model.eval()
         models.append(model)
@@ -127,7 +128,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     splits = experiment.load_splits(configs[0])
     trees = splits.records[args.split]
     print(f"ensemble of {len(configs)} on {args.split} ({len(trees)} trees)", flush=True)
-    ens, members = evaluate_ensemble(experiment, configs, states, trees, args.batch_size)
+    ens, members = evaluate_ensemble(experiment, splits.context, configs, states, trees, args.batch_size)
     table = results_table(args.run_ids, ens, members)
     print(table.to_string(index=False))
     out = {"ensemble": ens, "members": members, "run_id": None}

@@ -7,7 +7,8 @@ Where things run (see ``pipelines/experiment.py``):
   malformed lines), build the vocabulary (all splits by default, as Tai et al., so dev/test words
   get their pretrained vectors), load the pretrained embedding matrix once (GloVe 6B 50d from the
   installed package, or ``sst.embeddings``: a GloVe text file such as ``glove.840B.300d.txt``)
-  and put it in the Ray object store.  Records are the raw tuple trees.
+  and put it in the Ray object store.  Records are the raw tuple trees; the vocabulary and the
+  matrix (its object ref) form the loaded context, an :class:`SSTContext`.
 * Ray Data tasks (``batch_builder`` / ``make_batch``): a compiler with the same block structure
   (random weights; only its plan is used) traces raw trees -- words are mapped to ids by an
   ``fb.InputTransform`` -- and schedules them into a foldengine ``Batch``.
@@ -23,8 +24,9 @@ al. trained a separate binary model).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -35,6 +37,10 @@ from pipelines.config import Field
 from pipelines.experiment import Experiment, Splits
 
 from .model import SentimentModules, build_compiler, count_stats, node_outputs, summarize_counts
+
+if TYPE_CHECKING:
+    from .embeddings import EmbeddingStats
+    from .vocab import Vocab
 
 log = logging.getLogger("pipelines.sst")
 
@@ -71,6 +77,28 @@ SCHEMA: dict[str, Field] = {
 del F_
 
 
+@dataclasses.dataclass(frozen=True)
+class SSTContext:
+    """What :meth:`SSTExperiment.load_splits` loads besides the trees (``Splits.context``)."""
+
+    vocab: Vocab                #: words of ``sst.vocab_splits`` (word -> row of the matrix)
+    emb_dim: int                #: embedding size (the matrix's columns)
+    #: the pretrained embedding matrix ``[len(vocab), emb_dim]``, or its ``ray.ObjectRef`` when
+    #: Ray was up while loading (shipped once to the train workers; Ray Data tasks never fetch it)
+    embeddings: Any
+    #: coverage of the vocabulary by the pretrained vectors (logged by ``pipelines.sst.train``)
+    embedding_stats: Optional[EmbeddingStats] = None
+
+    def matrix(self) -> np.ndarray:
+        """The embedding matrix (fetched from the object store if it is there)."""
+        emb = self.embeddings
+        if not isinstance(emb, np.ndarray):
+            import ray
+
+            emb = ray.get(emb)
+        return emb
+
+
 class SSTExperiment(Experiment):
     """Tree-LSTM sentiment on the Stanford Sentiment Treebank (5 classes, per-node labels)."""
 
@@ -78,12 +106,6 @@ class SSTExperiment(Experiment):
     selection_metric = "fine"
     selection_mode = "max"
     config_schema = SCHEMA
-
-    def __init__(self):
-        self.vocab = None            # pipelines.sst.vocab.Vocab, set by load_splits
-        self.emb_dim: Optional[int] = None
-        self._emb: Any = None        # ray.ObjectRef of the matrix (or the matrix without Ray)
-        self.embedding_stats = None  # EmbeddingStats (driver only; logged by train.py)
 
     # ------------------------------------------------------------------ driver
     def load_splits(self, config: dict) -> Splits:
@@ -103,61 +125,40 @@ class SSTExperiment(Experiment):
         for split in sc["vocab_splits"]:
             if split not in trees:
                 raise ValueError(f"sst.vocab_splits: unknown split {split!r}")
-        self.vocab = build_vocab(*(trees[s] for s in sc["vocab_splits"]))
-        matrix, stats = self._load_embeddings(config)
-        self.embedding_stats = stats
-        self.emb_dim = int(matrix.shape[1])
-        self._emb = matrix
+        vocab = build_vocab(*(trees[s] for s in sc["vocab_splits"]))
+        matrix, stats = _load_embeddings(config, vocab)
+        emb: Any = matrix
         try:
             import ray
 
             if ray.is_initialized():
-                self._emb = ray.put(matrix)  # shipped once to the train workers
+                emb = ray.put(matrix)  # shipped once to the train workers
         except ImportError:  # pragma: no cover
             pass
         for split in ("train", "dev", "test"):
             limit = sc[f"limit_{split}"]
             if limit:
                 trees[split] = trees[split][:limit]
-        return Splits(trees, skipped)
-
-    def _load_embeddings(self, config: dict):
-        from .embeddings import load_glove_6b_50d, load_glove_text
-
-        sc = config["sst"]
-        seed = int(config["seed"])
-        if sc["embeddings"]:
-            return load_glove_text(sc["embeddings"], self.vocab, seed=seed, oov_scale=sc["oov_scale"])
-        return load_glove_6b_50d(self.vocab, seed=seed, oov_scale=sc["oov_scale"])
-
-    def _matrix(self) -> np.ndarray:
-        emb = self._emb
-        if emb is None:
-            raise RuntimeError("SSTExperiment.load_splits must run before build_model")
-        if not isinstance(emb, np.ndarray):
-            import ray
-
-            emb = ray.get(emb)
-        return emb
+        context = SSTContext(vocab=vocab, emb_dim=int(matrix.shape[1]), embeddings=emb,
+                             embedding_stats=stats)
+        return Splits(trees, skipped, context)
 
     # ------------------------------------------------------------------ model / batches
-    def _compiler(self, config: dict, embeddings: Optional[np.ndarray]):
+    def _compiler(self, config: dict, context: SSTContext, embeddings: Optional[np.ndarray]):
         sc = config["sst"]
-        if self.vocab is None:
-            raise RuntimeError("SSTExperiment.load_splits must run before the model is built")
         modules = SentimentModules(
-            len(self.vocab), self.emb_dim, sc["state_size"], input_dropout=sc["input_dropout"],
+            len(context.vocab), context.emb_dim, sc["state_size"], input_dropout=sc["input_dropout"],
             output_dropout=sc["output_dropout"], recurrent_dropout=sc["recurrent_dropout"],
             embeddings=embeddings, embedding_grad_scale=sc["embedding_grad_scale"],
             forget_bias=sc["forget_bias"], init=sc["init"])
-        return build_compiler(modules, self.vocab.stoi, scheduler=config["scheduler"])
+        return build_compiler(modules, context.vocab.stoi, scheduler=config["scheduler"])
 
-    def build_model(self, config: dict) -> torch.nn.Module:
-        return self._compiler(config, self._matrix())
+    def build_model(self, config: dict, context: SSTContext) -> torch.nn.Module:
+        return self._compiler(config, context, context.matrix())
 
-    def batch_builder(self, config: dict):
+    def batch_builder(self, config: dict, context: SSTContext):
         # Only the plan matters in Ray Data tasks: no need to fetch the embedding matrix.
-        return self._compiler(config, None)
+        return self._compiler(config, context, None)
 
     def make_batch(self, builder, records: Sequence) -> Any:
         return builder.build_batch(records)
@@ -230,3 +231,14 @@ class SSTExperiment(Experiment):
         fig.tight_layout()
         figs.append(("root_accuracy", fig))
         return figs
+
+
+def _load_embeddings(config: dict, vocab: Vocab):
+    """``(matrix, EmbeddingStats)`` for ``vocab``: ``sst.embeddings`` or GloVe 6B 50d."""
+    from .embeddings import load_glove_6b_50d, load_glove_text
+
+    sc = config["sst"]
+    seed = int(config["seed"])
+    if sc["embeddings"]:
+        return load_glove_text(sc["embeddings"], vocab, seed=seed, oov_scale=sc["oov_scale"])
+    return load_glove_6b_50d(vocab, seed=seed, oov_scale=sc["oov_scale"])

@@ -42,11 +42,13 @@ def _split_embeddings_flag(argv: Sequence[str]) -> list[str]:
 
 
 def after_run(experiment: SSTExperiment, res: RunResult) -> dict[str, float]:
-    """Extra MLflow logging on the finished run; returns what it logged."""
+    """Extra MLflow logging on the finished run ``res`` of ``experiment``: the embedding coverage
+    of the run's loaded context (``res.context``, an ``SSTContext``) and the throughput in trees
+    per second; returns what it logged."""
     from pipelines.tracking import Tracker
 
     extra: dict[str, float] = {}
-    st = experiment.embedding_stats
+    st = res.context.embedding_stats if res.context is not None else None
     if st is not None:
         extra.update({"embeddings/dim": float(st.dim), "embeddings/n_words": float(st.n_words),
                       "embeddings/n_found": float(st.n_found), "embeddings/n_oov": float(st.n_oov),

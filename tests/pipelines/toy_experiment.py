@@ -83,7 +83,7 @@ class ToyExperiment(Experiment):
         return Splits({"train": train, "dev": make_records(t["n_dev"], seed + 1),
                        "test": make_records(t["n_test"], seed + 2)}, {"train/unparsable": bad})
 
-    def build_model(self, config):
+    def build_model(self, config, context):
         self._fail = (config["toy"]["fail_at_call"], config["toy"]["fail_marker"])
         torch.manual_seed(config["seed"])
         return ToyNet(config["toy"]["hidden"])

@@ -11,7 +11,7 @@ from sklearn.metrics import roc_auc_score
 
 import foldengine as fe
 from foldengine import blocks as fb
-from pipelines.molecules.experiment import MoleculeExperiment, MolRecord, task_aucs
+from pipelines.molecules.experiment import MoleculeExperiment, MolRecord, TargetScaling, task_aucs
 from pipelines.molecules.featurize import N_ATOM_FEATURES as NA, N_PAIR_FEATURES as NP, featurize
 from pipelines.molecules.model import build_compiler, masked_bce_sum, weave_module
 
@@ -156,7 +156,7 @@ def test_experiment_loss_and_exact_auc_through_sums(mols):
     exp = MoleculeExperiment("tox21")
     cfg = {"molecules": {"atom_hidden": 5, "pair_hidden": 4, "n_weave": 2, "gather": "sum",
                          "mol_hidden": 6, "final_pair_output": False}}
-    model = exp.build_model(cfg)
+    model = exp.build_model(cfg, TargetScaling())
     rng = np.random.default_rng(0)
     recs = []
     for i in range(12):
@@ -184,10 +184,9 @@ def test_experiment_loss_and_exact_auc_through_sums(mols):
 
 def test_esol_regression_loss_and_rmse(mols):
     exp = MoleculeExperiment("esol")
-    exp.target_mean, exp.target_std = -3.0, 2.0
     cfg = {"molecules": {"atom_hidden": 5, "pair_hidden": 4, "n_weave": 1, "gather": "sum",
                          "mol_hidden": 6, "final_pair_output": False}}
-    model = exp.build_model(cfg)
+    model = exp.build_model(cfg, TargetScaling(mean=-3.0, std=2.0))
     recs = [MolRecord(i, s, np.array([-1.0 - i], np.float32)) for i, s in enumerate(SMILES)]
     b = exp.make_batch(model, recs)
     loss, stats = exp.loss(model, b)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from pipelines.sst import data as D
-from pipelines.sst.experiment import SSTExperiment
+from pipelines.sst.experiment import SSTContext, SSTExperiment
 from pipelines.sst.model import (SentimentModules, build_compiler, count_stats, naive_node_logits,
                                  node_outputs, summarize_counts)
 from pipelines.sst.vocab import build_vocab
@@ -176,17 +176,16 @@ def test_metric_counting_on_hand_made_tree():
 def test_param_groups_scale_embedding_lr_and_exclude_it_from_weight_decay():
     tree = (3, (1, "bad"), (4, "good"))
     exp = SSTExperiment()
-    exp.vocab = build_vocab([tree])
-    exp.emb_dim = 4
-    exp._emb = torch.randn(len(exp.vocab), 4).numpy()
+    vocab = build_vocab([tree])
+    ctx = SSTContext(vocab=vocab, emb_dim=4, embeddings=torch.randn(len(vocab), 4).numpy())
     cfg = {"scheduler": "depth",
            "sst": {"state_size": 5, "input_dropout": 0.0, "output_dropout": 0.5, "recurrent_dropout": 0.0,
                    "embedding_lr_scale": 0.1, "embedding_grad_scale": 1.0, "forget_bias": 0.0,
                    "init": "torch"},
            "optimizer": {"lr": 0.05, "weight_decay": 1e-4}}
-    model = exp.build_model(cfg)
+    model = exp.build_model(cfg, ctx)
     emb = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding))
-    torch.testing.assert_close(emb.weight.detach(), torch.from_numpy(exp._emb))
+    torch.testing.assert_close(emb.weight.detach(), torch.from_numpy(ctx.embeddings))
     rest, embg = exp.param_groups(model, cfg)
     assert embg["params"] == [emb.weight] and embg["lr"] == pytest.approx(0.005) and embg["weight_decay"] == 0.0
     assert rest["lr"] == 0.05 and rest["weight_decay"] == 1e-4
