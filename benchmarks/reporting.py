@@ -64,6 +64,7 @@ def log_to_mlflow(experiment: str, params: Dict[str, object], tables: Dict[str, 
 
     mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
     mlflow.set_experiment(experiment)
+    mlflow.set_experiment_tag("mlflow.experimentKind", "custom_model_development")  # model-training view
     with mlflow.start_run(run_name=run_name) as run:
         mlflow.log_params({k: str(v)[:500] for k, v in {**params, **system_info()}.items()})
         for name, rows in tables.items():

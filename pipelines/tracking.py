@@ -20,6 +20,13 @@ from typing import Any, Iterable, Mapping, Optional
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 
+#: Experiment tag read by the MLflow 3.x UI to choose between its views.  MLflow's UI writes
+#: ``mlflow.experimentKind`` itself when a user picks the experiment's type (values
+#: ``"custom_model_development"``: model training, the runs table and charts; or
+#: ``"genai_development"``: traces and evaluations).  Untagged experiments open in the GenAI view.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING_KIND = "custom_model_development"
+
 
 class TrackingUnavailable(RuntimeError):
     """The MLflow tracking store cannot be reached."""
@@ -223,6 +230,50 @@ def load_logged_state_dict(client, run_id: str, artifact_path: str = "model") ->
     return state, meta
 
 
+def run_name_for(cfg: Mapping[str, Any], experiment: Optional[str] = None) -> str:
+    """The MLflow run name of a training run configured by ``cfg`` (a validated config).
+
+    An explicit ``tracking.run_name`` (else ``ray.run_name``) wins.  Otherwise the name says
+    what distinguishes runs in the UI: the preset (the config's ``name``, e.g. ``sst-tai2015``;
+    ``experiment`` -- the Experiment's own name -- when the config keeps the default name),
+    the scheduler (when the config has one) and the seed: ``sst-tai2015-coalesce-seed0``.
+    """
+    for section in ("tracking", "ray"):
+        explicit = (cfg.get(section) or {}).get("run_name")
+        if explicit:
+            return str(explicit)
+    preset = cfg.get("name")
+    if not preset or (preset == "experiment" and experiment):
+        preset = experiment or "run"
+    parts = [str(preset)]
+    if cfg.get("scheduler"):
+        parts.append(str(cfg["scheduler"]))
+    if cfg.get("seed") is not None:
+        parts.append(f"seed{cfg['seed']}")
+    return "-".join(parts)
+
+
+def ensure_experiment(client, name: str, kind: str = MODEL_TRAINING_KIND) -> str:
+    """The id of experiment ``name``, created if missing, tagged ``mlflow.experimentKind=kind``
+    (model training by default) unless it already has a kind (a choice made in the UI stays)."""
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        return client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: kind})
+    if EXPERIMENT_KIND_TAG not in (exp.tags or {}):
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, kind)
+    return exp.experiment_id
+
+
+def ui_url(uri: str, experiment_id: str, run_id: Optional[str] = None) -> Optional[str]:
+    """A link that opens an experiment (or one run) in the MLflow UI's model-training view, for
+    an ``http(s)`` tracking URI (``None`` otherwise).  ``workflowType=machine_learning`` selects
+    the view in the MLflow 3.17 UI, whose view otherwise follows the sidebar switch."""
+    if urllib.parse.urlparse(uri).scheme not in ("http", "https"):
+        return None
+    path = f"experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{uri.rstrip('/')}/#/{path}?workflowType=machine_learning"
+
+
 class Tracker:
     """One MLflow run, driven through an ``MlflowClient`` (no global ``mlflow.start_run`` state,
     so it works the same in the driver and in a Ray actor).  ``enabled=False`` makes every
@@ -245,9 +296,10 @@ class Tracker:
     @classmethod
     def start(cls, uri: str, experiment: str, run_name: Optional[str] = None,
               tags: Optional[Mapping[str, str]] = None) -> "Tracker":
+        """Create a run in ``experiment`` (created and tagged for the model-training view by
+        :func:`ensure_experiment` when missing); returns its tracker."""
         t = cls(uri)
-        exp = t.client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp is not None else t.client.create_experiment(experiment)
+        exp_id = ensure_experiment(t.client, experiment)
         run = t.client.create_run(exp_id, run_name=run_name, tags=dict(tags or {}))
         t.run_id = run.info.run_id
         return t

@@ -134,7 +134,7 @@ def _setup_tracking(experiment: Experiment, cfg: dict) -> trk.Tracker:
         trk.check_reachable(uri, cfg["tracking"]["check_timeout_s"])
         tracker = trk.Tracker.start(
             uri, cfg["tracking"]["experiment"] or cfg["name"],
-            run_name=cfg["tracking"]["run_name"] or cfg["ray"]["run_name"],
+            run_name=trk.run_name_for(cfg, experiment.name),
             tags={"experiment": experiment.name, **{k: str(v) for k, v in cfg["tracking"]["tags"].items()}})
     except Exception as e:  # noqa: BLE001
         if mode == "required":

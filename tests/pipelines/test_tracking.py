@@ -112,3 +112,43 @@ def test_optional_tracking_degrades_to_disabled(tmp_path):
     assert not t.enabled
     exp, cfg = _toy_cfg(tmp_path, "tracking=off")
     assert not _setup_tracking(exp, cfg).enabled
+
+
+def test_run_name_for_names_preset_scheduler_and_seed():
+    cfg = {"name": "sst-tai2015", "scheduler": "coalesce", "seed": 3,
+           "tracking": {"run_name": None}, "ray": {"run_name": None}}
+    assert trk.run_name_for(cfg, "sst-treelstm") == "sst-tai2015-coalesce-seed3"
+    no_sched = {"name": "molecules-tox21", "seed": 0, "tracking": {"run_name": None}, "ray": {}}
+    assert trk.run_name_for(no_sched, "weave-tox21") == "molecules-tox21-seed0"
+    default_name = {"name": "experiment", "seed": 1, "tracking": {}, "ray": {}}
+    assert trk.run_name_for(default_name, "toy") == "toy-seed1"
+    assert trk.run_name_for({**cfg, "ray": {"run_name": "ray-name"}}) == "ray-name"
+    assert trk.run_name_for({**cfg, "tracking": {"run_name": "mine"}, "ray": {"run_name": "x"}}) == "mine"
+
+
+def test_run_name_for_a_validated_config(tmp_path):
+    exp, cfg = _toy_cfg(tmp_path, "name=toy-preset", "seed=7")
+    assert trk.run_name_for(cfg, exp.name) == "toy-preset-seed7"
+
+
+def test_experiments_are_tagged_for_the_model_training_view(mlflow_sqlite_uri):
+    t = trk.Tracker.start(mlflow_sqlite_uri, "fresh", run_name="sst-tai2015-coalesce-seed0")
+    client = MlflowClient(mlflow_sqlite_uri)
+    exp = client.get_experiment_by_name("fresh")
+    assert exp.tags[trk.EXPERIMENT_KIND_TAG] == "custom_model_development"
+    assert client.get_run(t.run_id).info.run_name == "sst-tai2015-coalesce-seed0"
+    # an experiment created before (untagged) gets the tag on its next run ...
+    old_id = client.create_experiment("older")
+    trk.Tracker.start(mlflow_sqlite_uri, "older")
+    assert client.get_experiment(old_id).tags[trk.EXPERIMENT_KIND_TAG] == "custom_model_development"
+    # ... and a kind chosen in the UI is kept
+    client.set_experiment_tag(old_id, trk.EXPERIMENT_KIND_TAG, "genai_development")
+    assert trk.ensure_experiment(client, "older") == old_id
+    assert client.get_experiment(old_id).tags[trk.EXPERIMENT_KIND_TAG] == "genai_development"
+
+
+def test_ui_url():
+    assert trk.ui_url("http://127.0.0.1:5000/", "3", "abc") == (
+        "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning")
+    assert trk.ui_url("http://h:5000", "3").endswith("/#/experiments/3?workflowType=machine_learning")
+    assert trk.ui_url("sqlite:///x.db", "3") is None
