@@ -107,6 +107,8 @@ BASE_SCHEMA: dict[str, Field] = {
     "optimizer.kwargs": F(dict, {}, doc="extra keyword arguments for the torch optimizer"),
     "data.skip_bad": F(bool, False, doc="skip unparsable records (counted) instead of raising"),
     "data.cache_eval": F(bool, True, doc="build dev/test batches once (materialize) not per epoch"),
+    "data.cache_traces": F(bool, True, doc="trace each record once per Ray Data worker process and build "
+                                          "later batches from the cached traces (same batches)"),
     "data.progress_bars": F(bool, False, doc="Ray Data progress bars"),
     "data.blocks_per_epoch": F(int, 16, min=1, doc="Ray Data blocks (parallel tasks) per epoch"),
     "ray.address": F(str, None, nullable=True, doc="default: $RAY_ADDRESS or a local Ray"),

@@ -28,7 +28,7 @@ and workers and calls ``summarize`` on the totals to get the metrics
 from __future__ import annotations
 
 import abc
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -75,10 +75,13 @@ class Experiment(abc.ABC):
         ``config["seed"]`` (the glue also seeds torch first)."""
 
     @abc.abstractmethod
-    def make_batch(self, builder: Any, records: Sequence[Any]) -> Any:
+    def make_batch(self, builder: Any, records: Sequence[Any], traces: Optional[Sequence[Any]] = None) -> Any:
         """Turn records into one picklable batch using ``builder`` (see ``batch_builder``).
 
         Runs in Ray Data tasks, never in the training loop (e.g. ``compiler.build_batch``).
+        ``traces``: when given, the records' traces from :meth:`trace_records` (one per
+        record, in order), to build the batch from (``compiler.build_batch_from_traces``)
+        instead of tracing the records again; the batch must be the same.
         """
 
     @abc.abstractmethod
@@ -99,6 +102,12 @@ class Experiment(abc.ABC):
         """What ``make_batch`` needs in Ray Data tasks; built once per worker process and config.
         Default: ``build_model(config, context)`` (e.g. a ``foldengine.Compiler``)."""
         return self.build_model(config, context)
+
+    def trace_records(self, builder: Any, records: Sequence[Any]) -> Optional[list]:
+        """Each record's trace (e.g. ``compiler.trace(model_inputs)``), made once per record
+        and cached by the glue so later epochs only merge traces (``data.cache_traces``);
+        None when this experiment cannot cache traces (the default)."""
+        return None
 
     def eval_stats(self, model: torch.nn.Module, batch: Any) -> dict[str, float]:
         """Sums for ``summarize`` on an eval batch (called under ``torch.no_grad`` with

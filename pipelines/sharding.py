@@ -13,7 +13,8 @@ declares lazy Ray Data datasets:
   group has no dataset.  Cached (materialised) once unless ``data.cache_eval`` is false.
 
 Each row is built in a Ray Data task by :func:`build_rows`: ``experiment.make_batch`` over the
-row's records (seeded from ``(seed, epoch, step, rank)``), pickled into the ``batch`` bytes
+row's records (from their traces, made once per record and process, when ``data.cache_traces``
+is on and the experiment implements ``trace_records``) (seeded from ``(seed, epoch, step, rank)``), pickled into the ``batch`` bytes
 column, with ``n`` (records in this sub-batch), ``denom`` (records in the global step: the
 ``mean`` loss divisor), ``build_s`` and ``step``.  So which records form which step on which
 rank, and the batch built for them, is a pure function of the config: resuming / restarting
@@ -127,6 +128,29 @@ def _cached(key, make: Callable[[], Any]):
     return value
 
 
+class _TraceCache:
+    """The traces of one split's records made so far in this process (``data.cache_traces``):
+    each record is traced once (``experiment.trace_records``), and later batches of it are
+    built from its trace.  Disabled for good when the experiment returns None."""
+
+    def __init__(self, n: int):
+        self.traces: list = [None] * n
+        self.enabled = True
+
+    def get(self, experiment: Experiment, builder: Any, records: list, idx: np.ndarray) -> Optional[list]:
+        if not self.enabled:
+            return None
+        missing = [int(j) for j in idx if self.traces[int(j)] is None]
+        if missing:
+            made = experiment.trace_records(builder, [records[j] for j in missing])
+            if made is None:
+                self.enabled = False
+                return None
+            for j, t in zip(missing, made):
+                self.traces[j] = t
+        return [self.traces[int(j)] for j in idx]
+
+
 def _cfg_key(cfg: Mapping) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -151,6 +175,11 @@ def build_rows(rows: dict, *, experiment: Experiment, cfg: dict, context: Any, r
 
     builder = _cached(("builder", type(experiment).__module__, type(experiment).__qualname__,
                        _cfg_key(cfg)), make_builder)
+    traces = None
+    # eval batches are built once when cached (data.cache_eval): their traces would never be reused
+    reused = shard.kind == "train" or not cfg["data"]["cache_eval"]
+    if cfg["data"].get("cache_traces", False) and reused:
+        traces = _cached(("traces", ref.hex(), _cfg_key(cfg)), lambda: _TraceCache(len(records)))
     out: dict[str, list] = {"batch": [], "n": [], "denom": [], "build_s": [], "step": []}
     for i in rows["id"]:
         i = int(i)
@@ -158,7 +187,10 @@ def build_rows(rows: dict, *, experiment: Experiment, cfg: dict, context: Any, r
         recs = [records[int(j)] for j in idx]
         seed_all(derived_seed(seed, shard.epoch, i, shard.rank, 17))
         t0 = time.perf_counter()
-        blob = pickle.dumps(experiment.make_batch(builder, recs), protocol=pickle.HIGHEST_PROTOCOL)
+        rec_traces = traces.get(experiment, builder, records, idx) if traces is not None else None
+        batch = experiment.make_batch(builder, recs, rec_traces) if rec_traces is not None else \
+            experiment.make_batch(builder, recs)
+        blob = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
         out["build_s"].append(time.perf_counter() - t0)
         out["batch"].append(blob)
         out["n"].append(len(recs))

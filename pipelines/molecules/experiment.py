@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Mapping, NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -158,12 +158,20 @@ class MoleculeExperiment(Experiment):
         model.target_scaling = context
         return model
 
-    def make_batch(self, builder, records: Sequence[MolRecord]) -> MolBatch:
-        graphs = [featurize_cached(r.smiles).model_input() for r in records]
-        t0 = time.perf_counter()
-        b = builder.build_batch(graphs)
+    def make_batch(self, builder, records: Sequence[MolRecord], traces: Optional[Sequence] = None) -> MolBatch:
+        if traces is not None:
+            t0 = time.perf_counter()
+            b = builder.build_batch_from_traces(traces)
+        else:
+            graphs = [featurize_cached(r.smiles).model_input() for r in records]
+            t0 = time.perf_counter()
+            b = builder.build_batch(graphs)
         return MolBatch(b, np.stack([r.labels for r in records]).astype(np.float32),
                         np.asarray([r.id for r in records], np.int64), time.perf_counter() - t0)
+
+    def trace_records(self, builder, records: Sequence[MolRecord]) -> Optional[list]:
+        """Featurise (RDKit) and trace each molecule once: later epochs reuse both."""
+        return builder.trace([featurize_cached(r.smiles).model_input() for r in records])
 
     # ------------------------------------------------------------------ loss / metrics
     def _forward(self, model, batch: MolBatch):

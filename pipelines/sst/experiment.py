@@ -160,8 +160,13 @@ class SSTExperiment(Experiment):
         # Only the plan matters in Ray Data tasks: no need to fetch the embedding matrix.
         return self._compiler(config, context, None)
 
-    def make_batch(self, builder, records: Sequence) -> Any:
+    def make_batch(self, builder, records: Sequence, traces: Optional[Sequence] = None) -> Any:
+        if traces is not None:
+            return builder.build_batch_from_traces(traces)
         return builder.build_batch(records)
+
+    def trace_records(self, builder, records: Sequence) -> Optional[list]:
+        return None if builder.random_blocks else builder.trace(records)
 
     # ------------------------------------------------------------------ loss / metrics
     def _forward(self, model, batch):

@@ -1,0 +1,69 @@
+"""Batches built from cached traces (``data.cache_traces``) are the batches built from records."""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from pipelines.molecules.experiment import MoleculeExperiment, MolRecord, TargetScaling
+from pipelines.sharding import _TraceCache
+
+
+def _plan_bytes(batch) -> bytes:
+    """A Batch's pickled plan and constants (its stats hold timings, so they differ)."""
+    return pickle.dumps((batch.size, batch.consts, batch.calls, batch.step_bounds, batch.index_data,
+                         batch.outputs, batch.metrics, batch.signature))
+
+
+def _molecule_records():
+    smiles = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(O)cc1", "CCN(CC)CC", "O=C(O)c1ccccc1", "CCCCCCCC",
+              "c1ccncc1", "CC(C)Cc1ccc(C(C)C(=O)O)cc1"]
+    return [MolRecord(i, s, np.zeros(12, np.float32)) for i, s in enumerate(smiles)]
+
+
+def test_molecule_batches_from_cached_traces_equal_batches_from_records():
+    exp = MoleculeExperiment("tox21")
+    cfg = {"molecules": {"atom_hidden": 5, "pair_hidden": 4, "n_weave": 2, "gather": "sum",
+                         "mol_hidden": 6, "final_pair_output": False}}
+    builder = exp.batch_builder(cfg, TargetScaling())
+    records = _molecule_records()
+    cache = _TraceCache(len(records))
+    for idx in (np.array([3, 1, 4]), np.array([0, 1, 2, 3, 4, 5, 6, 7]), np.array([7, 3])):
+        recs = [records[int(j)] for j in idx]
+        a = exp.make_batch(builder, recs)
+        b = exp.make_batch(builder, recs, cache.get(exp, builder, records, idx))
+        assert _plan_bytes(a.batch) == _plan_bytes(b.batch)
+        np.testing.assert_array_equal(a.labels, b.labels)
+    assert all(t is not None for t in cache.traces)   # every record traced once, then reused
+
+
+def test_sst_batches_from_cached_traces_equal_batches_from_records(data_dir):
+    import torch
+
+    from pipelines.sst.data import load_split
+    from pipelines.sst.experiment import SSTExperiment
+    from pipelines.sst.model import SentimentModules, build_compiler
+    from pipelines.sst.vocab import build_vocab
+
+    trees, _ = load_split("dev", data_dir=data_dir)
+    trees = trees[:30]
+    vocab = build_vocab(trees)
+    torch.manual_seed(0)
+    builder = build_compiler(SentimentModules(len(vocab.itos), 8, 6), vocab.stoi, scheduler="coalesce")
+    exp = SSTExperiment()
+    cache = _TraceCache(len(trees))
+    for idx in (np.arange(10), np.array([29, 0, 5, 17]), np.arange(30)):
+        recs = [trees[int(j)] for j in idx]
+        assert _plan_bytes(exp.make_batch(builder, recs)) == \
+            _plan_bytes(exp.make_batch(builder, recs, cache.get(exp, builder, trees, idx)))
+
+
+class _NoTraces:
+    def trace_records(self, builder, records):
+        return None
+
+
+def test_trace_cache_turns_itself_off_for_experiments_without_traces():
+    cache = _TraceCache(3)
+    assert cache.get(_NoTraces(), None, [1, 2, 3], np.array([0, 1])) is None
+    assert not cache.enabled
