@@ -11,8 +11,10 @@ from . import blocks, types
 from .batch import Batch, SequenceOutput
 from .blocks import BlockInputError, BlockTypeError
 from .compiler import Compiler, InputError
-from .types import PyObjectType, SequenceType, TensorType, TupleType, VoidType
+from .ops import OperationError
+from .types import BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, VoidType
 
 __all__ = ["Compiler", "Batch", "SequenceOutput", "InputError", "BlockTypeError", "BlockInputError",
-           "blocks", "types", "TensorType", "TupleType", "SequenceType", "PyObjectType", "VoidType"]
+           "OperationError", "blocks", "types", "TensorType", "TupleType", "SequenceType",
+           "BroadcastSequenceType", "PyObjectType", "VoidType"]
 __version__ = "0.1.0"

@@ -46,6 +46,8 @@ class Batch:
         stats: plan statistics (``nodes``, ``steps``, ``calls``, ``gathered_rows``,
             ``index_selects``, ``run_gathers``, ``trace_s``, ``schedule_s``).
         signature: identifies the compiler that built it (checked on execution).
+        metric_lengths: metric name -> int64 ``[size]``, how many values each input gave
+            (``Compiler.metric_lengths`` / ``metric_sequences`` after a forward).
     """
     size: int
     consts: List[np.ndarray]
@@ -56,6 +58,7 @@ class Batch:
     metrics: Dict[str, Gather]
     stats: Dict[str, float] = field(default_factory=dict)
     signature: str = ""
+    metric_lengths: Dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self):
         return self.size

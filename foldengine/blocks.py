@@ -10,42 +10,62 @@ recursion) runs per input and records calls of operations (:class:`Function`, :c
 Values at trace time: a tensor is an opaque handle, a tuple a Python tuple, a sequence a
 Python list, a Python object itself, Void ``None``.
 
-Type errors raise :class:`BlockTypeError` naming the block(s) and both types; bad inputs
-raise :class:`BlockInputError` naming the block (the compiler adds the input's index).
+Type errors raise :class:`BlockTypeError` naming the block(s), where they sit in the tree
+and both types; bad inputs raise :class:`BlockInputError` naming the block, its path and what
+was expected (the compiler adds the input's index).
+
+``block.eval(x)`` evaluates a block on one input (TF Fold's ``eval``), ``block.describe()``
+prints the block tree with its types.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
+import math
+import numbers
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from torch import nn
 
+from . import layers as _layers
 from .ops import make_flattener, make_unflattener
 from .trace import BlockInputError
-from .types import (PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType, as_type,
-                    flatten_tensor_types)
+from .types import (BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType,
+                    as_type, flatten_tensor_types, torch_dtype)
 
 __all__ = [
-    "Block", "BlockTypeError", "BlockInputError", "Scalar", "Tensor", "Function", "InputTransform",
-    "Pipe", "Record", "OneOf", "Optional", "AllOf", "Map", "Fold", "Reduce", "Sum", "Mean", "Max",
-    "Broadcast", "ZipWith", "Zip", "Concat", "Zeros", "Identity", "GetItem", "Length", "Void",
-    "Metric", "Composition", "ForwardDeclaration", "Pending",
+    "Block", "BlockTypeError", "BlockInputError", "Scalar", "Tensor", "Vector", "FromTensor", "Function",
+    "InputTransform", "Pipe", "Record", "OneOf", "Optional", "AllOf", "Map", "Fold", "RNN", "Reduce", "Sum",
+    "Mean", "Max", "Min", "Broadcast", "ZipWith", "Zip", "NGrams", "Nth", "Concat", "Zeros", "Identity",
+    "GetItem", "Slice", "Length", "OneHot", "OneHotFromList", "Void", "Metric", "Composition",
+    "ForwardDeclaration", "FC", "Embedding", "ScopedLayer", "Pending", "convert_to_block",
 ]
 
 
+def where(block) -> str:
+    """``" at PATH"`` for a compiled block (``" at P1 (also used at P2, ...)"`` for a block
+    used in several places); empty before compilation."""
+    paths = getattr(block, "_paths", None) or ([block._path] if getattr(block, "_path", None) else [])
+    if not paths:
+        return ""
+    also = f" (also used at {', '.join(paths[1:])})" if len(paths) > 1 else ""
+    return f" at {paths[0]}{also}"
+
+
 class BlockTypeError(TypeError):
-    """A block received an input type it cannot take (raised at compile time)."""
+    """A block received an input type it cannot take (raised at compile time).  The message
+    names the block, where it sits in the block tree, what it expects and what it got."""
 
     def __init__(self, block, expected: str, got, detail: str = ""):
         self.block = block
         self.expected = expected
         self.got = got
         self.detail = detail
-        where = f" at {block._path}" if getattr(block, "_path", None) else ""
-        msg = f"{block!r}{where} expects input {expected}, got {got!r}"
+        msg = f"{block!r}{where(block)} expects input {expected}, got {got!r}"
         super().__init__(msg + (f": {detail}" if detail else ""))
 
 
@@ -58,7 +78,8 @@ def _listed(x) -> list:
 
 
 def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+    """``BinaryTreeLSTMCell`` -> ``binary_tree_lstm_cell``."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
 class _Broadcast:
@@ -67,6 +88,36 @@ class _Broadcast:
 
     def __init__(self, value):
         self.value = value
+
+    def __repr__(self):
+        return f"Broadcast({self.value!r})"
+
+
+#: how deep ``repr`` shows nested blocks (``describe()`` shows all of them)
+_REPR_DEPTH = 3
+
+
+def _r(block, depth: int) -> str:
+    return block._repr(depth) if isinstance(block, Block) else repr(block)
+
+
+def _fn_name(fn) -> str:
+    if isinstance(fn, functools.partial):
+        return f"partial({_fn_name(fn.func)})"
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _iterable(block, x, what: str = "a sequence") -> list:
+    """``x`` as a list (lists and arrays as they are), or the block's input error."""
+    if isinstance(x, (list, np.ndarray)):
+        return x
+    if isinstance(x, _Broadcast):
+        block._fail(f"expected {what}, got an unbounded Broadcast sequence")
+    try:
+        return list(x)
+    except TypeError:
+        block._fail(f"expected {what} (a list, tuple, array or other iterable), got {type(x).__name__} "
+                    f"{x!r:.60}")
 
 
 _COMPOSITIONS: List["Composition"] = []  # the stack of open Composition scopes
@@ -135,6 +186,7 @@ class Block:
         self.input_type: Optional[Type] = None
         self.output_type: Optional[Type] = None
         self._path: Optional[str] = None
+        self._paths: List[str] = []
         self._scope: Tuple[str, ...] = ()
         self._compile_id = -1
 
@@ -144,6 +196,11 @@ class Block:
 
     def __rrshift__(self, other):
         return Pipe(_as_block(other), self)
+
+    @property
+    def paths(self) -> Tuple[str, ...]:
+        """Where this block sits in the last compiled tree, one path per place it is used."""
+        return tuple(self._paths)
 
     def reads(self, *sources: "Block") -> "Block":
         """Wire this block's input to the outputs of ``sources`` inside a Composition scope.
@@ -166,6 +223,9 @@ class Block:
         if self._compile_id != cc.compile_id:  # first visit by this compiler
             self._reset_types()
             self._compile_id = cc.compile_id
+            self._paths = []
+        if path not in self._paths:
+            self._paths.append(path)
         if self.input_type is not None:
             if in_type != self.input_type:
                 raise BlockTypeError(self, repr(self.input_type), in_type,
@@ -217,18 +277,120 @@ class Block:
     def _fail(self, message: str):
         raise BlockInputError(self, message)
 
+    # ----- printing ------------------------------------------------------------------------
     def __repr__(self):
-        return type(self).__name__ + (f"({self.name!r})" if self.name else "")
+        return self._repr(_REPR_DEPTH)
+
+    def _repr(self, depth: int) -> str:
+        """``Type('name')`` for a named block, else ``Type(args)`` with nested blocks shown
+        ``depth`` levels deep."""
+        if self.name:
+            return f"{type(self).__name__}({self.name!r})"
+        return f"{type(self).__name__}({self._repr_args(depth - 1) if depth > 0 else '...'})"
+
+    def _repr_args(self, depth: int) -> str:
+        return ", ".join(_r(c, depth) for c in self.children())
+
+    def _labelled_children(self) -> List[Tuple[Optional[str], "Block"]]:
+        return [(None, c) for c in self.children()]
+
+    def _head(self) -> str:
+        if self.children():
+            return type(self).__name__ + (f"({self.name!r})" if self.name else "")
+        return repr(self)
+
+    def describe(self) -> str:
+        """The block tree, one block a line, indented, with each block's types once compiled
+        (``input -> output``); recursive declarations are listed once, after the tree."""
+        lines: List[str] = []
+        decls: list = []
+
+        def walk(b, label, indent):
+            head = "  " * indent + (f"{label}: " if label is not None else "") + b._head()
+            if b.input_type is not None:
+                head += f"  :: {b.input_type!r} -> {b.output_type!r}"
+            lines.append(head)
+            decl = getattr(b, "decl", None)
+            if isinstance(b, _Reference) and decl.block is not None and decl not in decls:
+                decls.append(decl)
+            for lab, c in b._labelled_children():
+                walk(c, lab, indent + 1)
+        walk(self, None, 0)
+        i = 0
+        while i < len(decls):
+            lines.append(f"{decls[i].name}() :=")
+            walk(decls[i].block, None, 1)
+            i += 1
+        return "\n".join(lines)
+
+    # ----- interactive evaluation ------------------------------------------------------------
+    def eval(self, inp, tolist: bool = False, input_type: Optional[Type] = None):
+        """Evaluate this block on one input (TF Fold's ``block.eval``), for testing and
+        interactive development: compiles the block (a new :class:`~foldengine.Compiler`
+        each call), builds a batch of the one input and runs it.
+
+        Args:
+            inp: the input.  A block whose input type is a tensor structure (known from an
+                earlier compilation, or given as ``input_type``) takes NumPy arrays / Python
+                numbers of that structure.
+            tolist: return Python lists instead of tensors.
+            input_type: the block's input type (default: as last compiled, else Python
+                objects).
+
+        Returns:
+            The output without a batch dimension: a tensor for a tensor type, a tuple for a
+            tuple type, a list for a sequence, None for Void.  When the block holds
+            ``Metric`` blocks: ``(result, metrics)``, ``metrics`` mapping each name to every
+            value it saw (a tensor, one row per value).
+        """
+        from .compiler import evaluate_block  # the compiler imports this module
+        return evaluate_block(self, inp, tolist=tolist, input_type=input_type)
+
+
+_CONVERTIBLE = ("a Block; a callable such as an nn.Module or a function on batched tensors (wrapped in "
+                "Function); an nn.RNNCell/GRUCell/LSTMCell (wrapped in ScopedLayer); a dict, a tuple of "
+                "blocks or a list of (key, block) pairs (wrapped in Record); or a NumPy array / torch "
+                "tensor (a constant, FromTensor)")
 
 
 def _as_block(x) -> Block:
+    """``x`` as a block (TF Fold's ``convert_to_block``): see :func:`convert_to_block`."""
     if isinstance(x, Block):
         return x
     if isinstance(x, ForwardDeclaration):
         raise TypeError("use a ForwardDeclaration by calling it: decl() makes a reference block")
+    if isinstance(x, nn.RNNCellBase):
+        return ScopedLayer(x)
+    if isinstance(x, (np.ndarray, torch.Tensor)):
+        return FromTensor(x)
     if callable(x):
         return Function(x)
-    raise TypeError(f"cannot convert {x!r} to a block")
+    if isinstance(x, dict) or (isinstance(x, list) and x and all(
+            isinstance(i, (tuple, list)) and len(i) == 2 for i in x)):
+        return Record(x)
+    if isinstance(x, tuple) and x:
+        return Record(list(enumerate(x)))
+    raise TypeError(f"cannot convert {x!r:.60} (of type {type(x).__name__}) to a block; expected {_CONVERTIBLE}")
+
+
+def convert_to_block(block_like) -> Block:
+    """Convert ``block_like`` to a block, as every combinator does with its arguments.
+
+    ============================================= =================================
+    ``block_like``                                result
+    ============================================= =================================
+    a :class:`Block`                              itself
+    ``nn.RNNCell``, ``GRUCell``, ``LSTMCell``     ``ScopedLayer(cell)``
+    a NumPy array or torch tensor                 ``FromTensor(value)``
+    any other callable (``nn.Module``, function)  ``Function(callable)``
+    a dict or a list of ``(key, block)`` pairs    ``Record(block_like)``
+    a tuple of blocks                             ``Record`` by position
+    ============================================= =================================
+
+    Raises:
+        TypeError: anything else, saying what is accepted.
+    """
+    return _as_block(block_like)
 
 
 def _require_pyobject(block: Block, t: Type):
@@ -240,45 +402,197 @@ def _require_pyobject(block: Block, t: Type):
 # Atomic blocks
 # =======================================================================================
 
-_SCALAR_PY = (int, float, bool, np.integer, np.floating, np.bool_)
-#: exact classes that Scalar's fast path records without checking
-_FAST_SCALARS = frozenset({int, float, bool, np.int64, np.int32, np.float32, np.float64, np.bool_})
+#: exact classes of values that Scalar's fast path takes after one range comparison
+_FAST_INTS = frozenset({int, bool, np.int64, np.int32, np.int16, np.int8, np.uint8, np.bool_})
+_FAST_FLOATS = _FAST_INTS | {float, np.float64, np.float32, np.float16}
+
+
+def _dtype_range(dtype: str) -> Tuple[float, float]:
+    """The finite range of a dtype (``(0, 1)`` for bool)."""
+    td = torch_dtype(dtype)
+    if td == torch.bool:
+        return 0, 1
+    info = torch.finfo(td) if td.is_floating_point else torch.iinfo(td)
+    return info.min, info.max
+
+
+def _scalar_value(block, x, dtype: str, lo, hi, kind: str, bound=None):
+    """``x`` checked as a scalar of ``dtype`` (a Python or NumPy number, or a 0-d array or
+    tensor): returns it (a 0-d array or tensor as a Python number), or raises the block's
+    input error saying what was expected.  ``bound``: ``(n, consumer)``, the value must be
+    an index in ``[0, n)``."""
+    if isinstance(x, (np.ndarray, torch.Tensor)):
+        if x.ndim != 0:
+            block._fail(f"expected a scalar, got an array of shape {list(x.shape)}")
+        x = x.item()
+    v = x.item() if isinstance(x, np.generic) else x
+    if v is None:
+        block._fail(f"expected a scalar (a number) of dtype {dtype}, got None (a missing value; "
+                    "Optional(...) turns None into zeros)")
+    if isinstance(v, bool):
+        return x
+    if isinstance(v, numbers.Integral):
+        v = int(v)
+    elif isinstance(v, numbers.Real):
+        v = float(v)
+        if kind != "f":
+            if not math.isfinite(v) or v != int(v):
+                block._fail(f"expected an integer for a scalar of dtype {dtype}, got {v!r} (not truncated)")
+            v = int(v)
+    else:
+        block._fail(f"expected a scalar (an int, float or bool number) of dtype {dtype}, got "
+                    f"{type(x).__name__} {x!r:.60}")
+    if kind == "f":
+        try:
+            vf = float(v)
+        except OverflowError:
+            vf = None
+        if vf is None or (math.isfinite(vf) and not lo <= vf <= hi):
+            block._fail(f"{v!r:.40} overflows {dtype} (largest magnitude {hi:.4g})")
+        return x
+    if kind == "b" and v not in (0, 1):
+        block._fail(f"expected 0, 1 or a bool for a bool scalar, got {v!r}")
+    if not lo <= v <= hi:
+        block._fail(f"{v!r} overflows {dtype} (range [{lo}, {hi}])")
+    if bound is not None and not 0 <= v < bound[0]:
+        block._fail(f"index {v!r} out of range [0, {bound[0]}) of {bound[1]!r}{where(bound[1])}")
+    return x
 
 
 class Scalar(Block):
-    """Python scalar -> ``TensorType([], dtype)``."""
+    """Python scalar -> ``TensorType([], dtype)`` (paper sec. 3.2).
+
+    Takes a Python or NumPy number, a bool, or a 0-d array/tensor.  Every value is checked
+    while tracing: ``None`` (use ``Optional``), strings, non-integral floats for an integer
+    dtype and values that overflow the dtype are input errors naming the input's index and
+    the block.  A Scalar whose value feeds an embedding (``Scalar('int64') >>
+    Function(nn.Embedding(n, d))`` or ``>> Embedding(n, d, mod_inputs=False)``) also checks
+    that the value is an index in ``[0, n)``.
+    """
 
     def __init__(self, dtype: str = "float32", name=None):
         super().__init__(name)
         self.type = TensorType((), dtype)
+        self._bound = None
+
+    def _reset_types(self):
+        super()._reset_types()
+        self._bound = None
+
+    def _limit_index(self, n: int, consumer: Block):
+        """The value is an index into ``consumer`` (an embedding with ``n`` rows)."""
+        if self.type.dtype in ("int64", "int32", "int16", "int8", "uint8"):
+            if self._bound is None or n < self._bound[0]:
+                self._bound = (n, consumer)
 
     def _infer(self, t, cc):
         _require_pyobject(self, t)
         self._tid = cc.tid(self.type)
+        dtype = self.type.dtype
+        self._kind = "f" if torch_dtype(dtype).is_floating_point else ("b" if dtype == "bool" else "i")
+        self._lo, self._hi = _dtype_range(dtype)
         return self.type
 
+    def _check(self, x):
+        return _scalar_value(self, x, self.type.dtype, self._lo, self._hi, self._kind, self._bound)
+
     def _trace(self, x, ctx):
-        if not isinstance(x, _SCALAR_PY) and np.ndim(x) != 0:
-            self._fail(f"expected a scalar, got {type(x).__name__} {x!r:.60}")
-        return ctx.const(self._tid, x)
+        return ctx.const(self._tid, self._check(x))
+
+    def _check_array(self, xs: np.ndarray) -> Optional[np.ndarray]:
+        """``xs`` (1-d) converted to the dtype when every value is valid, else None."""
+        k = xs.dtype.kind
+        if not len(xs):
+            return xs.astype(self.type.dtype)
+        if k == "b":
+            return xs.astype(self.type.dtype)
+        if k not in "iuf":
+            return None
+        if self._kind == "f":
+            if k == "f":
+                finite = xs[np.isfinite(xs)]
+                if len(finite) and (finite.min() < self._lo or finite.max() > self._hi):
+                    return None
+            return xs.astype(self.type.dtype)
+        if k == "f" and (not np.isfinite(xs).all() or (xs != np.round(xs)).any()):
+            return None
+        lo, hi = self._lo, self._hi
+        if self._bound is not None:
+            lo, hi = 0, self._bound[0] - 1
+        if xs.min() < lo or xs.max() > hi:
+            return None
+        return xs.astype(self.type.dtype)
 
     def _trace_many(self, xs, ctx):
         if isinstance(xs, np.ndarray) and xs.ndim == 1:
-            return ctx.const_many(self._tid, xs.astype(self.type.dtype, copy=False))
-        return Block._trace_many(self, xs, ctx)
+            arr = self._check_array(xs)
+            if arr is not None:
+                return ctx.const_many(self._tid, arr)
+        return Block._trace_many(self, xs, ctx)   # checks each value (raises at the first bad one)
 
     def _fast_tracer(self, b):
-        record, slow, fast = b.tracer.const_recorder(self._tid), b.interpreted(self), _FAST_SCALARS
+        record, slow = b.tracer.const_recorder(self._tid), b.interpreted(self)
+        fast = _FAST_FLOATS if self._kind == "f" else _FAST_INTS
+        lo, hi = (0, self._bound[0] - 1) if self._bound is not None else (self._lo, self._hi)
 
         def scalar(x):
-            if x.__class__ not in fast:
-                return slow(x)  # validates (and records) as _trace does
-            return record(x)
+            if x.__class__ in fast and lo <= x <= hi:
+                return record(x)
+            return slow(x)  # checks (and records) as _trace does
         return scalar
+
+    def _repr_args(self, depth):
+        return "" if self.type.dtype == "float32" else f"dtype={self.type.dtype!r}"
+
+
+def _tensor_value(block, x, t: TensorType) -> np.ndarray:
+    """``x`` as an array of ``t`` (checked: numeric, integral for integer dtypes, in range,
+    of the right shape), or the block's input error."""
+    dtype = t.dtype
+    if isinstance(x, np.ndarray) and x.dtype == dtype:
+        arr = x
+    else:
+        if isinstance(x, torch.Tensor):
+            x = x.detach().cpu().numpy()
+        try:
+            arr = np.asarray(x)
+        except (TypeError, ValueError) as err:
+            block._fail(f"cannot convert the input to an array of dtype {dtype}: {err}")
+        k = arr.dtype.kind
+        if k == "O" and arr.size and all(isinstance(v, numbers.Real) for v in arr.ravel().tolist()):
+            try:   # Python ints beyond int64
+                arr = arr.astype(dtype)
+            except OverflowError:
+                block._fail(f"values overflow {dtype}")
+            k = arr.dtype.kind
+        if k not in "biuf":
+            block._fail(f"expected numbers for an array of dtype {dtype}, got {type(x).__name__} {x!r:.60} "
+                        f"(NumPy dtype {arr.dtype})")
+        target = torch_dtype(dtype)
+        if k == "f" and target.is_floating_point:
+            # kept as given: the batch converts to the executed dtype (float64 after
+            # compiler.to(torch.float64) keeps the input's precision)
+            if arr.shape != t.shape:
+                block._fail(f"expected an array of shape {list(t.shape)}, got shape {list(arr.shape)}")
+            return arr
+        if arr.dtype != dtype and arr.size:
+            if not target.is_floating_point and target != torch.bool:
+                if k == "f" and (not np.isfinite(arr).all() or (arr != np.round(arr)).any()):
+                    block._fail(f"expected integers for an array of dtype {dtype}, got non-integral values "
+                                "(not truncated)")
+                lo, hi = _dtype_range(dtype)
+                if k != "b" and (arr.min() < lo or arr.max() > hi):
+                    block._fail(f"values overflow {dtype} (range [{lo}, {hi}])")
+        arr = arr.astype(dtype, copy=False)
+    if arr.shape != t.shape:
+        block._fail(f"expected an array of shape {list(t.shape)}, got shape {list(arr.shape)}")
+    return arr
 
 
 class Tensor(Block):
-    """NumPy array (or nested list) of a fixed shape -> ``TensorType(shape, dtype)``."""
+    """NumPy array (or nested list) of a fixed shape -> ``TensorType(shape, dtype)`` (paper
+    sec. 3.2).  Values are checked like :class:`Scalar`'s (numbers only, integral for an
+    integer dtype, in range) and the shape must match."""
 
     def __init__(self, shape, dtype: str = "float32", name=None):
         super().__init__(name)
@@ -290,50 +604,153 @@ class Tensor(Block):
         return self.type
 
     def _trace(self, x, ctx):
-        try:
-            arr = np.asarray(x, dtype=self.type.dtype)
-        except (TypeError, ValueError) as err:
-            self._fail(f"cannot convert input to a {self.type.dtype} array: {err}")
-        if arr.shape != self.type.shape:
-            self._fail(f"expected an array of shape {list(self.type.shape)}, got shape {list(arr.shape)}")
-        return ctx.const(self._tid, arr)
+        return ctx.const(self._tid, _tensor_value(self, x, self.type))
 
     def _trace_many(self, xs, ctx):
         if isinstance(xs, np.ndarray) and xs.ndim == len(self.type.shape) + 1:
             if xs.shape[1:] != self.type.shape:
                 self._fail(f"expected rows of shape {list(self.type.shape)}, got an array of shape {list(xs.shape)}")
-            return ctx.const_many(self._tid, xs.astype(self.type.dtype, copy=False))
+            if xs.dtype != self.type.dtype:
+                xs = _tensor_value(self, xs, TensorType(xs.shape, self.type.dtype))
+            return ctx.const_many(self._tid, xs)
         return Block._trace_many(self, xs, ctx)
+
+    def _repr_args(self, depth):
+        dt = "" if self.type.dtype == "float32" else f", dtype={self.type.dtype!r}"
+        return f"shape={list(self.type.shape)}{dt}"
+
+
+def Vector(size: int, dtype: str = "float32", name=None) -> Tensor:
+    """A vector of ``size`` numbers: ``Tensor([size], dtype)`` (TF Fold's ``Vector``)."""
+    return Tensor((size,), dtype, name=name)
+
+
+def _zeros_value(t: Type, leaf):
+    """The value of zeros of type ``t``: ``leaf(tensor_type)`` for tensors, tuples of those,
+    an empty list for a sequence, None for Void."""
+    if isinstance(t, TensorType):
+        return leaf(t)
+    if isinstance(t, TupleType):
+        return tuple(_zeros_value(i, leaf) for i in t.items)
+    if isinstance(t, SequenceType):
+        return []
+    return None
+
+
+def _all_tensor_types(t: Type) -> List[TensorType]:
+    """The tensor types in ``t``, inside sequences too."""
+    if isinstance(t, TensorType):
+        return [t]
+    if isinstance(t, TupleType):
+        return [x for i in t.items for x in _all_tensor_types(i)]
+    if isinstance(t, SequenceType):
+        return _all_tensor_types(t.element)
+    return []
+
+
+def _check_zeros_type(t: Type):
+    if isinstance(t, (PyObjectType, BroadcastSequenceType)):
+        raise TypeError(f"Zeros needs a type of tensors, tuples, sequences or Void, got {t!r}")
+    if isinstance(t, TupleType):
+        for i in t.items:
+            _check_zeros_type(i)
+    elif isinstance(t, SequenceType):
+        _check_zeros_type(t.element)
 
 
 class Zeros(Block):
-    """Any input -> zeros of a tensor type or tuple of tensor types (e.g. ``Zeros(300)``)."""
+    """Any input -> zeros of ``output_type`` (TF Fold's ``Zeros``): zeros for a tensor type, a
+    tuple of zeros for a tuple type, an empty sequence for a sequence type, nothing for Void.
+
+    ``output_type`` is a type or anything :func:`foldengine.types.as_type` converts: a shape
+    (``Zeros(300)``, ``Zeros((2, 3))``), or nested shapes for tuples (``Zeros(((3,), (3,)))``
+    is an LSTM's ``(h, c)`` state of two 3-vectors).
+    """
 
     def __init__(self, output_type, name=None):
         super().__init__(name)
         if isinstance(output_type, tuple) and output_type and all(isinstance(t, Type) for t in output_type):
             output_type = TupleType(output_type)
         self.type = as_type(output_type)
-        if not self.type.is_tensor_structure:
-            raise TypeError(f"Zeros needs a tensor or tuple-of-tensors type, got {self.type!r}")
+        _check_zeros_type(self.type)
 
     def _infer(self, t, cc):
-        flat = flatten_tensor_types(self.type)
-        self._tids = [(cc.tid(tt), np.zeros(tt.shape, tt.dtype)) for tt in flat]
+        self._tids = {tt: (cc.tid(tt), np.zeros(tt.shape, tt.dtype)) for tt in _all_tensor_types(self.type)}
         self._simple = isinstance(self.type, TensorType)
-        self._unflatten = make_unflattener(self.type)
+        self._flat = [self._tids[tt] for tt in flatten_tensor_types(self.type)] \
+            if self.type.is_tensor_structure else None
+        self._unflatten = make_unflattener(self.type) if self._flat is not None else None
         return self.type
 
     def _trace(self, x, ctx):
-        if self._simple:
-            return ctx.zeros(*self._tids[0])
-        return self._unflatten([ctx.zeros(tid, z) for tid, z in self._tids])
+        if self._flat is not None:
+            if self._simple:
+                return ctx.zeros(*self._flat[0])
+            return self._unflatten.fn([ctx.zeros(tid, z) for tid, z in self._flat])
+        tids = self._tids
+        return _zeros_value(self.type, lambda tt: ctx.zeros(*tids[tt]))
 
     def _fast_tracer(self, b):
         if not self._simple:
             return b.interpreted(self)
-        zeros, (tid, value) = b.tracer.zeros, self._tids[0]
+        zeros, (tid, value) = b.tracer.zeros, self._tids[self.type]
         return lambda x: zeros(tid, value)
+
+    def _repr_args(self, depth):
+        return repr(self.type)
+
+
+class _ParameterFn(nn.Module):
+    """A learned tensor, repeated for every row of its (empty) input: the operation of a
+    trainable :class:`FromTensor`."""
+
+    def __init__(self, value: torch.Tensor):
+        super().__init__()
+        self.value = value if isinstance(value, nn.Parameter) else nn.Parameter(value.detach().clone())
+
+    def forward(self, x):
+        return self.value.unsqueeze(0).expand((x.shape[0],) + tuple(self.value.shape))
+
+
+class FromTensor(Block):
+    """Any input -> a fixed tensor (TF Fold's ``FromTensor``): ``tensor`` is a NumPy array or
+    a torch tensor.  A tensor that requires grad (an ``nn.Parameter``) is learned: it is
+    registered with the compiler (under this block's name) and receives gradients; other
+    values are constants.  Output type: ``TensorType(tensor.shape, tensor.dtype)``."""
+
+    def __init__(self, tensor, name=None):
+        if isinstance(tensor, torch.Tensor):
+            dtype = str(tensor.dtype).replace("torch.", "")
+            trainable = tensor.requires_grad
+        elif isinstance(tensor, np.ndarray):
+            dtype, trainable = tensor.dtype.name, False
+        else:
+            raise TypeError(f"FromTensor takes a NumPy array or a torch tensor, got {type(tensor).__name__}")
+        super().__init__(name if name is not None else ("from_tensor" if trainable else None))
+        self.type = TensorType(tuple(tensor.shape), dtype)
+        if trainable:
+            self.fn = _ParameterFn(tensor)
+            self.value = None
+        else:
+            self.fn = None
+            self.value = tensor.detach().cpu().numpy() if isinstance(tensor, torch.Tensor) else tensor.copy()
+
+    def _infer(self, t, cc):
+        if self.fn is None:
+            self._tid = cc.tid(self.type)
+        else:
+            empty = TensorType((0,), self.type.dtype)
+            self._empty = (cc.tid(empty), np.zeros((0,), empty.dtype))
+            self._op = cc.function_op(self, empty, self.type)
+        return self.type
+
+    def _trace(self, x, ctx):
+        if self.fn is None:
+            return ctx.const(self._tid, self.value)
+        return ctx.call1(self._op, [ctx.zeros(*self._empty)])
+
+    def _repr_args(self, depth):
+        return f"shape={list(self.type.shape)}, dtype={self.type.dtype!r}" + (", trainable" if self.fn else "")
 
 
 class InputTransform(Block):
@@ -369,8 +786,8 @@ class InputTransform(Block):
     def _trace_one(self, x):
         return self._trace(x, None)
 
-    def __repr__(self):
-        return f"InputTransform({self.name or getattr(self.fn, '__name__', 'fn')!r})"
+    def _repr(self, depth):
+        return f"InputTransform({self.name or _fn_name(self.fn)!r})"
 
 
 class Identity(Block):
@@ -403,39 +820,69 @@ class Void(Block):
 
 
 class Length(Block):
-    """Sequence (or Python sized object) -> its length as a scalar tensor."""
+    """Sequence, tuple or Python sized object -> its length as a scalar tensor of ``dtype``
+    (TF Fold's ``Length``).  An unbounded Broadcast sequence is refused at compile time."""
 
     def __init__(self, dtype: str = "float32", name=None):
         super().__init__(name)
         self.type = TensorType((), dtype)
 
     def _infer(self, t, cc):
-        if not isinstance(t, (SequenceType, PyObjectType)):
-            raise BlockTypeError(self, "a SequenceType or PyObjectType", t)
+        if isinstance(t, BroadcastSequenceType):
+            raise BlockTypeError(self, "a finite sequence", t, "a Broadcast sequence has no length")
+        if not isinstance(t, (SequenceType, TupleType, PyObjectType)):
+            raise BlockTypeError(self, "a SequenceType, TupleType or PyObjectType", t)
         self._tid = cc.tid(self.type)
         return self.type
 
     def _trace(self, x, ctx):
-        if isinstance(x, _Broadcast):
-            self._fail("the length of a Broadcast sequence is unbounded")
-        return ctx.const(self._tid, len(x))
+        try:
+            n = len(x)
+        except TypeError:
+            self._fail(f"expected a sized value (a sequence), got {type(x).__name__} {x!r:.60}")
+        return ctx.const(self._tid, n)
+
+    def _repr_args(self, depth):
+        return "" if self.type.dtype == "float32" else f"dtype={self.type.dtype!r}"
+
+
+def _slice_repr(key) -> str:
+    if not isinstance(key, slice):
+        return repr(key)
+    parts = [f"{k}={v!r}" for k, v in (("start", key.start), ("stop", key.stop), ("step", key.step))
+             if v is not None]
+    return "slice(" + ", ".join(parts) + ")"
 
 
 class GetItem(Block):
-    """``x[key]``: a tuple field (int key), a sequence element, or a Python item."""
+    """``x[key]`` (TF Fold's ``GetItem``).
+
+    Type rules: on a ``TupleType`` an int key gives that item's type and a slice the tuple of
+    the sliced items; on a ``SequenceType`` an int key gives the element type and a slice the
+    same sequence type; on Python objects, a Python object.  An int key of a Broadcast
+    sequence gives its repeated value; a slice of it is refused.  A missing key or index is
+    an input error naming the input.
+    """
 
     def __init__(self, key, name=None):
         super().__init__(name)
         self.key = key
 
     def _infer(self, t, cc):
+        key = self.key
         if isinstance(t, TupleType):
-            if not isinstance(self.key, int) or not -len(t) <= self.key < len(t):
-                raise BlockTypeError(self, f"a tuple with an item {self.key!r}", t)
-            return t.items[self.key]
+            if isinstance(key, slice):
+                return TupleType(t.items[key])
+            if not isinstance(key, int) or not -len(t) <= key < len(t):
+                raise BlockTypeError(self, f"a tuple with an item {key!r}", t)
+            return t.items[key]
         if isinstance(t, SequenceType):
-            if not isinstance(self.key, int):
-                raise BlockTypeError(self, "an int key for a sequence", t)
+            if isinstance(key, slice):
+                if isinstance(t, BroadcastSequenceType):
+                    raise BlockTypeError(self, "a finite sequence to slice", t)
+                return t
+            if not isinstance(key, int):
+                raise BlockTypeError(self, "an int key or a slice for a sequence", t)
             return t.element
         if isinstance(t, PyObjectType):
             return t
@@ -447,13 +894,170 @@ class GetItem(Block):
         except (KeyError, IndexError, TypeError) as err:
             if isinstance(x, _Broadcast):
                 return x.value
-            self._fail(f"cannot get item {self.key!r} of a {type(x).__name__}: {err}")
+            self._fail(f"cannot get item {_slice_repr(self.key)} of a {type(x).__name__}: {err!r}")
 
     def _fast_tracer(self, b):
         return _get_items_tracer([self], b)
 
-    def __repr__(self):
-        return f"GetItem({self.key!r})"
+    def _repr(self, depth):
+        return f"GetItem({_slice_repr(self.key)}" + (f", name={self.name!r})" if self.name else ")")
+
+
+class Slice(GetItem):
+    """``x[start:stop:step]`` of a sequence, tuple or Python object (TF Fold's ``Slice``):
+    ``GetItem(slice(start, stop, step))``.  Keyword arguments only (``Slice(start=1)``,
+    ``Slice(step=-1)`` reverses), as in TF Fold.  Type rules as :class:`GetItem`'s."""
+
+    def __init__(self, *args, start=None, stop=None, step=None, name=None):
+        if args:
+            raise TypeError("Slice takes keyword arguments only (start=, stop=, step=), "
+                            "to avoid the ambiguity of Slice(n)")
+        super().__init__(slice(start, stop, step), name=name)
+
+    def _repr(self, depth):
+        k = self.key
+        parts = [f"{n}={v!r}" for n, v in (("start", k.start), ("stop", k.stop), ("step", k.step), ("name", self.name))
+                 if v is not None]
+        return "Slice(" + ", ".join(parts) + ")"
+
+
+class Nth(Block):
+    """``Tuple(Sequence(t), PyObject) -> t``: ``x[0][x[1]]``, the element of a sequence at an
+    index given by the input (TF Fold's ``Nth``)::
+
+        (fb.Map(fb.Scalar()), fb.Identity()) >> fb.Nth()   # ([...], n) -> the n-th element
+
+    The index must be an int within the sequence (negative counts from the end); otherwise
+    an input error names the input.  Broadcast sequences are refused at compile time.
+    """
+
+    def _infer(self, t, cc):
+        if not isinstance(t, TupleType) or len(t) != 2:
+            raise BlockTypeError(self, "a pair (sequence, index)", t)
+        seq, n = t.items
+        if not isinstance(seq, SequenceType) or isinstance(seq, BroadcastSequenceType):
+            raise BlockTypeError(self, "a finite SequenceType as the first item", t)
+        if not isinstance(n, PyObjectType):
+            raise BlockTypeError(self, "a Python int (PyObjectType) as the second item", t)
+        return seq.element
+
+    def _trace(self, x, ctx):
+        seq, n = x
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
+            self._fail(f"expected an int index, got {type(n).__name__} {n!r:.40}")
+        try:
+            return seq[n]
+        except IndexError:
+            self._fail(f"index {n} out of range for a sequence of length {len(seq)}")
+
+
+class OneHot(Block):
+    """Python int -> a one-hot vector (TF Fold's ``OneHot``): ``OneHot(n)`` covers ``[0, n)``,
+    ``OneHot(start, stop)`` covers ``[start, stop)``; the output is
+    ``TensorType([stop - start], dtype)`` with a 1 at ``x - start``.  A value outside the
+    range is an input error (TF Fold raised ``KeyError``).
+
+    Raises:
+        IndexError: the range is empty.
+    """
+
+    def __init__(self, start: int, stop: Optional[int] = None, dtype: str = "float32", name=None):
+        if stop is None:
+            start, stop = 0, start
+        n = stop - start
+        if n <= 0:
+            raise IndexError(f"range [{start}, {stop}) is empty")
+        super().__init__(name)
+        self.start, self.stop = start, stop
+        self.type = TensorType((n,), dtype)
+        rows = np.identity(n, self.type.dtype)
+        self._rows = {k: row for k, row in enumerate(rows, start)}
+        self._strict = True
+
+    def _infer(self, t, cc):
+        _require_pyobject(self, t)
+        self._tid = cc.tid(self.type)
+        return self.type
+
+    def _row(self, x):
+        try:
+            row = self._rows.get(x)
+        except TypeError:   # unhashable
+            row = None
+        if row is None:
+            self._fail(self._missing(x))
+        return row
+
+    def _missing(self, x) -> str:
+        return f"{x!r:.40} is not in the one-hot range [{self.start}, {self.stop})"
+
+    def _trace(self, x, ctx):
+        return ctx.const(self._tid, self._row(x))
+
+    def _fast_tracer(self, b):
+        record, get, slow = b.tracer.const_recorder(self._tid), self._rows.get, b.interpreted(self)
+
+        def one_hot(x):
+            try:
+                row = get(x)
+            except TypeError:
+                return slow(x)
+            if row is None:
+                return slow(x)
+            return record(row)
+        return one_hot
+
+    def _repr_args(self, depth):
+        dt = "" if self.type.dtype == "float32" else f", dtype={self.type.dtype!r}"
+        return f"{self.start}, {self.stop}{dt}"
+
+
+class OneHotFromList(OneHot):
+    """Python object -> a one-hot vector over ``elements`` (TF Fold's ``OneHotFromList``):
+    element ``i`` of the list gets the basis vector ``i``; the output is
+    ``TensorType([len(elements)], dtype)``.  Anything else is an input error when ``strict``,
+    else the zero vector.
+
+    Raises:
+        ValueError: ``elements`` holds duplicates.
+        IndexError: ``elements`` is empty (as ``OneHot`` of an empty range).
+    """
+
+    def __init__(self, elements, dtype: str = "float32", strict: bool = True, name=None):
+        elements = list(elements)
+        if not elements:
+            raise IndexError("OneHotFromList needs at least one element")
+        Block.__init__(self, name)
+        n = len(elements)
+        self.elements = elements
+        self.start, self.stop = 0, n
+        self.type = TensorType((n,), dtype)
+        rows = np.identity(n, self.type.dtype)
+        self._rows = {e: rows[i] for i, e in enumerate(elements)}
+        if len(self._rows) != n:
+            raise ValueError("OneHotFromList was given duplicate elements")
+        self._strict = bool(strict)
+        self._zero = np.zeros(n, self.type.dtype)
+
+    def _row(self, x):
+        if self._strict:
+            return OneHot._row(self, x)
+        try:
+            row = self._rows.get(x)
+        except TypeError:
+            row = None
+        return self._zero if row is None else row
+
+    def _fast_tracer(self, b):
+        if self._strict:
+            return OneHot._fast_tracer(self, b)
+        return b.interpreted(self)
+
+    def _missing(self, x) -> str:
+        return f"{x!r:.40} is not one of the {len(self.elements)} elements"
+
+    def _repr_args(self, depth):
+        return f"{self.elements!r:.60}" + ("" if self._strict else ", strict=False")
 
 
 class Metric(Block):
@@ -480,7 +1084,7 @@ class Metric(Block):
             record(x)
         return metric
 
-    def __repr__(self):
+    def _repr(self, depth):
         return f"Metric({self.metric_name!r})"
 
 
@@ -489,37 +1093,49 @@ class Metric(Block):
 # =======================================================================================
 
 class Function(Block):
-    """An operation: a callable on batched tensors, usually an ``nn.Module``.
+    """An operation: a callable on batched tensors, usually an ``nn.Module`` (paper sec. 3.2).
 
     Input: a tensor or a (nested) tuple of tensors; a tuple arrives as positional arguments,
     nested tuples as tuples.  Output: a tensor or (nested) tuple of tensors whose leading
-    dimension is the batch.  ``output_type`` is inferred by calling ``fn`` once on zeros at
-    compile time when not given; ``input_type`` is inferred from the upstream block.
-    Blocks wrapping the same ``fn`` with the same types batch together.
+    dimension is the batch (one row per input row: a loss needs ``reduction='none'``).
+    ``output_type`` is inferred by calling ``fn`` once on zeros at compile time when not
+    given; ``input_type`` is inferred from the upstream block.  Blocks wrapping the same
+    ``fn`` with the same types batch together.
+
+    Parameters: an ``nn.Module`` ``fn`` (or a bound ``module.forward``) is registered with the
+    compiler under this block's name.  For other callables, the modules they call (found in
+    a closure, as globals, in a ``functools.partial``, as a bound method's ``self`` or as
+    attributes of a callable object) are registered too, except when the callable reaches
+    them through a method of a module (which could be the parent that will hold the
+    compiler): then a warning names them.  ``modules=[...]`` lists the modules to register
+    explicitly (and turns the search off; ``modules=()`` registers none, silently).
     """
 
     def __init__(self, fn: Callable, input_type: Optional[Type] = None,
-                 output_type: Optional[Type] = None, name: Optional[str] = None):
+                 output_type: Optional[Type] = None, name: Optional[str] = None, modules=None):
         if not callable(fn):
-            raise TypeError(f"Function needs a callable, got {fn!r}")
+            raise TypeError(f"Function needs a callable, got {fn!r:.60}")
         if name is None:
-            if isinstance(fn, torch.nn.Module):
-                name = _snake(type(fn).__name__)
-            else:
-                name = getattr(fn, "__name__", None) or _snake(type(fn).__name__)
+            name = _auto_function_name(fn)
             self._auto_name = True
         else:
             self._auto_name = False
         super().__init__(name)
         self.fn = fn
+        self.modules = tuple(modules) if modules is not None else None
+        if self.modules is not None and not all(isinstance(m, nn.Module) for m in self.modules):
+            raise TypeError("Function(modules=...) takes nn.Modules")
         self.declared_input_type = as_type(input_type) if input_type is not None else None
         if isinstance(output_type, tuple) and output_type and all(isinstance(t, Type) for t in output_type):
             output_type = TupleType(output_type)
         self.declared_output_type = as_type(output_type) if output_type is not None else None
 
-    def infer(self, in_type, cc, path, scope):
-        # auto-named Functions do not add their name twice to the parameter scope
-        return super().infer(in_type, cc, path, scope)
+    def _index_bound(self) -> Optional[int]:
+        """Rows of the embedding table this operation indexes (None: not an embedding)."""
+        fn = self.fn
+        if isinstance(fn, nn.Embedding):
+            return fn.num_embeddings
+        return None
 
     def _infer(self, t, cc):
         if not t.is_tensor_structure:
@@ -538,26 +1154,26 @@ class Function(Block):
 
     def _trace(self, x, ctx):
         if self._simple_out:
-            return ctx.call1(self._op, [x] if self._simple_in else self._flatten(x))
-        return self._unflatten(ctx.call(self._op, [x] if self._simple_in else self._flatten(x)))
+            return ctx.call1(self._op, [x] if self._simple_in else self._flatten.fn(x))
+        return self._unflatten.fn(ctx.call(self._op, [x] if self._simple_in else self._flatten.fn(x)))
 
     def _trace_many(self, xs, ctx):
         if self._simple_in:
             slots = [xs if isinstance(xs, list) else list(xs)]
         else:
-            fl = self._flatten
+            fl = self._flatten.fn
             slots = list(zip(*[fl(x) for x in xs])) if len(xs) else [[] for _ in self._op.in_tids]
         outs = ctx.call_many(self._op, slots)
         if self._simple_out:
             return outs
-        un = self._unflatten
+        un = self._unflatten.fn
         return [un(o) for o in outs]
 
     def _fast_tracer(self, b):
         t, op = b.tracer, self._op
         if self._simple_in and self._simple_out:
             return t.unary_call_recorder(op)
-        record, flatten, n_out = t.call_recorder(op), self._flatten, op.n_out
+        record, flatten, n_out = t.call_recorder(op), self._flatten.fn, op.n_out
         if self._simple_out:
             return lambda x: record(flatten(x))
         out = self.output_type
@@ -568,15 +1184,218 @@ class Function(Block):
                 h = record(flatten(x))
                 return (h, h + 1)
             return function_n_2
-        unflatten = self._unflatten
+        unflatten = self._unflatten.fn
 
         def function_n_m(x):
             h = record(flatten(x))
             return unflatten(range(h, h + n_out))
         return function_n_m
 
-    def __repr__(self):
-        return f"Function({self.name!r})"
+    def _repr(self, depth):
+        return f"{type(self).__name__}({self.name!r})"
+
+
+def _auto_function_name(fn) -> str:
+    """A Function's default name: the module's class (snake case), or the callable's name
+    (``module.forward`` is named after the module)."""
+    if isinstance(fn, nn.Module):
+        return _snake(type(fn).__name__)
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, nn.Module) and getattr(fn, "__name__", None) in ("forward", "__call__"):
+        return _snake(type(owner).__name__)
+    if isinstance(fn, functools.partial):
+        return _auto_function_name(fn.func)
+    return getattr(fn, "__name__", None) or _snake(type(fn).__name__)
+
+
+def _fold_init_(weight: torch.Tensor, factor: float) -> None:
+    """TF's ``uniform_unit_scaling_initializer(factor)`` (TF Fold's default for FC and
+    Embedding): uniform in ``±factor * sqrt(3 / fan_in)``, ``fan_in`` = rows of the
+    ``[in, out]`` matrix TF stores (columns of torch's ``[out, in]`` weight)."""
+    fan_in = weight.shape[1] if weight.dim() == 2 else weight.shape[0]
+    bound = factor * math.sqrt(3.0 / max(1, fan_in))
+    with torch.no_grad():
+        weight.uniform_(-bound, bound)
+
+
+class FC(Function):
+    """A fully connected layer as a block (TF Fold's ``FC`` layer):
+    ``TensorType([n], float) -> TensorType([num_units_out], float)``, computing
+    ``activation(normalization_fn(x W + b))``.
+
+    The input size comes from the input type when the block is compiled (the layer's
+    ``nn.Linear`` is created then, once; a later compilation with another input size is a
+    type error).  Using the same ``FC`` block in several places shares its weights, and its
+    calls batch together.
+
+    Args:
+        num_units_out: output size.
+        activation: applied last (default ``torch.relu``; None: linear).
+        initializer: ``fn(weight)`` initialising the ``[out, in]`` weight in place; default
+            as TF Fold: uniform unit scaling with factor 1.43 for relu, 1.15 for tanh, 1.0 for
+            no activation, else a truncated normal of std 0.01.  The bias starts at zero.
+        input_keep_prob / output_keep_prob: dropout keep probabilities on the input and the
+            output (training mode only).
+        normalization_fn: applied to ``x W + b`` before the activation (when there is one).
+        weight_norm: weight normalisation (Salimans & Kingma 2016): ``W`` normalised per
+            output unit, times a learned scale.
+        name: the layer's name (default ``FC_<num_units_out>``); its parameters are
+            registered under it.
+    """
+
+    def __init__(self, num_units_out: int, activation=torch.relu, initializer=None, input_keep_prob=None,
+                 output_keep_prob=None, normalization_fn=None, weight_norm: bool = False, name=None):
+        Function.__init__(self, _lazy, name=name or f"FC_{num_units_out}", modules=())
+        self.fn = None
+        self.num_units_out = int(num_units_out)
+        self.activation = activation
+        self.initializer = initializer
+        self.input_keep_prob = input_keep_prob
+        self.output_keep_prob = output_keep_prob
+        self.normalization_fn = normalization_fn
+        self.weight_norm = bool(weight_norm)
+
+    def _infer(self, t, cc):
+        if not isinstance(t, TensorType) or t.ndim != 1 or not torch_dtype(t.dtype).is_floating_point:
+            raise BlockTypeError(self, "a floating-point vector (TensorType([n]))", t)
+        if self.fn is None:
+            self.fn = _layers.FC(t.shape[0], self.num_units_out, self.activation,
+                                 input_keep_prob=self.input_keep_prob, output_keep_prob=self.output_keep_prob,
+                                 normalization_fn=self.normalization_fn, weight_norm=self.weight_norm)
+            self.fn.to(torch_dtype(t.dtype))
+            if self.initializer is not None:
+                with torch.no_grad():
+                    self.initializer(self.fn.linear.weight)
+            else:
+                act = self.activation
+                factor = {torch.relu: 1.43, torch.nn.functional.relu: 1.43, torch.nn.functional.relu6: 1.43,
+                          torch.tanh: 1.15, None: 1.0}.get(act)
+                if factor is None:   # TF's truncated_normal_initializer(stddev=0.01)
+                    nn.init.trunc_normal_(self.fn.linear.weight, std=0.01, a=-0.02, b=0.02)
+                else:
+                    _fold_init_(self.fn.linear.weight, factor)
+            with torch.no_grad():
+                self.fn.linear.bias.zero_()
+        elif self.fn.in_features != t.shape[0]:
+            raise BlockTypeError(self, f"TensorType([{self.fn.in_features}]) as when its layer was created", t)
+        self.declared_output_type = TensorType((self.num_units_out,), t.dtype)
+        return Function._infer(self, t, cc)
+
+    @property
+    def weights(self):
+        """The ``[out, in]`` weight (after the first compilation)."""
+        if self.fn is None:
+            raise RuntimeError(f"{self!r}: the layer is created when the block is compiled")
+        return self.fn.linear.weight
+
+    @property
+    def bias(self):
+        if self.fn is None:
+            raise RuntimeError(f"{self!r}: the layer is created when the block is compiled")
+        return self.fn.linear.bias
+
+
+def _lazy(*args):   # placeholder callable of layers created at compile time
+    raise RuntimeError("the layer is created when its block is compiled")
+
+
+class Embedding(Function):
+    """An embedding table as a block (TF Fold's ``Embedding`` layer): an integer scalar
+    tensor -> ``TensorType([num_units_out], float32)``, the row of the index.
+
+    As in TF Fold, indices are taken modulo ``num_buckets`` (of their absolute value) by
+    default; with ``mod_inputs=False`` an index outside ``[0, num_buckets)`` is an input error
+    when it comes from a ``Scalar`` right before this block (named at ``build_batch`` with the
+    input's index), else an execution error naming the operation.
+
+    Args:
+        num_buckets: rows of the table.
+        num_units_out: size of each row.
+        initializer: a ``[num_buckets, num_units_out]`` array or tensor to start from, or a
+            function initialising the weight in place; default: TF Fold's uniform unit
+            scaling (factor 1.0).
+        name: the layer's name (default ``Embedding_<num_buckets>_<num_units_out>``).
+        trainable: whether the table is learned.
+        mod_inputs: take indices modulo ``num_buckets`` (TF Fold's default).
+    """
+
+    def __init__(self, num_buckets: int, num_units_out: int, initializer=None, name=None, trainable=True,
+                 mod_inputs=True):
+        module = _layers.Embedding(num_buckets, num_units_out, mod_inputs=mod_inputs)
+        if initializer is None:
+            _fold_init_(module.weight, 1.0)
+        elif isinstance(initializer, (np.ndarray, torch.Tensor)):
+            value = torch.as_tensor(np.asarray(initializer) if isinstance(initializer, np.ndarray) else initializer)
+            if tuple(value.shape) != (num_buckets, num_units_out):
+                raise ValueError(f"Embedding initializer has shape {list(value.shape)}, expected "
+                                 f"{[num_buckets, num_units_out]}")
+            with torch.no_grad():
+                module.weight.copy_(value)
+        else:
+            with torch.no_grad():
+                initializer(module.weight)
+        module.weight.requires_grad_(bool(trainable))
+        super().__init__(module, name=name or f"Embedding_{num_buckets}_{num_units_out}")
+        self.num_buckets, self.num_units_out, self.mod_inputs = num_buckets, num_units_out, bool(mod_inputs)
+
+    def _index_bound(self):
+        return None if self.mod_inputs else self.num_buckets
+
+    def _infer(self, t, cc):
+        if not isinstance(t, TensorType) or t.ndim != 0 or torch_dtype(t.dtype).is_floating_point or \
+                t.dtype == "bool":
+            raise BlockTypeError(self, "an integer scalar (e.g. Scalar('int64'))", t)
+        self.declared_output_type = TensorType((self.num_units_out,), "float32")
+        return Function._infer(self, t, cc)
+
+    @property
+    def weights(self):
+        return self.fn.weight
+
+
+class ScopedLayer(Function):
+    """A named layer whose parameters are created once and shared by every use (TF Fold's
+    ``ScopedLayer``, which wrapped a TF layer or RNN cell in its variable scope).
+
+    ``layer_fn`` is an ``nn.Module`` or another callable on batched tensors, registered
+    under ``name_or_scope``.  A torch RNN cell (``nn.RNNCell``, ``nn.GRUCell``,
+    ``nn.LSTMCell``) becomes a cell for :class:`RNN`: ``(input, state) -> (output, state)``
+    with a known output type (``state`` is ``h``, or ``(h, c)`` for an LSTM;
+    ``output`` is ``h``), so ``RNN`` can start from zeros without being told the state type.
+
+    Attributes:
+        state_size / output_size: of an RNN cell (``hidden_size``; an LSTM's state is a pair).
+    """
+
+    def __init__(self, layer_fn: Callable, name_or_scope: Optional[str] = None):
+        self.layer = layer_fn
+        out = None
+        fn = layer_fn
+        if isinstance(layer_fn, nn.RNNCellBase):
+            h = TensorType((layer_fn.hidden_size,))
+            state = TupleType(h, h) if isinstance(layer_fn, nn.LSTMCell) else h
+            out = TupleType(h, state)
+            fn = _RNNCellFn(layer_fn)
+            self.state_size = (layer_fn.hidden_size,) * 2 if isinstance(layer_fn, nn.LSTMCell) \
+                else layer_fn.hidden_size
+            self.output_size = layer_fn.hidden_size
+        name = name_or_scope or _auto_function_name(layer_fn)
+        super().__init__(fn, output_type=out, name=name, modules=(layer_fn,) if fn is not layer_fn else None)
+
+
+class _RNNCellFn:
+    """A torch RNN cell as ``(x, state) -> (output, state)`` (picklable)."""
+
+    def __init__(self, cell):
+        self.cell = cell
+        self.__name__ = _snake(type(cell).__name__)
+
+    def __call__(self, x, state):
+        if isinstance(self.cell, nn.LSTMCell):
+            h, c = self.cell(x, state)
+            return h, (h, c)
+        h = self.cell(x, state)
+        return h, h
 
 
 class Concat(Block):
@@ -612,11 +1431,15 @@ class Concat(Block):
         return out
 
     def _trace(self, x, ctx):
-        return ctx.call1(self._op, self._flatten(x) if self.flatten else x)
+        return ctx.call1(self._op, self._flatten.fn(x) if self.flatten else x)
+
+    def _repr_args(self, depth):
+        args = [f"concat_dim={self.concat_dim}"] if self.concat_dim else []
+        return ", ".join(args + (["flatten=True"] if self.flatten else []))
 
     def _trace_many(self, xs, ctx):
         if self.flatten:
-            fl = self._flatten
+            fl = self._flatten.fn
             xs = [fl(x) for x in xs]
         slots = list(zip(*xs)) if len(xs) else [[] for _ in self._op.in_tids]
         return ctx.call_many(self._op, slots)
@@ -636,6 +1459,8 @@ class _Reduction(Block):
     mode = "sum"
 
     def _infer(self, t, cc):
+        if isinstance(t, BroadcastSequenceType):
+            raise BlockTypeError(self, "a finite sequence", t, "cannot reduce an unbounded Broadcast sequence")
         if isinstance(t, SequenceType) and isinstance(t.element, TensorType):
             elem = t.element
         elif isinstance(t, TupleType) and len(t) and all(i == t.items[0] for i in t.items) and \
@@ -648,13 +1473,9 @@ class _Reduction(Block):
         return elem
 
     def _trace(self, x, ctx):
-        if isinstance(x, _Broadcast):
-            self._fail("cannot reduce an unbounded Broadcast sequence")
-        return ctx.reduce(self._op, x if isinstance(x, (list, tuple)) else list(x))
+        return ctx.reduce(self._op, x if isinstance(x, (list, tuple)) else _iterable(self, x))
 
     def _trace_many(self, xs, ctx):
-        if any(isinstance(x, _Broadcast) for x in xs):
-            self._fail("cannot reduce an unbounded Broadcast sequence")
         return ctx.reduce_many(self._op, xs)
 
 
@@ -671,6 +1492,13 @@ class Mean(_Reduction):
 class Max(_Reduction):
     """Sequence(T) or Tuple(T, ..., T) -> T: elementwise max (zeros when empty)."""
     mode = "max"
+
+
+class Min(_Reduction):
+    """Sequence(T) or Tuple(T, ..., T) -> T: elementwise minimum (zeros when empty), as TF
+    Fold's ``Min``.  One batched segment reduction per step, like :class:`Max`; its gradient
+    goes to the minimal element(s)."""
+    mode = "min"
 
 
 # =======================================================================================
@@ -700,11 +1528,16 @@ class Pipe(Block):
             try:
                 t = self._child(b, t, cc, f"{i}")
             except BlockTypeError as err:
-                if err.block is b and prev is not None:
+                if err.block is b and prev is not None and not err.expected.startswith("(output)"):
                     detail = f"cannot compose {prev!r} >> {b!r}: {prev!r} outputs {err.got!r}"
                     raise BlockTypeError(b, err.expected, err.got,
                                          f"{err.detail}; {detail}" if err.detail else detail) from None
                 raise
+            if prev is not None and isinstance(b, Function):
+                n = b._index_bound()
+                if n is not None:   # Scalar >> embedding: check the indices while tracing
+                    for scalar in _value_scalars(prev):
+                        scalar._limit_index(n, b)
             prev = b
         return t
 
@@ -750,8 +1583,24 @@ class Pipe(Block):
             return x
         return pipe
 
-    def __repr__(self):
-        return " >> ".join(map(repr, self.blocks)) if not self.name else f"Pipe({self.name!r})"
+    def _repr(self, depth):
+        if self.name:
+            return f"Pipe({self.name!r})"
+        return " >> ".join(_r(b, depth) for b in self.blocks)
+
+
+def _value_scalars(block) -> List["Scalar"]:
+    """The Scalar blocks whose value is ``block``'s output (through Pipes, Optionals and
+    OneOf cases)."""
+    if isinstance(block, Scalar):
+        return [block]
+    if isinstance(block, Pipe) and block.blocks:
+        return _value_scalars(block.blocks[-1])
+    if isinstance(block, Optional):
+        return _value_scalars(block.some)
+    if isinstance(block, OneOf):
+        return [s for c in block.cases.values() for s in _value_scalars(c)]
+    return []
 
 
 def _fields(fields) -> List[Tuple[Any, Block]]:
@@ -767,6 +1616,7 @@ class Record(Block):
 
     ``fields``: a dict or a list of ``(key, block)`` pairs; the output tuple follows their
     order.  Keys index the input (``x[key]``): dict keys, or int positions of tuples/lists.
+    A missing field is an input error naming the input and the key.
     """
 
     def __init__(self, fields, name=None):
@@ -775,6 +1625,12 @@ class Record(Block):
 
     def children(self):
         return [b for _, b in self.fields]
+
+    def _labelled_children(self):
+        return [(repr(k), b) for k, b in self.fields]
+
+    def _repr_args(self, depth):
+        return "{" + ", ".join(f"{k!r}: {_r(b, depth)}" for k, b in self.fields) + "}"
 
     def _infer(self, t, cc):
         if isinstance(t, TupleType):
@@ -870,6 +1726,16 @@ class OneOf(Block):
     def children(self):
         return list(self.cases.values())
 
+    def _labelled_children(self):
+        return [(f"case {k!r}", b) for k, b in self.cases.items()]
+
+    def _repr_args(self, depth):
+        cases = ", ".join(f"{k!r}: {_r(b, depth)}" for k, b in self.cases.items())
+        return f"{_fn_name(self.key_fn)}, {{{cases}}}"
+
+    def _head(self):
+        return f"OneOf({self.name!r})" if self.name else f"OneOf(key_fn={_fn_name(self.key_fn)})"
+
     def _infer(self, t, cc):
         out = None
         first = None
@@ -941,16 +1807,23 @@ class Optional(Block):
         return self.none_block._trace(x, ctx) if x is None else self.some._trace(x, ctx)
 
 
-def _elem_type(block, t) -> Type:
+def _elem_type(block, t, finite: bool = False) -> Type:
+    """The element type of a sequence, of a tuple of equal types, or a Python iterable."""
+    if isinstance(t, BroadcastSequenceType) and finite:
+        raise BlockTypeError(block, "a finite sequence", t, "a Broadcast sequence is unbounded")
     if isinstance(t, SequenceType):
         return t.element
     if isinstance(t, PyObjectType):
         return t
-    raise BlockTypeError(block, "a SequenceType or a Python iterable (PyObjectType)", t)
+    if isinstance(t, TupleType) and len(t) and all(i == t.items[0] for i in t.items):
+        return t.items[0]
+    raise BlockTypeError(block, "a SequenceType, a tuple of equal types or a Python iterable (PyObjectType)", t)
 
 
 class Map(Block):
-    """Sequence(a) (or a Python iterable) -> Sequence(f(a))."""
+    """Sequence(a) (or a tuple of a's, or a Python iterable) -> Sequence(f(a)): ``fn`` applied
+    to each element (paper sec. 3).  Over a Broadcast sequence the result is a Broadcast
+    sequence (``fn`` runs once).  A non-iterable input is an input error."""
 
     def __init__(self, fn, name=None):
         super().__init__(name)
@@ -960,12 +1833,13 @@ class Map(Block):
         return [self.fn]
 
     def _infer(self, t, cc):
-        return SequenceType(self._child(self.fn, _elem_type(self, t), cc, "fn"))
+        out = self._child(self.fn, _elem_type(self, t), cc, "fn")
+        return BroadcastSequenceType(out) if isinstance(t, BroadcastSequenceType) else SequenceType(out)
 
     def _trace(self, x, ctx):
         if isinstance(x, _Broadcast):
-            self._fail("cannot Map over an unbounded Broadcast sequence; use ZipWith")
-        return self.fn._trace_many(x if isinstance(x, (list, np.ndarray)) else list(x), ctx)
+            return _Broadcast(self.fn._trace(x.value, ctx))
+        return self.fn._trace_many(_iterable(self, x), ctx)
 
 
 class Fold(Block):
@@ -980,8 +1854,11 @@ class Fold(Block):
     def children(self):
         return [self.fn, self.initial]
 
+    def _labelled_children(self):
+        return [("fn", self.fn), ("initial", self.initial)]
+
     def _infer(self, t, cc):
-        elem = _elem_type(self, t)
+        elem = _elem_type(self, t, finite=True)
         state = self._child(self.initial, VoidType(), cc, "initial")
         out = self._child(self.fn, TupleType(state, elem), cc, "fn")
         if out != state:
@@ -990,8 +1867,7 @@ class Fold(Block):
         return state
 
     def _trace(self, x, ctx):
-        if isinstance(x, _Broadcast):
-            self._fail("cannot Fold an unbounded Broadcast sequence")
+        x = _iterable(self, x)
         state = self.initial._trace(None, ctx)
         f = self.fn._trace
         for e in x:
@@ -1013,9 +1889,9 @@ class Reduce(Block):
         return [self.fn] + ([self.default] if self.default is not None else [])
 
     def _infer(self, t, cc):
-        if not isinstance(t, SequenceType):
-            raise BlockTypeError(self, "a SequenceType", t)
-        a = t.element
+        if isinstance(t, PyObjectType):
+            raise BlockTypeError(self, "a SequenceType or a tuple of equal types", t)
+        a = _elem_type(self, t, finite=True)
         out = self._child(self.fn, TupleType(a, a), cc, "fn")
         if out != a:
             raise BlockTypeError(self.fn, f"(output) {a!r}", out, "a Reduce function maps (a, a) to a")
@@ -1029,9 +1905,7 @@ class Reduce(Block):
         return a
 
     def _trace(self, x, ctx):
-        if isinstance(x, _Broadcast):
-            self._fail("cannot Reduce an unbounded Broadcast sequence")
-        x = list(x)
+        x = list(_iterable(self, x))
         if not x:
             return self.default._trace(None, ctx)
         f = self.fn._trace
@@ -1045,30 +1919,36 @@ class Reduce(Block):
 
 
 class Broadcast(Block):
-    """t -> Sequence(t) repeating the value endlessly (for ZipWith)."""
+    """t -> BroadcastSequenceType(t): the value repeated endlessly (paper appendix A), for
+    ``ZipWith``/``Zip``, which stop at the shortest finite input.  Blocks that need a length
+    (Fold, Reduce, Sum, Length, Nth, slices), and a compiled block's output, refuse it at
+    compile time."""
 
     def _infer(self, t, cc):
-        return SequenceType(t)
+        return BroadcastSequenceType(t)
 
     def _trace(self, x, ctx):
         return _Broadcast(x)
 
 
 def _zip_types(block, t) -> List[Type]:
-    if not isinstance(t, TupleType) or not all(isinstance(i, SequenceType) for i in t.items):
-        raise BlockTypeError(block, "a tuple of sequences", t)
+    if not isinstance(t, TupleType) or not len(t) or not all(isinstance(i, SequenceType) for i in t.items):
+        raise BlockTypeError(block, "a non-empty tuple of sequences", t)
     return [i.element for i in t.items]
 
 
+def _all_broadcast(t) -> bool:
+    return all(isinstance(i, BroadcastSequenceType) for i in t.items)
+
+
 def _zip_values(block, x):
-    if all(isinstance(s, _Broadcast) for s in x):
-        block._fail("all inputs are unbounded Broadcast sequences")
     return zip(*[itertools.repeat(s.value) if isinstance(s, _Broadcast) else s for s in x])
 
 
 class ZipWith(Block):
     """Tuple(Sequence(a), Sequence(b), ...) -> Sequence(f((a, b, ...))), stopping at the
-    shortest input; Broadcast inputs repeat."""
+    shortest input; Broadcast inputs repeat (paper appendix A).  When every input is a
+    Broadcast sequence, so is the output."""
 
     def __init__(self, fn, name=None):
         super().__init__(name)
@@ -1078,20 +1958,143 @@ class ZipWith(Block):
         return [self.fn]
 
     def _infer(self, t, cc):
-        return SequenceType(self._child(self.fn, TupleType(_zip_types(self, t)), cc, "fn"))
+        out = self._child(self.fn, TupleType(_zip_types(self, t)), cc, "fn")
+        return BroadcastSequenceType(out) if _all_broadcast(t) else SequenceType(out)
 
     def _trace(self, x, ctx):
+        if all(isinstance(s, _Broadcast) for s in x):
+            return _Broadcast(self.fn._trace(tuple(s.value for s in x), ctx))
         return self.fn._trace_many(list(_zip_values(self, x)), ctx)
 
 
 class Zip(Block):
-    """Tuple(Sequence(a), Sequence(b), ...) -> Sequence(Tuple(a, b, ...))."""
+    """Tuple(Sequence(a), Sequence(b), ...) -> Sequence(Tuple(a, b, ...)), stopping at the
+    shortest input; Broadcast inputs repeat (Broadcast output when all are)."""
 
     def _infer(self, t, cc):
-        return SequenceType(TupleType(_zip_types(self, t)))
+        out = TupleType(_zip_types(self, t))
+        return BroadcastSequenceType(out) if _all_broadcast(t) else SequenceType(out)
 
     def _trace(self, x, ctx):
+        if all(isinstance(s, _Broadcast) for s in x):
+            return _Broadcast(tuple(s.value for s in x))
         return list(_zip_values(self, x))
+
+
+class NGrams(Block):
+    """Sequence(t) -> Sequence(Tuple(t, ..., t)): the ``n``-grams of a sequence, i.e. its
+    windows of ``n`` consecutive elements (TF Fold's ``NGrams``)::
+
+        (fb.Map(fb.Scalar()) >> fb.NGrams(2))   # [1, 2, 3] -> [(1, 2), (2, 3)]
+
+    A sequence shorter than ``n`` gives no n-grams; a Broadcast sequence gives a Broadcast
+    sequence of ``(x,) * n``.
+
+    Raises:
+        ValueError: ``n`` is not positive.
+    """
+
+    def __init__(self, n: int, name=None):
+        if n <= 0:
+            raise ValueError(f"n must be positive: {n}")
+        super().__init__(name)
+        self.n = int(n)
+
+    def _infer(self, t, cc):
+        if not isinstance(t, SequenceType):
+            raise BlockTypeError(self, "a SequenceType", t)
+        out = TupleType([t.element] * self.n)
+        return BroadcastSequenceType(out) if isinstance(t, BroadcastSequenceType) else SequenceType(out)
+
+    def _trace(self, x, ctx):
+        if isinstance(x, _Broadcast):
+            return _Broadcast((x.value,) * self.n)
+        n = self.n
+        return [tuple(x[i:i + n]) for i in range(len(x) - n + 1)]
+
+    def _repr_args(self, depth):
+        return str(self.n)
+
+
+def _rnn_state_type(cell: Block) -> Optional[Type]:
+    """The state type of an RNN cell when it is known before compiling it (a ScopedLayer of
+    a torch cell, or a Function with a declared output type ``(output, state)``)."""
+    out = getattr(cell, "declared_output_type", None)
+    if isinstance(cell, Pipe) and cell.blocks:
+        out = getattr(cell.blocks[-1], "declared_output_type", None)
+    if isinstance(out, TupleType) and len(out) == 2:
+        return out.items[1]
+    return None
+
+
+class RNN(Block):
+    """Runs an RNN cell over a sequence (TF Fold's ``RNN``).
+
+    ``cell``: a block (or a torch ``nn.RNNCell``/``GRUCell``/``LSTMCell``, wrapped in a
+    :class:`ScopedLayer`) taking ``(input_element, state)`` and returning
+    ``(output_element, state)``.
+
+    * Default: input ``Sequence(a)`` (or a Python iterable); the initial state is the output
+      of ``initial_state`` on Void (a block, or an array / tensor), by default zeros of the
+      cell's state type (known for torch cells and for cells with a declared
+      ``output_type``; otherwise pass ``initial_state``).
+    * ``initial_state_from_input=True``: input ``Tuple(Sequence(a), state)``.
+
+    Output: ``Tuple(Sequence(output_element), state)``: each step's output and the final
+    state (the initial state for an empty sequence).  The steps of all inputs batch
+    together: step ``i`` of every sequence runs in one call.
+
+    Raises:
+        ValueError: ``initial_state`` given with ``initial_state_from_input=True``.
+    """
+
+    def __init__(self, cell, initial_state=None, initial_state_from_input: bool = False, name=None):
+        super().__init__(name)
+        self.cell = _as_block(cell)
+        if initial_state_from_input and initial_state is not None:
+            raise ValueError("cannot give initial_state when initial_state_from_input is True")
+        self.from_input = bool(initial_state_from_input)
+        self.initial_state = _as_block(initial_state) if initial_state is not None else None
+
+    def children(self):
+        return [self.cell] + ([self.initial_state] if self.initial_state is not None else [])
+
+    def _labelled_children(self):
+        return [("cell", self.cell)] + ([("initial_state", self.initial_state)] if self.initial_state else [])
+
+    def _infer(self, t, cc):
+        if self.from_input:
+            if not isinstance(t, TupleType) or len(t) != 2:
+                raise BlockTypeError(self, "a pair (sequence, initial state)", t)
+            seq, state = t.items
+            elem = _elem_type(self, seq, finite=True)
+        else:
+            elem = _elem_type(self, t, finite=True)
+            if self.initial_state is None:
+                st = _rnn_state_type(self.cell)
+                if st is None:
+                    raise BlockTypeError(self, repr(t), t, "cannot infer the initial state's type from the "
+                                         "cell: pass initial_state=Zeros(...) or give the cell's output_type")
+                self.initial_state = Zeros(st)
+            state = self._child(self.initial_state, VoidType(), cc, "initial_state")
+        out = self._child(self.cell, TupleType(elem, state), cc, "cell")
+        if not isinstance(out, TupleType) or len(out) != 2 or out.items[1] != state:
+            raise BlockTypeError(self.cell, f"(output) a pair (output, state) with state {state!r}", out,
+                                 "an RNN cell maps (input, state) to (output, state)")
+        return TupleType(SequenceType(out.items[0]), state)
+
+    def _trace(self, x, ctx):
+        if self.from_input:
+            xs, state = x
+        else:
+            xs, state = x, self.initial_state._trace(None, ctx)
+        xs = _iterable(self, xs)
+        f = self.cell._trace
+        outs = []
+        for e in xs:
+            y, state = f((e, state), ctx)
+            outs.append(y)
+        return (outs, state)
 
 
 # =======================================================================================
@@ -1111,7 +2114,7 @@ class _CompositionInput(Block):
     def _infer(self, t, cc):
         return t
 
-    def __repr__(self):
+    def _repr(self, depth):
         return f"{self.comp!r}.input"
 
 
@@ -1123,7 +2126,7 @@ class _CompositionOutput(Block):
     def _composition_for_reads(self):
         return self.comp
 
-    def __repr__(self):
+    def _repr(self, depth):
         return f"{self.comp!r}.output"
 
 
@@ -1168,6 +2171,9 @@ class Composition(Block):
 
     def children(self):
         return [b for b in self._reads if b is not self.output]
+
+    def _repr_args(self, depth):
+        return f"{len(self.children())} blocks"
 
     def _topological(self) -> List[Block]:
         order, state = [], {}
@@ -1271,5 +2277,5 @@ class _Reference(Block):
     def _fast_tracer(self, b):
         return b.declaration(self.decl)
 
-    def __repr__(self):
+    def _repr(self, depth):
         return f"{self.decl.name}()"

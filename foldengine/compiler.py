@@ -4,19 +4,29 @@
     batch = compiler.build_batch(inputs)            # trace + schedule: numpy only, picklable
     outputs = compiler(batch)                       # batched forward, one row per input
     compiler.metrics["name"]                        # values Metric("name") saw, in input order
+    compiler.metric_lengths["name"]                 # ... how many of them each input gave
     compiler.reference(inputs)                      # per-example eager evaluation (for tests)
+    compiler.to(torch.float64)                      # every floating-point type executed in float64
 
 Every ``Function`` whose callable is an ``nn.Module`` is registered as a submodule under
 a hierarchical name built from the names of the enclosing named blocks and the Function's
 name (``expr.tree_lstm.weight``...), once even when used in several places, so
 ``parameters()``, ``state_dict()``, any ``torch.optim`` optimizer and DDP work as usual.
+Modules that other callables use (``Function(module.forward)``, a lambda around a module)
+are found and registered too (see :class:`foldengine.blocks.Function`).
+
+A Compiler pickles (``pickle``, ``torch.save``) when the user's own callables do.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import re
 import sys
 import time
+import uuid
+import warnings
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -25,37 +35,178 @@ from torch import nn
 
 from schedulers import OpInfo, get_scheduler
 from .batch import Batch, SequenceOutput
-from .blocks import Block, BlockTypeError, Pending
+from .blocks import Block, BlockTypeError, Pending, where
 from .closures import compile_tracer
 from .executor import execute
 from .plan import lower
 from .plan.traces import InputTrace, MergedTraces, merge_traces, split_traces
-from .ops import Operation, unflatten_value
+from .ops import Operation, OperationError, unflatten_value
 from .trace import BlockInputError, EagerContext, GraphTracer
-from .types import (PyObjectType, SequenceType, TensorType, TupleType, Type, flatten_tensor_types,
-                    torch_dtype)
+from .types import (BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType,
+                    canonical_dtype, flatten_tensor_types, torch_dtype)
 
-__all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext"]
+__all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext", "evaluate_block"]
 
 _RECURSION_LIMIT = 100_000
 
 
 class InputError(ValueError):
-    """An input of ``build_batch`` cannot be traced; names the input's index and the block."""
+    """An input of ``build_batch`` (or ``reference``) cannot be processed; names the input's
+    index, the block, where it sits in the block tree and what was expected.
+
+    Attributes: ``index`` (of the input), ``block``, ``message`` (the block's own words).
+    """
 
     def __init__(self, index: int, cause: BlockInputError):
         self.index = index
         self.block = cause.block
-        where = f" at {cause.block._path}" if getattr(cause.block, "_path", None) else ""
-        super().__init__(f"input {index}: {cause.block!r}{where}: {cause.message}")
+        self.message = cause.message
+        super().__init__(f"input {index}: {cause.block!r}{where(cause.block)}: {cause.message}")
 
 
-def _type_of_value(v) -> Type:
+class _Described:
+    """A value shown as a description in an error message."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
+def _type_of_value(v, block, in_type) -> Type:
+    """The type of what a Function returned for a batch of 1 (checked: one row per input)."""
     if isinstance(v, torch.Tensor):
+        if v.dim() == 0 or v.shape[0] != 1:
+            got = "a 0-d tensor" if v.dim() == 0 else f"a tensor of shape {list(v.shape)}"
+            raise BlockTypeError(block, "(output) one row per input row (a leading batch dimension)",
+                                 _Described(got), f"called on zeros of {in_type!r} (a batch of 1); a loss "
+                                 "such as F.cross_entropy needs reduction='none'")
         return TensorType(tuple(v.shape[1:]), v.dtype)
     if isinstance(v, (tuple, list)):
-        return TupleType([_type_of_value(x) for x in v])
-    raise TypeError(f"a Function returned a {type(v).__name__}; expected tensors or tuples of tensors")
+        return TupleType([_type_of_value(x, block, in_type) for x in v])
+    raise BlockTypeError(block, "(output) tensors or tuples of tensors", _Described(f"a {type(v).__name__}"),
+                         f"called on zeros of {in_type!r}")
+
+
+def _new_compile_id() -> int:
+    """A compile id unique across processes (blocks keep the id of their last compilation;
+    unpickled blocks must not match a new compiler's id)."""
+    return uuid.uuid4().int
+
+
+_MODULE_METHODS = frozenset(nn.Module.__dict__)
+
+
+def _module_label(m: nn.Module) -> str:
+    from .blocks import _snake
+    return _snake(type(m).__name__)
+
+
+def _find_modules(fn) -> Tuple[List[Tuple[Optional[str], nn.Module]], List[str]]:
+    """The modules (and loose parameters) a callable uses: ``(found, unresolved)``.
+
+    ``found``: ``(label, module or nn.Parameter)`` pairs safe to register: the callable
+    itself, a bound ``forward``'s module, modules held by a ``functools.partial`` or a
+    callable object, and what a function reaches through its closure or globals: when the
+    code only calls a module, the module; when it reads a module's attributes
+    (``self.proj``, ``self.w``, also inside the module's methods it calls), those submodules
+    and parameters (the module itself may be the parent that will hold the compiler:
+    registering it would make a cycle).  ``unresolved``: names of buffers reached that way,
+    which cannot be registered alone, for a warning.
+    """
+    found: List[Tuple[Optional[str], nn.Module]] = []
+    unresolved: List[str] = []
+
+    def add(label, m):
+        if all(m is not x for _, x in found):
+            found.append((label, m))
+
+    def add_value(label, v):
+        if isinstance(v, (nn.Module, nn.Parameter)):
+            add(label, v)
+
+    def attributes_used(m, names, seen, depth=0):
+        """(submodule attrs, parameter/buffer attrs, methods) of ``m`` among ``names``,
+        following the methods of ``m``'s class."""
+        subs, params = [], []
+        for a in names:
+            if a in m._modules:
+                subs.append(a)
+            elif a in m._parameters or a in m._buffers:
+                params.append(a)
+            elif a not in m.__dict__ and a not in _MODULE_METHODS:
+                meth = getattr(type(m), a, None)
+                code = getattr(meth, "__code__", None)
+                if code is not None and (a not in seen) and depth < 4:
+                    seen.add(a)
+                    s2, p2 = attributes_used(m, code.co_names, seen, depth + 1)
+                    subs += s2
+                    params += p2
+        return subs, params
+
+    def code_modules(code, values):
+        for name, v in values.items():
+            if isinstance(v, nn.Module):
+                names = set(code.co_names)
+                touched = [a for a in names if a in v._modules or a in v._parameters or a in v._buffers
+                           or a in v.__dict__ or (hasattr(type(v), a) and a not in _MODULE_METHODS)]
+                if not touched:
+                    add(name, v)    # only called
+                    continue
+                subs, params = attributes_used(v, names, set())
+                for a in subs:
+                    add(a, v._modules[a])
+                for a in params:
+                    if a in v._parameters:
+                        add(a, v._parameters[a])
+                    else:
+                        unresolved.append(f"{name}.{a}")
+            elif isinstance(v, nn.Parameter):
+                add(name, v)
+            elif isinstance(v, (list, tuple)) and v and all(isinstance(i, nn.Module) for i in v):
+                for i, m in enumerate(v):
+                    add(f"{name}_{i}", m)
+
+    def visit(obj, label, depth):
+        if depth > 4:
+            return
+        if isinstance(obj, nn.Module):
+            add(label, obj)
+            return
+        if isinstance(obj, functools.partial):
+            visit(obj.func, label, depth + 1)
+            for i, a in enumerate(obj.args):
+                add_value(f"arg{i}", a)
+            for k, v in obj.keywords.items():
+                add_value(k, v)
+            return
+        owner, func = getattr(obj, "__self__", None), getattr(obj, "__func__", None)
+        if isinstance(owner, nn.Module) and func is not None:   # a bound method of a module
+            if getattr(obj, "__name__", "") in ("forward", "__call__"):
+                add(label, owner)
+            else:
+                code_modules(func.__code__, {"self": owner})
+            return
+        code = getattr(obj, "__code__", None)
+        if code is not None:
+            values = {}
+            for name, cell in zip(code.co_freevars, getattr(obj, "__closure__", None) or ()):
+                try:
+                    values[name] = cell.cell_contents
+                except ValueError:   # an empty cell
+                    pass
+            g = getattr(obj, "__globals__", {})
+            for name in code.co_names:
+                if name in g and name not in values:
+                    values[name] = g[name]
+            code_modules(code, values)
+            return
+        if callable(obj) and hasattr(obj, "__dict__") and not isinstance(obj, type):   # a callable object
+            for k, v in vars(obj).items():
+                add_value(k, v)
+    visit(fn, None, 0)
+    return found, unresolved
 
 
 class CompileContext:
@@ -65,8 +216,7 @@ class CompileContext:
     _next_id = 0
 
     def __init__(self, owner: "Compiler"):
-        CompileContext._next_id += 1
-        self.compile_id = CompileContext._next_id
+        self.compile_id = _new_compile_id()
         self.owner = owner
         self.types: List[TensorType] = []
         self._tids: Dict[TensorType, int] = {}
@@ -78,6 +228,34 @@ class CompileContext:
         self.inferred: List[Block] = []
         self.pending = 0
         self.module_names: Dict[int, str] = {}
+        self._module_refs: Dict[int, tuple] = {}   # id -> (module or parameter, name)
+        self._registered: set = set()          # ids of registered modules and their submodules
+        self._fn_modules: Dict[int, tuple] = {}
+        self._fn_out: Dict[tuple, Type] = {}   # (id(fn), input type) -> inferred output type
+        self._warned: set = set()
+
+    # Tables keyed by object ids are rebuilt after unpickling (ids change between processes).
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_fn_modules"], state["_fn_out"], state["_warned"], state["_registered"] = {}, {}, set(), set()
+        state["module_names"] = list(self._module_refs.values())
+        state["_op_keys"] = [(k, op) for k, op in self._op_keys.items()]
+        return state
+
+    def __setstate__(self, state):
+        refs = state.pop("module_names")
+        op_keys = state.pop("_op_keys")
+        self.__dict__.update(state)
+        self._module_refs = {id(m): (m, name) for m, name in refs}
+        self.module_names = {id(m): name for m, name in refs}
+        self._registered = {id(sub) for m, _ in refs if isinstance(m, nn.Module) for sub in m.modules()}
+        self._op_keys = {(("fn", id(op.fn)) + tuple(k[2:]) if k[0] == "fn" else k): op for k, op in op_keys}
+
+    def restart(self) -> None:
+        """A new compilation pass with the same tables (``Compiler`` rebinding its blocks)."""
+        self.compile_id = _new_compile_id()
+        self._decl_state, self._decl_input = {}, {}
+        self.inferred, self.pending = [], 0
 
     # -- types and operations ------------------------------------------------------------
     def tid(self, t: TensorType) -> int:
@@ -107,9 +285,54 @@ class CompileContext:
         path = block._scope  # names of the enclosing named blocks, ending with the Function's
         name = ".".join(path)
         op = self._new_op(("fn", id(fn), in_type, out_type), "call", name, in_type, out_type, fn, block)
-        if isinstance(fn, nn.Module) and id(fn) not in self.module_names:
-            self.module_names[id(fn)] = self.owner._register_module(path, fn)
+        self._register_modules(block)
         return op
+
+    def function_modules(self, block) -> Tuple[list, list]:
+        """``(found, unresolved)`` modules of a Function block's callable (see
+        :func:`_find_modules`); ``Function(modules=...)`` overrides the search."""
+        key = id(block)
+        got = self._fn_modules.get(key)
+        if got is None:
+            fn = block.fn
+            explicit = getattr(block, "modules", None)
+            if isinstance(fn, nn.Module):
+                found, unresolved = [(None, fn)], []
+            elif explicit is not None:
+                found, unresolved = [], []
+            else:
+                found, unresolved = _find_modules(fn)
+            if explicit is not None:
+                found = found + [(None if len(explicit) == 1 else _module_label(m), m) for m in explicit]
+            got = self._fn_modules[key] = (found, unresolved)
+        return got
+
+    def _register_modules(self, block) -> None:
+        found, unresolved = self.function_modules(block)
+        path = block._scope
+        auto = getattr(block, "_auto_name", False)
+        for label, m in found:
+            if id(m) in self.module_names or id(m) in self._registered or (
+                    isinstance(m, nn.Parameter) and any(m is p for p in self.owner.parameters())):
+                continue
+            if label is None or (len(found) == 1 and not auto):
+                p = path
+            elif auto:
+                p = path[:-1] + (label,)
+            else:
+                p = path + (label,)
+            self.module_names[id(m)] = self.owner._register_module(p, m)
+            self._module_refs[id(m)] = (m, self.module_names[id(m)])
+            if isinstance(m, nn.Module):
+                self._registered.update(id(sub) for sub in m.modules())
+        if unresolved and id(block) not in self._warned:   # once per block
+            self._warned.add(id(block))
+            warnings.warn(
+                f"{block!r}{where(block)} uses {', '.join(sorted(set(unresolved)))} through a module "
+                "attribute: these are not registered with the compiler (absent from its state_dict()) "
+                "unless a parent module holds them.  Pass the module itself (Function(module)), or list "
+                "the modules to register: Function(fn, modules=[...]) (modules=() silences this).",
+                UserWarning, stacklevel=2)
 
     def register_metric(self, name: str, t: TensorType, block):
         old = self.metric_types.setdefault(name, t)
@@ -117,25 +340,29 @@ class CompileContext:
             raise BlockTypeError(block, f"{old!r} like the other Metric({name!r}) blocks", t)
 
     def infer_function_output(self, block, in_type: Type) -> Type:
-        """Call the function once on zeros (batch of 1, eval mode, no grad) to learn its output type."""
+        """Call the function once on zeros (batch of 1, eval mode, no grad) to learn its
+        output type (once per callable and input type)."""
         fn = block.fn
+        key = (id(fn), in_type)
+        out = self._fn_out.get(key)
+        if out is not None:
+            return out
         device = torch.device("cpu")
-        modes = []
-        if isinstance(fn, nn.Module):
-            p = next(fn.parameters(), None)
-            if p is not None:
-                device = p.device
-            modes = [(m, m.training) for m in fn.modules()]
-            fn.eval()
+        modules = [m for _, m in self.function_modules(block)[0] if isinstance(m, nn.Module)]
+        params = [p for m in modules for p in m.parameters()]
+        if params:
+            device = params[0].device
+        modes = [(m, m.training) for mod in modules for m in mod.modules()]
+        for mod in modules:
+            mod.eval()
         flat = [torch.zeros((1,) + t.shape, dtype=torch_dtype(t.dtype), device=device)
                 for t in flatten_tensor_types(in_type)]
         try:
             with torch.no_grad():
                 if isinstance(in_type, TensorType):
-                    out = fn(flat[0])
+                    value = fn(flat[0])
                 else:
-                    out = fn(*unflatten_value(in_type, flat)[0])
-            return _type_of_value(out)
+                    value = fn(*unflatten_value(in_type, flat)[0])
         except Exception as err:
             raise BlockTypeError(block, repr(in_type), in_type,
                                  f"calling it on zeros of that type raised {err!r}; "
@@ -143,6 +370,8 @@ class CompileContext:
         finally:
             for m, mode in modes:
                 m.training = mode
+        out = self._fn_out[key] = _type_of_value(value, block, in_type)
+        return out
 
     # -- recursion -------------------------------------------------------------------------
     def note_inferred(self, block):
@@ -243,15 +472,19 @@ class RandomBlockError(ValueError):
                          "every input; build each batch from the inputs with build_batch(inputs)")
 
 
-def _check_output_type(t: Type, where: str):
+def _check_output_type(t: Type, block, whole: Type):
     if isinstance(t, PyObjectType):
-        raise TypeError(f"{where}: the compiled block's output contains a Python object type; "
-                        "the output must be tensors, tuples, sequences or Void")
+        raise BlockTypeError(block, "(output) tensors, tuples, sequences or Void", whole,
+                             "the compiled block's output contains a Python object type")
+    if isinstance(t, BroadcastSequenceType):
+        raise BlockTypeError(block, "(output) tensors, tuples, sequences or Void", whole,
+                             "the compiled block's output contains an unbounded Broadcast sequence; "
+                             "zip it with a finite sequence (ZipWith) first")
     if isinstance(t, TupleType):
         for i in t.items:
-            _check_output_type(i, where)
+            _check_output_type(i, block, whole)
     elif isinstance(t, SequenceType):
-        _check_output_type(t.element, where)
+        _check_output_type(t.element, block, whole)
 
 
 class Compiler(nn.Module):
@@ -273,16 +506,26 @@ class Compiler(nn.Module):
     def __init__(self, block: Block, scheduler="depth", input_type: Type = PyObjectType(),
                  max_call_rows: Optional[int] = None):
         super().__init__()
-        self.register_buffer("_device_probe", torch.zeros(0), persistent=False)
+        from .blocks import _as_block
+        block = _as_block(block)
         self.root = block
         self.scheduler = get_scheduler(scheduler)
         self.max_call_rows = max_call_rows
         self.row_layout = "readers"
         cc = CompileContext(self)
+        self._cc = cc
         self.input_type = input_type
         self.output_type = block.infer(input_type, cc, block.name or "root", ())
-        _check_output_type(self.output_type, repr(block))
+        _check_output_type(self.output_type, block, self.output_type)
         self.types: List[TensorType] = cc.types
+        floats = {t.dtype for t in self.types if torch_dtype(t.dtype).is_floating_point}
+        #: the floating-point dtype the block tree declares (float32 unless all its floating
+        #: types agree on another); ``compiler.to(dtype)`` moves every floating type to ``dtype``
+        self.declared_float_dtype = floats.pop() if len(floats) == 1 else "float32"
+        self.register_buffer("_device_probe", torch.zeros(0, dtype=torch_dtype(self.declared_float_dtype)),
+                             persistent=False)
+        #: the tensor types as executed (``types`` with floats cast after ``compiler.to(dtype)``)
+        self.exec_types: List[TensorType] = list(self.types)
         self.ops: List[Operation] = cc.ops
         self.metric_types: Dict[str, TensorType] = dict(cc.metric_types)
         self.metric_tids = {k: cc.tid(t) for k, t in self.metric_types.items()}
@@ -291,21 +534,79 @@ class Compiler(nn.Module):
                               names=[op.name for op in self.ops])
         sig = repr([(op.name, op.in_type, op.out_type) for op in self.ops]) + repr(self.types)
         self.signature = hashlib.sha1(sig.encode()).hexdigest()[:16]
-        block._compiled_signature = self.signature
         self._metric_names = tuple(self.metric_tids)
         self._output_is_handle = _output_is_handle(self.output_type, [])
         self._empty_consts = [np.zeros((0,) + t.shape, t.dtype) for t in self.types]
         #: blocks declared random (``InputTransform(..., deterministic=False)``): their
         #: traces must not be reused, so :meth:`trace` refuses to make any
-        self.random_blocks = [b for b in _walk(block) if getattr(b, "deterministic", True) is False]
+        self._blocks = _walk(block)
+        self.random_blocks = [b for b in self._blocks if getattr(b, "deterministic", True) is False]
         self.metrics: Dict[str, torch.Tensor] = {}
+        self._metric_lengths: Dict[str, Any] = {}   # numpy until read (no copy per forward)
+
+    @property
+    def metric_lengths(self) -> Dict[str, torch.Tensor]:
+        """Per metric name, how many values each input of the last forward (or ``reference``)
+        gave: int64 ``[B]`` on the compiler's device (``metrics[name]`` holds their sum)."""
+        got = self._metric_lengths
+        for name, v in got.items():
+            if isinstance(v, np.ndarray):
+                got[name] = torch.from_numpy(v).to(self.device)
+        return dict(got)
+
+    @property
+    def metric_sequences(self) -> Dict[str, SequenceOutput]:
+        """Per metric name, ``SequenceOutput(values, lengths)`` of the last forward (or
+        ``reference``): ``values`` is ``metrics[name]``, ``lengths[i]`` how many of them input
+        ``i`` gave, ``offsets`` where each input's values start (as for sequence outputs), so
+        per-node losses can be split by input: ``values.split(lengths.tolist())``."""
+        lengths = self.metric_lengths
+        return {name: SequenceOutput(v, lengths[name]) for name, v in self.metrics.items() if name in lengths}
+
+    # -- block tree binding -------------------------------------------------------------------
+    def _bind(self) -> None:
+        """Make sure the blocks hold this compiler's operations and type ids.  Compiling part
+        of the tree again (another Compiler, ``block.eval``) rebinds them to that compiler;
+        this infers the tree again with this compiler's tables (same operations)."""
+        cc = self._cc
+        cid = cc.compile_id
+        for b in self._blocks:
+            if b._compile_id != cid:
+                break
+        else:
+            return
+        n_ops, n_types = len(cc.ops), len(cc.types)
+        cc.restart()
+        out = self.root.infer(self.input_type, cc, self.root.name or "root", ())
+        if out != self.output_type or len(cc.ops) != n_ops or len(cc.types) != n_types:
+            raise RuntimeError("the block tree changed since this Compiler was built (its types or "
+                               "operations differ); build a new Compiler")
+        self._blocks = _walk(self.root)
+
+    # -- floating-point dtype ---------------------------------------------------------------
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        if "_cc" in self.__dict__:
+            self._sync_float_dtype()
+        return out
+
+    def _sync_float_dtype(self) -> None:
+        """After ``to(dtype)``/``double()``/``half()``: every floating-point value type is
+        executed in the probe's dtype (the parameters' dtype), constants are cast."""
+        d = canonical_dtype(self._device_probe.dtype)
+        cast = None if d == self.declared_float_dtype else d
+        self.exec_types = [TensorType(t.shape, cast) if cast and torch_dtype(t.dtype).is_floating_point else t
+                           for t in self.types]
+        for op in self.ops:
+            op.set_float_dtype(torch_dtype(cast) if cast else None)
 
     # -- parameters --------------------------------------------------------------------------
     def _register_module(self, path: Tuple[str, ...], module: nn.Module) -> str:
-        """Add ``module`` under the dotted ``path`` (containers created as needed); returns
-        its full name.  Clashing names get a numeric suffix."""
+        """Add ``module`` (or an ``nn.Parameter``) under the dotted ``path`` (containers
+        created as needed); returns its full name.  Clashing names get a numeric suffix."""
         def free(parent, name):
-            return name not in parent._modules and name not in parent.__dict__ and not hasattr(type(parent), name)
+            return name not in parent._modules and name not in parent._parameters and \
+                name not in parent.__dict__ and not hasattr(type(parent), name)
 
         parent: nn.Module = self
         parts = [re.sub(r"\W", "_", p) or "_" for p in path]
@@ -327,7 +628,10 @@ class Compiler(nn.Module):
         name, k = leaf, 1
         while not free(parent, name):
             name, k = f"{leaf}_{k}", k + 1
-        parent.add_module(name, module)
+        if isinstance(module, nn.Parameter):
+            parent.register_parameter(name, module)
+        else:
+            parent.add_module(name, module)
         return ".".join(full + [name])
 
     @property
@@ -338,9 +642,7 @@ class Compiler(nn.Module):
     def _trace_together(self, inputs: Iterable) -> Tuple[GraphTracer, list]:
         """Trace ``inputs`` into one tracer (each input ended by ``end_input``); returns the
         tracer and each input's output value (handles)."""
-        if getattr(self.root, "_compiled_signature", None) != self.signature:
-            raise RuntimeError("the block tree was compiled again by another Compiler with different "
-                               "types; build a fresh block tree for each model")
+        self._bind()
         tracer = GraphTracer(len(self.types), self.op_info.out_tids)
         metric_names = self._metric_names
         end_input = tracer.end_input
@@ -361,14 +663,20 @@ class Compiler(nn.Module):
 
     def _merged(self, tracer: GraphTracer, roots: list) -> MergedTraces:
         consts = []
-        for tid, t in enumerate(self.types):
+        for tid, t in enumerate(self.exec_types):
             vals = tracer.consts[tid]
             arr = np.array(vals, dtype=t.dtype) if vals else np.zeros((0,) + t.shape, t.dtype)
             consts.append(arr.reshape((len(vals),) + t.shape))
         metrics = {name: (tid, np.asarray(tracer.metrics.get(name, ()), np.int64))
                    for name, tid in self.metric_tids.items()}
+        # per input, how many values each metric saw (the tracer's counts at each input's end)
+        k, n_types = len(roots), len(self.types)
+        ends = np.asarray(tracer.input_ends, np.int64).reshape(k, 3 + n_types + len(self._metric_names))
+        ends = ends[:, 3 + n_types:]
+        lengths = np.diff(ends, axis=0, prepend=np.zeros((1, ends.shape[1]), np.int64))
+        metric_lengths = {name: lengths[:, j].copy() for j, name in enumerate(self._metric_names)}
         return MergedTraces(size=len(roots), graph=tracer.finish(), consts=consts, metrics=metrics,
-                            outputs=_output_arrays(roots, self.output_type, []))
+                            outputs=_output_arrays(roots, self.output_type, []), metric_lengths=metric_lengths)
 
     def trace(self, inputs: Iterable) -> List[InputTrace]:
         """Trace each input once, for batches built later from the traces.
@@ -454,31 +762,47 @@ class Compiler(nn.Module):
         stats = dict(plan.stats, trace_s=trace_s, schedule_s=time.perf_counter() - t1)
         return Batch(size=merged.size, consts=merged.consts, calls=plan.calls, step_bounds=plan.step_bounds,
                      index_data=plan.index_data, outputs=plan.outputs, metrics=plan.metrics,
-                     stats=stats, signature=self.signature)
+                     stats=stats, signature=self.signature, metric_lengths=dict(merged.metric_lengths))
 
     # -- execution -----------------------------------------------------------------------------
     def forward(self, batch: Batch):
         """Execute ``batch``; returns outputs with one row per input (see module docstring).
 
-        Sets ``self.metrics``: name -> tensor of every value ``Metric(name)`` saw, in input order.
+        Sets ``self.metrics``: name -> tensor of every value ``Metric(name)`` saw, in input order,
+        and ``self.metric_lengths``: name -> int64 ``[B]``, how many of them each input gave
+        (``metric_sequences`` pairs the two, with ``offsets``).
+
+        Raises:
+            OperationError: an operation failed on its batched inputs (names the operation
+                and its block's path; :meth:`reference` names the input).
         """
         if not isinstance(batch, Batch):
             raise TypeError(f"Compiler.forward takes a Batch from build_batch, got {type(batch).__name__}")
         if batch.signature != self.signature:
             raise ValueError("this Batch was built by a different compiler (operation tables differ)")
-        result = execute(batch, self.ops, self.types, self.device, self.max_call_rows or 0)
+        types = self.exec_types
+        if any(c.dtype != t.dtype for c, t in zip(batch.consts, types)):   # after compiler.to(dtype)
+            batch = dataclasses.replace(batch, consts=[c if c.dtype == t.dtype else c.astype(t.dtype)
+                                                       for c, t in zip(batch.consts, types)])
+        result = execute(batch, self.ops, types, self.device, self.max_call_rows or 0)
         self.metrics = result.metrics
+        lengths = getattr(batch, "metric_lengths", None) or {}
+        self._metric_lengths = {name: np.asarray(lengths[name], np.int64) for name in self.metrics if name in lengths}
         return result.outputs
 
     # -- reference -------------------------------------------------------------------------------
     def reference(self, inputs: Sequence):
         """Evaluate each input on its own, eagerly, with batch-size-1 tensors.
 
-        Returns the same structure as ``forward`` and sets ``self.metrics`` likewise.  This is
-        the unbatched reference the batched executor is tested against.
+        Returns the same structure as ``forward`` and sets ``self.metrics`` (and
+        ``metric_lengths``) likewise.  This is the unbatched reference the batched executor is
+        tested against; as each input runs alone, an operation failing on one input (an
+        embedding index out of range, say) raises an :class:`InputError` naming that input.
         """
-        ctx = EagerContext(self.types, self.device)
+        self._bind()
+        ctx = EagerContext(self.exec_types, self.device)
         values = []
+        counts = []
         old = sys.getrecursionlimit()
         sys.setrecursionlimit(max(old, _RECURSION_LIMIT))
         try:
@@ -487,15 +811,24 @@ class Compiler(nn.Module):
                     values.append(self.root._trace(x, ctx))
                 except BlockInputError as err:
                     raise InputError(i, err) from err
+                except OperationError as err:   # per example: the input is known
+                    cause = err.__cause__
+                    msg = f"its operation raised {cause!r}" if cause is not None else str(err)
+                    raise InputError(i, BlockInputError(err.block, msg)) from err
+                counts.append([len(ctx.metrics.get(name, ())) for name in self._metric_names])
         finally:
             sys.setrecursionlimit(old)
         self.metrics = {name: self._cat(ctx.metrics.get(name, []), self.metric_types[name])
                         for name in self.metric_types}
+        ends = np.asarray(counts, np.int64).reshape(len(counts), len(self._metric_names))
+        lengths = np.diff(ends, axis=0, prepend=np.zeros((1, ends.shape[1]), np.int64))
+        self._metric_lengths = {name: lengths[:, j].copy() for j, name in enumerate(self._metric_names)}
         return self._assemble(values, self.output_type)
 
     def _cat(self, tensors, t: TensorType):
         if not tensors:
-            return torch.zeros((0,) + t.shape, dtype=torch_dtype(t.dtype), device=self.device)
+            dtype = self.exec_types[self.types.index(t)].dtype if t in self.types else t.dtype
+            return torch.zeros((0,) + t.shape, dtype=torch_dtype(dtype), device=self.device)
         return torch.cat(tensors)
 
     def _assemble(self, values, t: Type):
@@ -510,3 +843,57 @@ class Compiler(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.root!r}: {self.input_type!r} -> {self.output_type!r}, {len(self.ops)} operations"
+
+
+def _converter(t: Type) -> Block:
+    """A block turning Python / NumPy values into values of the tensor structure ``t`` (for
+    ``block.eval`` on blocks whose input is tensors)."""
+    from . import blocks as fb
+    if isinstance(t, TensorType):
+        return fb.Tensor(t.shape, t.dtype)
+    if isinstance(t, TupleType):
+        return fb.Record([(i, _converter(it)) for i, it in enumerate(t.items)])
+    if isinstance(t, BroadcastSequenceType):
+        return _converter(t.element) >> fb.Broadcast()
+    if isinstance(t, SequenceType):
+        return fb.Map(_converter(t.element))
+    if isinstance(t, VoidType):
+        return fb.Void()
+    return fb.Identity()
+
+
+def _split_rows(value, t: Type, n: int, tolist: bool) -> list:
+    """A batched output of type ``t`` for ``n`` inputs, as one value per input."""
+    if isinstance(t, TensorType):
+        return [value[i].tolist() if tolist else value[i] for i in range(n)]
+    if isinstance(t, TupleType):
+        items = [_split_rows(v, it, n, tolist) for v, it in zip(value, t.items)]
+        return [tuple(item[i] for item in items) for i in range(n)]
+    if isinstance(t, SequenceType):
+        lengths = value.lengths.tolist()
+        flat = _split_rows(value.values, t.element, sum(lengths), tolist)
+        out, at = [], 0
+        for k in lengths:
+            out.append(flat[at:at + k])
+            at += k
+        return out
+    return [None] * n
+
+
+def evaluate_block(block: Block, inp, tolist: bool = False, input_type: Optional[Type] = None):
+    """``block.eval(inp)``: compile ``block`` (a new Compiler), run it on the one input and
+    return the output without its batch dimension, with the metrics when it has any (see
+    :meth:`foldengine.blocks.Block.eval`)."""
+    t = input_type if input_type is not None else (block.input_type or PyObjectType())
+    root = block
+    if not isinstance(t, PyObjectType):
+        if not t.is_tensor_structure and not isinstance(t, (SequenceType, VoidType)):
+            raise TypeError(f"{block!r}.eval: cannot build an input of type {t!r} from a Python value")
+        root = _converter(t) >> block
+    compiler = Compiler(root)
+    out = compiler(compiler.build_batch([inp]))
+    result = _split_rows(out, compiler.output_type, 1, tolist)[0]
+    if not compiler.metric_types:
+        return result
+    metrics = {name: (v.tolist() if tolist else v) for name, v in compiler.metrics.items()}
+    return result, metrics

@@ -165,9 +165,9 @@ def _gather(g: Gather, chunks: List[List[torch.Tensor]], idx: torch.Tensor, type
 
 def _reduce(op: Operation, flat: torch.Tensor, seg: torch.Tensor, n: int) -> torch.Tensor:
     shape = (n,) + tuple(flat.shape[1:])
-    if op.fn == "max":
+    if op.fn == "max" or op.fn == "min":
         index = seg.view((-1,) + (1,) * (flat.dim() - 1)).expand_as(flat)
-        return flat.new_zeros(shape).scatter_reduce(0, index, flat, "amax", include_self=False)
+        return flat.new_zeros(shape).scatter_reduce(0, index, flat, "a" + op.fn, include_self=False)
     total = flat.new_zeros(shape).index_add(0, seg, flat)
     if op.fn == "mean":
         counts = torch.bincount(seg, minlength=n).clamp_(min=1).to(flat.dtype)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["BinaryTreeLSTMCell", "FC"]
+__all__ = ["BinaryTreeLSTMCell", "FC", "Embedding"]
 
 State = Tuple[torch.Tensor, torch.Tensor]
 
@@ -88,13 +88,59 @@ class BinaryTreeLSTMCell(nn.Module):
 
 
 class FC(nn.Module):
-    """Fully connected layer ``act(x W + b)``: ``[B, in] -> [B, out]`` (TF Fold's ``FC``)."""
+    """Fully connected layer ``act(norm(x W + b))``: ``[B, in] -> [B, out]`` (TF Fold's ``FC``;
+    the block ``foldengine.blocks.FC`` creates one when compiled).
 
-    def __init__(self, in_features: int, out_features: int, activation=torch.relu):
+    Args:
+        in_features / out_features: sizes.
+        activation: applied last (None: linear).
+        input_keep_prob / output_keep_prob: dropout keep probabilities on the input and the
+            output, in training mode only (None: no dropout).
+        normalization_fn: applied before the activation (when there is one).
+        weight_norm: ``W`` normalised per output unit times a learned ``scales`` vector.
+    """
+
+    def __init__(self, in_features: int, out_features: int, activation=torch.relu, input_keep_prob=None,
+                 output_keep_prob=None, normalization_fn=None, weight_norm: bool = False):
         super().__init__()
+        self.in_features, self.out_features = in_features, out_features
         self.linear = nn.Linear(in_features, out_features)
         self.activation = activation
+        self.input_keep_prob = input_keep_prob
+        self.output_keep_prob = output_keep_prob
+        self.normalization_fn = normalization_fn
+        self.scales = nn.Parameter(torch.ones(out_features)) if weight_norm else None
 
     def forward(self, x):
-        y = self.linear(x)
-        return self.activation(y) if self.activation is not None else y
+        if self.input_keep_prob is not None and self.training:
+            x = F.dropout(x, 1.0 - self.input_keep_prob, True)
+        if self.scales is None:
+            y = self.linear(x)
+        else:
+            w = F.normalize(self.linear.weight, dim=1) * self.scales.unsqueeze(1)
+            y = F.linear(x, w, self.linear.bias)
+        if self.activation is not None:
+            if self.normalization_fn is not None:
+                y = self.normalization_fn(y)
+            y = self.activation(y)
+        if self.output_keep_prob is not None and self.training:
+            y = F.dropout(y, 1.0 - self.output_keep_prob, True)
+        return y
+
+
+class Embedding(nn.Module):
+    """An embedding table: int64 ``[B]`` -> ``[B, num_units_out]`` (TF Fold's ``Embedding``;
+    the block ``foldengine.blocks.Embedding`` holds one).  With ``mod_inputs`` (TF Fold's
+    default) an index ``i`` reads row ``abs(i) % num_buckets``."""
+
+    def __init__(self, num_buckets: int, num_units_out: int, mod_inputs: bool = True):
+        super().__init__()
+        self.num_buckets, self.num_units_out, self.mod_inputs = num_buckets, num_units_out, bool(mod_inputs)
+        self.weight = nn.Parameter(torch.empty(num_buckets, num_units_out))
+        nn.init.normal_(self.weight)
+
+    def forward(self, idx):
+        idx = idx.long()
+        if self.mod_inputs:
+            idx = idx.abs().remainder(self.num_buckets)
+        return F.embedding(idx, self.weight)

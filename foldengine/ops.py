@@ -8,7 +8,7 @@ tensor types.  Two kinds exist:
   blocks compile to these.  :meth:`Operation.apply` turns the flat list of batched inputs
   back into the structure the user's callable expects (a tuple input arrives as positional
   arguments, nested tuples as tuples) and flattens what it returns.
-* ``"reduce"``: a variadic reduction (sum, mean or max) of any number of values of one
+* ``"reduce"``: a variadic reduction (sum, mean, max or min) of any number of values of one
   tensor type into one value of that type; ``Sum``, ``Mean``, ``Max`` compile to these.
   The batched executor computes all nodes of one step with a single segment reduction.
 """
@@ -24,7 +24,12 @@ __all__ = ["Operation", "OperationError", "flatten_value", "unflatten_value"]
 
 
 class OperationError(RuntimeError):
-    """An operation returned something that does not match its declared output type."""
+    """An operation failed or returned something that does not match its declared output
+    type; names the operation and where its block is used (``block``: that block)."""
+
+    def __init__(self, message: str, block=None):
+        super().__init__(message)
+        self.block = block
 
 
 def flatten_value(t: Type, value, out: list) -> list:
@@ -59,24 +64,64 @@ def _paths(t: Type, prefix: str, out: list) -> list:
     return out
 
 
+class _Generated:
+    """A function generated from a type (picklable: pickled as its type and rebuilt)."""
+
+    __slots__ = ("type", "fn")
+
+    def __init__(self, t: Type):
+        self.type = t
+        self.fn = self._build(t)
+
+    def __call__(self, x):
+        return self.fn(x)
+
+    def __reduce__(self):
+        return (type(self), (self.type,))
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.type!r})"
+
+
+def _listed(x) -> list:
+    return [x]
+
+
+class _Flattener(_Generated):
+    __slots__ = ()
+
+    @staticmethod
+    def _build(t):
+        if isinstance(t, TensorType):
+            return _listed
+        return eval("lambda x: [" + ", ".join(_paths(t, "x", [])) + "]")  # noqa: S307 - generated from a type
+
+
+class _Unflattener(_Generated):
+    __slots__ = ()
+
+    @staticmethod
+    def _build(t):
+        counter = iter(range(10 ** 9))
+
+        def expr(tt):
+            if isinstance(tt, TensorType):
+                return f"f[{next(counter)}]"
+            inner = ", ".join(expr(i) for i in tt.items)
+            return f"({inner},)" if len(tt.items) == 1 else f"({inner})"
+        return eval("lambda f: " + expr(t))  # noqa: S307 - generated from a type
+
+
 def make_flattener(t: Type) -> Callable:
     """A fast ``value -> list of leaves`` for tensor structures of type ``t`` (generated code;
-    values are trusted to match ``t``, as they do after type checking)."""
-    if isinstance(t, TensorType):
-        return lambda x: [x]
-    return eval("lambda x: [" + ", ".join(_paths(t, "x", [])) + "]")  # noqa: S307 - generated from a type
+    values are trusted to match ``t``, as they do after type checking).  Picklable."""
+    return _Flattener(t)
 
 
 def make_unflattener(t: Type) -> Callable:
-    """A fast ``flat sequence -> structured value`` for type ``t`` (inverse of the flattener)."""
-    counter = iter(range(10 ** 9))
-
-    def expr(tt):
-        if isinstance(tt, TensorType):
-            return f"f[{next(counter)}]"
-        inner = ", ".join(expr(i) for i in tt.items)
-        return f"({inner},)" if len(tt.items) == 1 else f"({inner})"
-    return eval("lambda f: " + expr(t))  # noqa: S307 - generated from a type
+    """A fast ``flat sequence -> structured value`` for type ``t`` (inverse of the flattener).
+    Picklable."""
+    return _Unflattener(t)
 
 
 class Operation:
@@ -88,7 +133,7 @@ class Operation:
       name: readable name used in errors and statistics.
       in_type / out_type: the block-level types (tensor structures).
       in_tids / out_tids: type ids of the flattened input and output slots.
-      fn: the callable on batched tensors (``"call"``) or the mode ``"sum"|"mean"|"max"``.
+      fn: the callable on batched tensors (``"call"``) or the mode ``"sum"|"mean"|"max"|"min"``.
     """
 
     def __init__(self, op_id: int, kind: str, name: str, in_type: Type, out_type: Type,
@@ -105,10 +150,22 @@ class Operation:
         self.block = block
         self.out_shapes = tuple(t.shape for t in flatten_tensor_types(out_type))
         self.out_dtypes = tuple(torch_dtype(t.dtype) for t in flatten_tensor_types(out_type))
+        self.float_dtype = None
         self._tuple_in = isinstance(in_type, TupleType)
         self._simple_in = isinstance(in_type, TensorType)
         self._simple_out = isinstance(out_type, TensorType)
         self._flat_tuple_in = self._tuple_in and all(isinstance(t, TensorType) for t in in_type.items)
+
+    def set_float_dtype(self, dtype) -> None:
+        """Expect every floating-point output in ``dtype`` (a torch dtype; None: as declared),
+        after ``Compiler.to(dtype)`` cast the model."""
+        self.float_dtype = dtype
+        self.out_dtypes = tuple(dtype if dtype is not None and torch_dtype(t.dtype).is_floating_point
+                                else torch_dtype(t.dtype) for t in flatten_tensor_types(self.out_type))
+
+    def _where(self) -> str:
+        paths = getattr(self.block, "paths", None) or ()
+        return f" (block {self.block!r} at {', '.join(paths)})" if paths else ""
 
     @property
     def arity(self) -> int:
@@ -117,31 +174,44 @@ class Operation:
 
     def apply(self, flat_inputs: List[torch.Tensor]) -> List[torch.Tensor]:
         """Run a ``"call"`` operation on batched inputs (all with the same leading size)."""
-        if self._simple_in:
-            out = self.fn(flat_inputs[0])
-        elif self._flat_tuple_in:
-            out = self.fn(*flat_inputs)
-        elif self._tuple_in:
-            structured, _ = unflatten_value(self.in_type, flat_inputs)
-            out = self.fn(*structured)
-        else:  # empty tuple
-            out = self.fn()
+        try:
+            if self._simple_in:
+                out = self.fn(flat_inputs[0])
+            elif self._flat_tuple_in:
+                out = self.fn(*flat_inputs)
+            elif self._tuple_in:
+                structured, _ = unflatten_value(self.in_type, flat_inputs)
+                out = self.fn(*structured)
+            else:  # empty tuple
+                out = self.fn()
+        except OperationError:
+            raise
+        except Exception as err:  # name the operation and where its block is used
+            n = flat_inputs[0].shape[0] if flat_inputs else 0
+            raise OperationError(f"operation {self.name}{self._where()} raised {err!r} on a batch of {n} "
+                                 "rows; compiler.reference(inputs) evaluates the inputs one at a time and "
+                                 "names the input that fails", self.block) from err
         if self._simple_out:
             outs = [out]
         else:
             try:
                 outs = flatten_value(self.out_type, out, [])
             except OperationError as err:
-                raise OperationError(f"operation {self.name}: {err}") from None
+                raise OperationError(f"operation {self.name}{self._where()}: {err}", self.block) from None
         n = flat_inputs[0].shape[0] if flat_inputs else None
         for o, shape, dtype in zip(outs, self.out_shapes, self.out_dtypes):
+            if isinstance(o, torch.Tensor) and o.dim() == 0:
+                raise OperationError(
+                    f"operation {self.name}{self._where()} returned a 0-d tensor for a batch of {n}: an "
+                    "operation must return one row per input (a leading batch dimension); a loss needs "
+                    "reduction='none'", self.block)
             if not isinstance(o, torch.Tensor) or tuple(o.shape[1:]) != shape or o.dtype != dtype or (
                     n is not None and o.shape[0] != n):
                 got = (f"tensor of shape {tuple(o.shape)} {str(o.dtype).replace('torch.', '')}"
                        if isinstance(o, torch.Tensor) else type(o).__name__)
                 raise OperationError(
-                    f"operation {self.name} declared output type {self.out_type!r} but returned a {got} "
-                    f"for a batch of {n}")
+                    f"operation {self.name}{self._where()} declared output type {self.out_type!r} but returned a {got} "
+                    f"for a batch of {n}", self.block)
         return outs
 
     def __repr__(self):

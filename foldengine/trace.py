@@ -336,6 +336,8 @@ class EagerContext:
             return x.sum(0)
         if op.fn == "mean":
             return x.mean(0)
+        if op.fn == "min":
+            return x.min(0).values
         return x.max(0).values
 
     def metric(self, name: str, handle) -> None:

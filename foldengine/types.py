@@ -6,6 +6,8 @@ A type is one of
   dimension is *not* part of the shape (paper footnote 3);
 * :class:`TupleType` ``(t1, ..., tn)``: a tuple of values;
 * :class:`SequenceType` ``(t)``: a sequence of any length (a Python list at trace time);
+* :class:`BroadcastSequenceType` ``(t)``: an endless sequence repeating one value (the output
+  of ``Broadcast``); only ``ZipWith``/``Zip``/``Map``/``NGrams`` and item access take it;
 * :class:`PyObjectType` ``()``: any Python object (the paper's ``Input``);
 * :class:`VoidType` ``()``: the unit type.
 
@@ -19,8 +21,8 @@ from typing import Iterator, Optional, Tuple
 import numpy as np
 import torch
 
-__all__ = ["Type", "TensorType", "TupleType", "SequenceType", "PyObjectType", "VoidType",
-           "unify", "flatten_tensor_types", "canonical_dtype", "torch_dtype", "TypeMismatch"]
+__all__ = ["Type", "TensorType", "TupleType", "SequenceType", "BroadcastSequenceType", "PyObjectType", "VoidType",
+           "unify", "flatten_tensor_types", "canonical_dtype", "torch_dtype", "TypeMismatch", "as_type"]
 
 
 _DTYPE_ALIASES = {"float": "float32", "double": "float64", "int": "int64", "long": "int64",
@@ -161,16 +163,26 @@ class SequenceType(Type):
         raise AttributeError("types are immutable")
 
     def __eq__(self, other):
-        return isinstance(other, SequenceType) and self.element == other.element
+        return type(other) is type(self) and self.element == other.element
 
     def __hash__(self):
-        return hash(("S", self.element))
+        return hash((type(self).__name__, self.element))
 
     def __repr__(self):
-        return f"SequenceType({self.element!r})"
+        return f"{type(self).__name__}({self.element!r})"
 
     def __reduce__(self):
-        return (SequenceType, (self.element,))
+        return (type(self), (self.element,))
+
+
+class BroadcastSequenceType(SequenceType):
+    """An endless sequence repeating one value of type ``element`` (TF Fold's type of the
+    ``Broadcast`` block's output).  It is a :class:`SequenceType` for the blocks that zip
+    sequences (``ZipWith``/``Zip`` stop at the shortest finite input), and is refused at
+    compile time by everything that needs a length (``Fold``, ``Reduce``, ``Sum``,
+    ``Length``, ``Nth``, slices) and as a compiled block's output."""
+
+    __slots__ = ()
 
 
 class PyObjectType(Type):
@@ -219,11 +231,40 @@ def flatten_tensor_types(t: Type) -> Tuple[TensorType, ...]:
     return tuple(t.tensors())
 
 
+def _is_shape(x) -> bool:
+    return isinstance(x, (tuple, list)) and all(isinstance(s, (int, np.integer)) and not isinstance(s, bool)
+                                                for s in x)
+
+
 def as_type(x) -> Type:
-    """Coerce a shape (int or tuple of ints) or a type into a type (float32 tensor for shapes)."""
+    """Coerce a type-like value into a type.
+
+    * a :class:`Type`: itself;
+    * an int ``n``: ``TensorType((n,))``; a tuple or list of ints: ``TensorType(shape)``
+      (float32; ``()`` is a scalar);
+    * a list ``[*shape, dtype]`` (e.g. ``[3, 4, "int64"]``): ``TensorType(shape, dtype)``;
+    * a dtype name (``"int64"``) or torch dtype: a scalar ``TensorType((), dtype)``;
+    * a tuple or list holding anything else: a :class:`TupleType` of its items, converted
+      recursively, e.g. ``((3,), (3,))`` is ``TupleType(TensorType([3]), TensorType([3]))``
+      (the state of an LSTM) and ``(3, (2, 2))`` a vector and a matrix.
+    """
     if isinstance(x, Type):
         return x
-    if isinstance(x, (int, np.integer)) or (isinstance(x, (tuple, list)) and all(
-            isinstance(s, (int, np.integer)) for s in x)):
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
         return TensorType(x)
-    raise TypeError(f"cannot interpret {x!r} as a type or shape")
+    if _is_shape(x):
+        return TensorType(x)
+    if isinstance(x, list) and x and isinstance(x[-1], (str, torch.dtype)) and _is_shape(x[:-1]):
+        return TensorType(x[:-1], x[-1])
+    if isinstance(x, (str, torch.dtype)):
+        try:
+            return TensorType((), x)
+        except TypeError:
+            pass
+    if isinstance(x, (tuple, list)) and x:
+        try:
+            return TupleType([as_type(i) for i in x])
+        except TypeError:
+            pass
+    raise TypeError(f"cannot interpret {x!r} as a type: expected a Type, a shape (an int or a tuple of "
+                    "ints), [*shape, dtype], a dtype name, or a tuple of those (a TupleType)")

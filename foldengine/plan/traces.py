@@ -10,7 +10,7 @@ as tracing them one by one and merging.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -82,12 +82,14 @@ class MergedTraces:
         consts: per type id, every input's constants, concatenated ``[n_t, *shape]``.
         metrics: per metric name, ``(type id, int64 handles)`` of every value it saw.
         outputs: the outputs of all inputs, flattened as in :class:`InputTrace` (int64).
+        metric_lengths: per metric name, int64 ``[size]``: how many values each input gave.
     """
     size: int
     graph: Trace
     consts: List[np.ndarray]
     metrics: Dict[str, Tuple[int, np.ndarray]]
     outputs: List[np.ndarray]
+    metric_lengths: Dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def _cat(arrays: Sequence[np.ndarray], dtype=np.int64) -> np.ndarray:
@@ -139,11 +141,12 @@ def merge_traces(traces: Sequence[InputTrace], metric_tids: Dict[str, int],
                   node_depth=node_depth, n_consts=n_consts.sum(axis=0))
     consts = [np.concatenate([empty_consts[tid]] + [t.consts[tid] for t in traces if len(t.consts[tid])])
               for tid in range(n_types)]
-    metrics = {}
+    metrics, metric_lengths = {}, {}
     for m, (name, tid) in enumerate(metric_tids.items()):
         arrays = [t.metrics[m] for t in traces]
         lengths = np.fromiter((len(a) for a in arrays), np.int64, k)
         metrics[name] = (tid, _cat(arrays) + np.repeat(handle_off, lengths))
+        metric_lengths[name] = lengths
     outputs = []
     for j, is_handle in enumerate(output_is_handle):
         arrays = [t.outputs[j] for t in traces]
@@ -152,7 +155,8 @@ def merge_traces(traces: Sequence[InputTrace], metric_tids: Dict[str, int],
             lengths = np.fromiter((len(a) for a in arrays), np.int64, k)
             flat = flat + np.repeat(handle_off, lengths)
         outputs.append(flat)
-    return MergedTraces(size=k, graph=graph, consts=consts, metrics=metrics, outputs=outputs)
+    return MergedTraces(size=k, graph=graph, consts=consts, metrics=metrics, outputs=outputs,
+                        metric_lengths=metric_lengths)
 
 
 def split_traces(merged: MergedTraces, input_ends: Sequence[tuple], per_input_outputs: Sequence[Sequence[np.ndarray]],

@@ -1,6 +1,7 @@
 """The closure-compiled tracer records exactly what the interpreted ``Block._trace`` records."""
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -73,7 +74,8 @@ def _record_model():
     vec = fb.Tensor(D)
     return fb.Record({"a": vec >> f >> f >> f >> f >> f,
                       "b": fb.Map(vec >> f) >> fb.Sum(),
-                      "c": fb.AllOf(fb.Scalar(), fb.Scalar("int64"), fb.Identity() >> fb.Scalar())})
+                      "c": fb.AllOf(fb.Scalar(), fb.InputTransform(math.floor) >> fb.Scalar("int64"),
+                                    fb.Identity() >> fb.Scalar())})
 
 
 def _record_inputs(n, seed=0):

@@ -109,9 +109,8 @@ def test_random_input_transform_is_never_cached():
         calls.append(x)
         return x + len(calls)
 
-    torch.manual_seed(0)
-    lin = nn.Linear(1, 2)
-    block = fb.InputTransform(jitter, deterministic=False, name="jitter") >> fb.Scalar() >> fb.Function(lin)
+    # (a Scalar batch is [B]; nn.Linear(1, 2) on it was not one row per input: issue 17)
+    block = fb.InputTransform(jitter, deterministic=False, name="jitter") >> fb.Scalar() >> fb.Function(torch.tanh)
     compiler = fe.Compiler(block)
     assert compiler.random_blocks == [block.blocks[0]]
     with pytest.raises(RandomBlockError, match=r"InputTransform\('jitter'\).*deterministic=False.*build_batch"):
@@ -121,7 +120,7 @@ def test_random_input_transform_is_never_cached():
     assert len(calls) == 4
     assert not np.array_equal(first.consts[0], second.consts[0])
     # a deterministic InputTransform (the default) is cached as usual
-    det = fe.Compiler(fb.InputTransform(float) >> fb.Scalar() >> fb.Function(nn.Linear(1, 2)))
+    det = fe.Compiler(fb.InputTransform(float) >> fb.Scalar() >> fb.Function(torch.tanh))
     assert det.random_blocks == [] and len(det.trace(["1", "2"])) == 2
 
 
