@@ -1,7 +1,9 @@
 """The Compiler: type-checks a block, plans batches, and executes them (an ``nn.Module``).
 
     compiler = Compiler(block, scheduler="depth")   # type-checks the whole block tree
-    batch = compiler.build_batch(inputs)            # trace + schedule: numpy only, picklable
+    batch = compiler.build_batch(inputs)            # trace + schedule + lower: numpy only, picklable
+    traces = compiler.trace(inputs)                 # ... or trace each input once (InputTrace)
+    batch = compiler.build_batch_from_traces(traces[:25])   # and batch by concatenation
     outputs = compiler(batch)                       # batched forward, one row per input
     compiler.metrics["name"]                        # values Metric("name") saw, in input order
     compiler.metric_lengths["name"]                 # ... how many of them each input gave
@@ -488,19 +490,53 @@ def _check_output_type(t: Type, block, whole: Type):
 
 
 class Compiler(nn.Module):
-    """Compiles a block for dynamic batching.
+    """Compiles a block for dynamic batching: plans batches (numpy) and executes them.
+
+    A batch goes through four stages: *trace* (the blocks' Python side runs on each input
+    and records a graph of operation calls: :meth:`trace`), *merge* (the traces of a batch
+    concatenated into one graph), *schedule* (``scheduler`` assigns every node a step) and
+    *lower* (``foldengine.plan.lower``: steps -> batched calls and gathers).  The result, a
+    :class:`~foldengine.batch.Batch`, is numpy only; ``forward`` executes it.  Since a
+    structure does not change between epochs, trace each input once (:meth:`trace`) and
+    build every later batch with :meth:`build_batch_from_traces`: the same Batch as
+    :meth:`build_batch` of the inputs, with no Python work per node.
 
     Args:
-      block: the root block.
-      scheduler: a scheduler name (``'depth'``, see ``schedulers.SCHEDULERS``) or instance.
-      input_type: the root block's input type (Python objects by default).
-      max_call_rows: run batched calls larger than this in row blocks (same results).  An
-        execution setting, not part of the schedule (batches do not depend on it; it may be
-        changed between forwards).  On CPUs, blocks of about 1024 rows ran fastest in
-        ``scripts/bench_table1.py`` (inference and training); None: no limit (GPUs).
+        block: the root block (anything ``blocks.convert_to_block`` accepts).
+        scheduler: a scheduler name (``'depth'``, ``'agenda'``, ``'coalesce'``; see
+            ``schedulers.SCHEDULERS``) or instance.
+        input_type: the root block's input type (Python objects by default).
+        max_call_rows: run batched calls larger than this in row blocks (same results).  An
+            execution setting, not part of the schedule (batches do not depend on it; it may
+            be changed between forwards).  On CPUs, blocks of about 1024 rows ran fastest in
+            ``scripts/bench_table1.py`` (inference and training); None: no limit (GPUs).
 
-    Attribute ``row_layout`` (default ``"readers"``): how lowering orders each call's rows
-    (``foldengine.plan.lower``); ``"inputs"`` is the earlier rule, kept for benchmarks.
+    Attributes:
+        output_type: the root block's output type.
+        types: the tensor types of the values, by type id.
+        ops: the operation table (one per distinct Function / reduction / Concat).
+        metrics: after a forward, name -> every value ``Metric(name)`` saw, in input order.
+        random_blocks: blocks declared random (``InputTransform(fn, deterministic=False)``);
+            when not empty, :meth:`trace` refuses to cache traces.
+        row_layout: how lowering orders each call's rows (``"readers"``, default;
+            ``"inputs"`` is the earlier rule, kept for benchmarks).
+
+    Raises:
+        BlockTypeError: the block tree does not type-check (names the blocks and both types).
+
+    Shape:
+        - Input of ``forward``: a :class:`~foldengine.batch.Batch` of ``B`` inputs.
+        - Output: the output type with a leading dimension ``B`` for every tensor (sequences
+          flattened across inputs, with per-input ``lengths``).
+
+    Examples::
+
+        >>> compiler = Compiler(fb.Scalar() >> fb.Function(torch.tanh))
+        >>> compiler(compiler.build_batch([0.5, 1.0])).shape
+        torch.Size([2])
+        >>> traces = compiler.trace([0.5, 1.0, 2.0])
+        >>> compiler(compiler.build_batch_from_traces(traces[1:])).shape
+        torch.Size([2])
     """
 
     def __init__(self, block: Block, scheduler="depth", input_type: Type = PyObjectType(),
