@@ -10,11 +10,11 @@ Looks et al. ICLR 2017, rebuilt on PyTorch).
 from . import blocks, types
 from .batch import Batch, SequenceOutput
 from .blocks import BlockInputError, BlockTypeError
-from .compiler import Compiler, InputError
+from .compiler import Compiler, InputError, RandomBlockError
 from .ops import OperationError
 from .types import BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, VoidType
 
-__all__ = ["Compiler", "Batch", "SequenceOutput", "InputError", "BlockTypeError", "BlockInputError",
+__all__ = ["Compiler", "Batch", "SequenceOutput", "InputError", "RandomBlockError", "BlockTypeError", "BlockInputError",
            "OperationError", "blocks", "types", "TensorType", "TupleType", "SequenceType",
            "BroadcastSequenceType", "PyObjectType", "VoidType"]
 __version__ = "0.1.0"
