@@ -17,9 +17,36 @@ __all__ = ["Batch", "SequenceOutput"]
 
 
 class SequenceOutput(NamedTuple):
-    """A sequence-typed output: ``values`` has one row per element of all inputs' sequences
-    (in input order); ``lengths[i]`` is the length of input i's sequence; ``offsets`` the
-    start of each input's elements (``offsets[-1] == len(values)``)."""
+    """A sequence-typed output: the elements of all inputs' sequences, and their lengths.
+
+    ``Compiler.forward`` returns one for a ``Sequence`` output type (also inside tuples), and
+    ``Compiler.metric_sequences`` holds one per metric; ``values.split(lengths.tolist())``
+    gives one tensor per input.
+
+    Args:
+        values: the elements, one row per element of all inputs' sequences, in input order
+            (for a sequence of tuples, a tuple of such tensors).
+        lengths: int64 ``[B]``, the length of each input's sequence.
+
+    Attributes:
+        offsets: int64 ``[B + 1]``, where each input's elements start
+            (``offsets[-1] == len(values)``).
+
+    Shape:
+        - ``values``: ``[sum(lengths), *shape]`` for elements ``Tensor(shape, dtype)``.
+        - ``lengths``: ``[B]``, ``offsets``: ``[B + 1]``.
+
+    Examples::
+
+        >>> compiler = fe.Compiler(fb.Map(fb.Scalar()))
+        >>> out = compiler(compiler.build_batch([[1, 2], [3]]))
+        >>> out
+        SequenceOutput(values=tensor([1., 2., 3.]), lengths=tensor([2, 1]))
+        >>> out.offsets
+        tensor([0, 2, 3])
+        >>> out.values.split(out.lengths.tolist())
+        (tensor([1., 2.]), tensor([3.]))
+    """
     values: object
     lengths: object
 
@@ -31,7 +58,15 @@ class SequenceOutput(NamedTuple):
 
 @dataclass
 class Batch:
-    """A traced, scheduled and lowered batch of inputs: what ``Compiler.forward`` runs.
+    """A traced, scheduled and lowered batch of inputs: what ``Compiler.forward`` executes.
+
+    Built by ``Compiler.build_batch(inputs)``, or ``Compiler.build_batch_from_traces(traces)``
+    from traced inputs (the same Batch for the same inputs).  It holds numpy arrays, small
+    typed records (:mod:`foldengine.plan.records`) and Python ints only: it pickles cheaply,
+    can be built in another process (a Ray Data worker) and shipped to the one that runs it,
+    on the compiler that built it (checked by ``signature``).  ``len(batch)`` is the number of
+    inputs.  The constructor takes the attributes below but ``n_steps`` and ``nbytes`` (a
+    Compiler makes Batches; not made by hand).
 
     Attributes:
         size: number of inputs.
@@ -48,6 +83,20 @@ class Batch:
         signature: identifies the compiler that built it (checked on execution).
         metric_lengths: metric name -> int64 ``[size]``, how many values each input gave
             (``Compiler.metric_lengths`` / ``metric_sequences`` after a forward).
+        n_steps: the number of steps (``len(step_bounds) - 1``).
+        nbytes: bytes of array data held (constants and indices).
+
+    Examples::
+
+        >>> compiler = fe.Compiler(fb.Map(fb.Scalar()) >> fb.Sum())
+        >>> batch = compiler.build_batch([[1, 2], [3]])
+        >>> len(batch), batch.n_steps, batch.stats['nodes']
+        (2, 1, 2.0)
+        >>> compiler(batch)
+        tensor([3., 3.])
+        >>> import pickle
+        >>> compiler(pickle.loads(pickle.dumps(batch)))
+        tensor([3., 3.])
     """
     size: int
     consts: List[np.ndarray]
@@ -65,6 +114,7 @@ class Batch:
 
     @property
     def n_steps(self) -> int:
+        """The number of steps (``len(step_bounds) - 1``)."""
         return len(self.step_bounds) - 1
 
     @property

@@ -16,6 +16,22 @@ was expected (the compiler adds the input's index).
 
 ``block.eval(x)`` evaluates a block on one input (TF Fold's ``eval``), ``block.describe()``
 prints the block tree with its types.
+
+Every block's docstring follows one layout: a one-line summary, its semantics (with the
+formula where there is one), then
+
+* ``Args:`` every constructor argument;
+* ``Raises:`` errors of the constructor, and the input errors the block raises while
+  tracing (``build_batch``, ``trace``, ``eval``): :class:`foldengine.InputError`, naming the
+  input's index and the block's path (``input 3: Scalar() at root/1: ...``);
+* ``Types:`` input type -> output type, in the paper's notation (sec. 3.1): ``PyObject``
+  (any Python value, :class:`~foldengine.types.PyObjectType`), ``Tensor(shape, dtype)``
+  (the batch dimension is never part of the shape), ``Tuple(t1, ..., tn)``,
+  ``Sequence(t)``, ``BroadcastSequence(t)`` (endless, the output of :class:`Broadcast`) and
+  ``Void``; then which input types raise :class:`BlockTypeError` (when a
+  :class:`~foldengine.Compiler` is built);
+* ``Examples::`` doctests (``fe`` is ``foldengine``, ``fb`` ``foldengine.blocks``; they run
+  in ``tests/foldengine/test_block_docstrings.py``).
 """
 from __future__ import annotations
 
@@ -57,8 +73,30 @@ def where(block) -> str:
 
 
 class BlockTypeError(TypeError):
-    """A block received an input type it cannot take (raised at compile time).  The message
-    names the block, where it sits in the block tree, what it expects and what it got."""
+    """A block cannot take its input type (raised when a :class:`~foldengine.Compiler` is built).
+
+    The message names the block, where it sits in the block tree, what it expects and what it
+    got; each block's ``Types:`` section says when it raises this.  Between two blocks of a
+    Pipe it also says ``cannot compose a >> b`` and what ``a`` outputs.
+
+    Args:
+        block: the block that refused its input type.
+        expected: what it expects, in words (``"(output) ..."`` when its output is at fault).
+        got: the type it got.
+        detail: why, when more can be said.
+
+    Attributes:
+        block / expected / got / detail: as given.
+
+    Examples::
+
+        >>> fe.Compiler(fb.Map(fb.Scalar()) >> fb.Scalar())
+        Traceback (most recent call last):
+            ...
+        foldengine.blocks.BlockTypeError: Scalar() at root/1 expects input PyObjectType() (a Python
+        value), got SequenceType(TensorType([], float32)): cannot compose Map(Scalar()) >> Scalar():
+        Map(Scalar()) outputs SequenceType(TensorType([], float32))
+    """
 
     def __init__(self, block, expected: str, got, detail: str = ""):
         self.block = block
@@ -175,10 +213,38 @@ def _get_items_tracer(getitems, b) -> Callable:
 # =======================================================================================
 
 class Block:
-    """Base class.  Subclasses implement ``_infer(in_type, cc)`` and ``_trace(x, ctx)``.
+    """A function from an input of one type to an output of another (paper sec. 3.2).
 
-    ``name`` (optional) labels the block in errors and prefixes the parameter names of the
-    Functions inside it.  After compilation ``input_type`` and ``output_type`` are set.
+    Blocks are composed into a tree by combinators (``b1 >> b2``, :class:`Record`,
+    :class:`Map`, ...).  :class:`foldengine.Compiler` infers every block's input and output
+    type, raising :class:`BlockTypeError` where a block cannot take its input type, then
+    traces each input through the blocks' Python side (raising ``InputError`` for an input a
+    block cannot process) and executes the recorded operations in batches.  Subclasses
+    implement ``_infer(in_type, cc)`` (check the input type, return the output type) and
+    ``_trace(x, ctx)`` (the output value of one input while tracing).
+
+    Args:
+        name: a label for errors, ``repr`` and ``describe()``; it also prefixes the parameter
+            names of the Functions inside the block.
+
+    Attributes:
+        input_type / output_type: the block's types in the last compiled tree (None before).
+        paths: where the block sits in that tree, one path per place it is used.
+
+    Types:
+        - ``input_type -> output_type``: each block's own (its ``Types:`` section).
+        - BlockTypeError: a block used in several places with different input types.
+
+    Examples::
+
+        >>> block = fb.Map(fb.Scalar()) >> fb.Sum()
+        >>> block.eval([1, 2, 3])
+        tensor(6.)
+        >>> print(block.describe())
+        Pipe  :: PyObjectType() -> TensorType([], float32)
+          Map  :: PyObjectType() -> SequenceType(TensorType([], float32))
+            Scalar()  :: PyObjectType() -> TensorType([], float32)
+          Sum()  :: SequenceType(TensorType([], float32)) -> TensorType([], float32)
     """
 
     def __init__(self, name: Optional[str] = None):
@@ -387,8 +453,21 @@ def convert_to_block(block_like) -> Block:
     a tuple of blocks                             ``Record`` by position
     ============================================= =================================
 
+    Args:
+        block_like: any of the above.
+
+    Returns:
+        The block.
+
     Raises:
         TypeError: anything else, saying what is accepted.
+
+    Examples::
+
+        >>> fb.convert_to_block(torch.tanh)
+        Function('tanh')
+        >>> fb.convert_to_block((fb.Scalar(), fb.Scalar()))
+        Record({0: Scalar(), 1: Scalar()})
     """
     return _as_block(block_like)
 
@@ -460,14 +539,39 @@ def _scalar_value(block, x, dtype: str, lo, hi, kind: str, bound=None):
 
 
 class Scalar(Block):
-    """Python scalar -> ``TensorType([], dtype)`` (paper sec. 3.2).
+    """Converts a Python scalar to a scalar tensor (paper sec. 3.2).
 
-    Takes a Python or NumPy number, a bool, or a 0-d array/tensor.  Every value is checked
-    while tracing: ``None`` (use ``Optional``), strings, non-integral floats for an integer
-    dtype and values that overflow the dtype are input errors naming the input's index and
-    the block.  A Scalar whose value feeds an embedding (``Scalar('int64') >>
+    Takes a Python or NumPy number, a bool, or a 0-d array or tensor.  Every value is checked
+    while tracing: ``None`` (see :class:`Optional`), strings and other non-numbers,
+    non-integral floats for an integer dtype (never truncated) and values that overflow the
+    dtype are input errors.  A Scalar whose value feeds an embedding (``Scalar('int64') >>
     Function(nn.Embedding(n, d))`` or ``>> Embedding(n, d, mod_inputs=False)``) also checks
     that the value is an index in ``[0, n)``.
+
+    Args:
+        dtype: the tensor's dtype (``'float32'``, ``'int64'``, ``'bool'``...).
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Raises:
+        InputError: (while tracing: ``build_batch``, ``trace``, ``eval``) a value that is not
+            a number of ``dtype`` as above; names the input's index and the block's path.
+
+    Types:
+        - ``PyObject -> Tensor([], dtype)``.
+        - BlockTypeError: any other input type (a tensor from an upstream block, ...).
+
+    Examples::
+
+        >>> fb.Scalar().eval(2)
+        tensor(2.)
+        >>> compiler = fe.Compiler(fb.Scalar('int64'))
+        >>> compiler(compiler.build_batch([1, 2, 3]))
+        tensor([1, 2, 3])
+        >>> fb.Scalar('int64').eval(2.5)
+        Traceback (most recent call last):
+            ...
+        foldengine.compiler.InputError: input 0: Scalar(dtype='int64') at root: expected an
+        integer for a scalar of dtype int64, got 2.5 (not truncated)
     """
 
     def __init__(self, dtype: str = "float32", name=None):
@@ -590,9 +694,36 @@ def _tensor_value(block, x, t: TensorType) -> np.ndarray:
 
 
 class Tensor(Block):
-    """NumPy array (or nested list) of a fixed shape -> ``TensorType(shape, dtype)`` (paper
-    sec. 3.2).  Values are checked like :class:`Scalar`'s (numbers only, integral for an
-    integer dtype, in range) and the shape must match."""
+    """Converts a NumPy array (or nested lists) of a fixed shape to a tensor (paper sec. 3.2).
+
+    Values are checked like :class:`Scalar`'s (numbers only, integral for an integer dtype,
+    within the dtype's range) and the array's shape must be ``shape`` (the batch dimension is
+    not part of it).
+
+    Args:
+        shape: the tensor's shape, a tuple of ints (an int ``n`` means ``(n,)``).
+        dtype: the tensor's dtype.
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Raises:
+        InputError: a value of another shape, not numeric, non-integral for an integer dtype,
+            or out of the dtype's range; names the input's index and the block's path.
+
+    Types:
+        - ``PyObject -> Tensor(shape, dtype)``.
+        - BlockTypeError: any other input type.
+
+    Examples::
+
+        >>> fb.Tensor([2, 2]).eval([[1, 2], [3, 4]])
+        tensor([[1., 2.],
+                [3., 4.]])
+        >>> fb.Tensor([2]).eval([1, 2, 3])
+        Traceback (most recent call last):
+            ...
+        foldengine.compiler.InputError: input 0: Tensor(shape=[2]) at root: expected an array
+        of shape [2], got shape [3]
+    """
 
     def __init__(self, shape, dtype: str = "float32", name=None):
         super().__init__(name)
@@ -621,7 +752,21 @@ class Tensor(Block):
 
 
 def Vector(size: int, dtype: str = "float32", name=None) -> Tensor:
-    """A vector of ``size`` numbers: ``Tensor([size], dtype)`` (TF Fold's ``Vector``)."""
+    """A vector of ``size`` numbers: ``Tensor([size], dtype)`` (TF Fold's ``Vector``).
+
+    Args:
+        size: the vector's length.
+        dtype: the tensor's dtype.
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Returns:
+        A :class:`Tensor` block, ``PyObject -> Tensor([size], dtype)``.
+
+    Examples::
+
+        >>> fb.Vector(3).eval([1, 2, 3], tolist=True)
+        [1.0, 2.0, 3.0]
+    """
     return Tensor((size,), dtype, name=name)
 
 
@@ -659,12 +804,32 @@ def _check_zeros_type(t: Type):
 
 
 class Zeros(Block):
-    """Any input -> zeros of ``output_type`` (TF Fold's ``Zeros``): zeros for a tensor type, a
-    tuple of zeros for a tuple type, an empty sequence for a sequence type, nothing for Void.
+    """Outputs zeros of ``output_type``, whatever its input (TF Fold's ``Zeros``).
 
-    ``output_type`` is a type or anything :func:`foldengine.types.as_type` converts: a shape
-    (``Zeros(300)``, ``Zeros((2, 3))``), or nested shapes for tuples (``Zeros(((3,), (3,)))``
-    is an LSTM's ``(h, c)`` state of two 3-vectors).
+    Zeros for a tensor type, a tuple of zeros for a tuple type, an empty sequence for a
+    sequence type, nothing (None) for Void.  The usual initial state of a :class:`Fold` or an
+    :class:`RNN`, and the default of :class:`Reduce` and :class:`Optional`.
+
+    Args:
+        output_type: a type or anything :func:`foldengine.types.as_type` converts: a shape
+            (``Zeros(300)``, ``Zeros((2, 3))``), ``[*shape, dtype]``, or nested shapes for
+            tuples (``Zeros(((3,), (3,)))`` is an LSTM's ``(h, c)`` state of two 3-vectors).
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Raises:
+        TypeError: ``output_type`` is not a type, or holds a Python object type or a Broadcast
+            sequence type (which have no zeros).
+
+    Types:
+        - ``t -> output_type`` for any input type ``t`` (the input is ignored).
+        - BlockTypeError: never.
+
+    Examples::
+
+        >>> fb.Zeros(3).eval(None)
+        tensor([0., 0., 0.])
+        >>> fb.Zeros(((2,), (2,))).eval(None)
+        (tensor([0., 0.]), tensor([0., 0.]))
     """
 
     def __init__(self, output_type, name=None):
@@ -713,10 +878,33 @@ class _ParameterFn(nn.Module):
 
 
 class FromTensor(Block):
-    """Any input -> a fixed tensor (TF Fold's ``FromTensor``): ``tensor`` is a NumPy array or
-    a torch tensor.  A tensor that requires grad (an ``nn.Parameter``) is learned: it is
-    registered with the compiler (under this block's name) and receives gradients; other
-    values are constants.  Output type: ``TensorType(tensor.shape, tensor.dtype)``."""
+    """Outputs a fixed tensor, a constant or a learned parameter (TF Fold's ``FromTensor``).
+
+    A tensor that requires grad (an ``nn.Parameter``) is learned: it is registered with the
+    compiler under this block's name and receives gradients.  Any other array or tensor is a
+    constant (copied when the block is made).
+
+    Args:
+        tensor: a NumPy array or a torch tensor, of any shape and dtype.
+        name: a label for errors, ``repr`` and ``describe()``; for a learned tensor the
+            prefix of its parameter's name (default ``from_tensor``).
+
+    Raises:
+        TypeError: ``tensor`` is neither a NumPy array nor a torch tensor.
+
+    Types:
+        - ``t -> Tensor(tensor.shape, tensor.dtype)`` for any input type ``t`` (the input is
+          ignored).
+        - BlockTypeError: never.
+
+    Examples::
+
+        >>> fb.FromTensor(np.array([1., 2.], np.float32)).eval(None)
+        tensor([1., 2.])
+        >>> bias = fb.FromTensor(torch.nn.Parameter(torch.ones(2)), name='bias')
+        >>> [name for name, _ in fe.Compiler(bias).named_parameters()]
+        ['bias.value']
+    """
 
     def __init__(self, tensor, name=None):
         if isinstance(tensor, torch.Tensor):
@@ -754,7 +942,11 @@ class FromTensor(Block):
 
 
 class InputTransform(Block):
-    """Python object -> Python object, by a user function (pre-processing).
+    """Applies a Python function to the input while tracing: pre-processing (paper sec. 3.2).
+
+    ``fn`` runs on the Python side, once per input value, when a batch is built (never when
+    it executes); its result is the next block's input, e.g. ``InputTransform(str.split) >>
+    Map(word2vec)``.
 
     Args:
         fn: the function, called once per input value while tracing.
@@ -762,7 +954,26 @@ class InputTransform(Block):
             ``Compiler.trace`` refuses to cache traces of the block tree (they would freeze
             one draw) and batches must be built from inputs with ``build_batch``, which
             calls ``fn`` anew every time.
-        name: a label for errors and parameter names.
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Raises:
+        InputError: ``fn`` raised; names the input's index, the block's path and ``fn``'s
+            exception (chained as the cause).
+
+    Types:
+        - ``PyObject -> PyObject``.
+        - BlockTypeError: any other input type (tensors are not Python values).
+
+    Examples::
+
+        >>> lengths = fb.InputTransform(str.split) >> fb.Map(fb.InputTransform(len) >> fb.Scalar())
+        >>> lengths.eval('a bb ccc', tolist=True)
+        [1.0, 2.0, 3.0]
+        >>> (fb.InputTransform(int) >> fb.Scalar()).eval('x')
+        Traceback (most recent call last):
+            ...
+        foldengine.compiler.InputError: input 0: InputTransform('int') at root/0: int raised
+        ValueError("invalid literal for int() with base 10: 'x'")
     """
 
     def __init__(self, fn: Callable, deterministic: bool = True, name=None):
@@ -791,7 +1002,23 @@ class InputTransform(Block):
 
 
 class Identity(Block):
-    """Returns its input unchanged."""
+    """Returns its input unchanged (TF Fold's ``Identity``).
+
+    Passes a value through beside others in :class:`AllOf` or :class:`Record`; in a Pipe it
+    costs nothing.
+
+    Args:
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Types:
+        - ``t -> t`` for any type ``t``.
+        - BlockTypeError: never.
+
+    Examples::
+
+        >>> (fb.Scalar() >> fb.AllOf(fb.Identity(), fb.Function(torch.neg))).eval(2)
+        (tensor(2.), tensor(-2.))
+    """
 
     def _infer(self, t, cc):
         return t
@@ -807,7 +1034,20 @@ class Identity(Block):
 
 
 class Void(Block):
-    """Any input -> Void."""
+    """Discards its input (TF Fold's ``Void``).
+
+    Args:
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Types:
+        - ``t -> Void`` for any type ``t``.
+        - BlockTypeError: never.
+
+    Examples::
+
+        >>> fb.Void().eval('anything') is None
+        True
+    """
 
     def _infer(self, t, cc):
         return VoidType()
@@ -820,8 +1060,30 @@ class Void(Block):
 
 
 class Length(Block):
-    """Sequence, tuple or Python sized object -> its length as a scalar tensor of ``dtype``
-    (TF Fold's ``Length``).  An unbounded Broadcast sequence is refused at compile time."""
+    """The length of its input, ``len(x)``, as a scalar tensor (TF Fold's ``Length``).
+
+    Takes a sequence, a tuple, or a Python object with a length (a list, a string, a dict...).
+
+    Args:
+        dtype: the output's dtype (float32 by default, as in TF Fold).
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Raises:
+        InputError: a Python object without a length; names the input's index and the
+            block's path.
+
+    Types:
+        - ``Sequence(t) -> Tensor([], dtype)``; likewise from ``Tuple(t1, ..., tn)`` and
+          ``PyObject``.
+        - BlockTypeError: a Broadcast sequence (it has no length), a tensor or Void.
+
+    Examples::
+
+        >>> fb.Length().eval('abc')
+        tensor(3.)
+        >>> (fb.Map(fb.Scalar()) >> fb.Length('int64')).eval([5, 6])
+        tensor(2)
+    """
 
     def __init__(self, dtype: str = "float32", name=None):
         super().__init__(name)
@@ -855,13 +1117,40 @@ def _slice_repr(key) -> str:
 
 
 class GetItem(Block):
-    """``x[key]`` (TF Fold's ``GetItem``).
+    """An item of a tuple, a sequence or a Python object: ``x[key]`` (TF Fold's ``GetItem``).
 
-    Type rules: on a ``TupleType`` an int key gives that item's type and a slice the tuple of
-    the sliced items; on a ``SequenceType`` an int key gives the element type and a slice the
-    same sequence type; on Python objects, a Python object.  An int key of a Broadcast
-    sequence gives its repeated value; a slice of it is refused.  A missing key or index is
-    an input error naming the input.
+    ``(GetItem(key) >> block).eval(x)`` is ``block.eval(x[key])``.  An int key of a Broadcast
+    sequence gives its repeated value.
+
+    Args:
+        key: an int or a slice for tuples and sequences; any key the Python object takes
+            (dict keys, ...).
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Raises:
+        InputError: ``x[key]`` failed (a missing key, an index out of range, an object that
+            cannot be indexed); names the input's index and the block's path.
+
+    Types:
+        - ``Tuple(t0, ..., tn) -> tk`` for an int key ``k``; a slice gives the tuple of the
+          sliced items.
+        - ``Sequence(t) -> t`` for an int key (also of a Broadcast sequence); a slice gives
+          ``Sequence(t)``.
+        - ``PyObject -> PyObject``.
+        - BlockTypeError: a tuple without item ``key``, a key of a sequence that is neither an
+          int nor a slice, a slice of a Broadcast sequence, a tensor or Void.
+
+    Examples::
+
+        >>> (fb.GetItem('a') >> fb.Scalar()).eval({'a': 3})
+        tensor(3.)
+        >>> (fb.Map(fb.Scalar()) >> fb.GetItem(-1)).eval([1, 2, 3])
+        tensor(3.)
+        >>> (fb.GetItem('a') >> fb.Scalar()).eval({'b': 3})
+        Traceback (most recent call last):
+            ...
+        foldengine.compiler.InputError: input 0: GetItem('a') at root/0: cannot get item 'a' of
+        a dict: KeyError('a')
     """
 
     def __init__(self, key, name=None):
@@ -904,9 +1193,33 @@ class GetItem(Block):
 
 
 class Slice(GetItem):
-    """``x[start:stop:step]`` of a sequence, tuple or Python object (TF Fold's ``Slice``):
-    ``GetItem(slice(start, stop, step))``.  Keyword arguments only (``Slice(start=1)``,
-    ``Slice(step=-1)`` reverses), as in TF Fold.  Type rules as :class:`GetItem`'s."""
+    """A slice of a sequence, a tuple or a Python object: ``x[start:stop:step]`` (TF Fold's ``Slice``).
+
+    The same as ``GetItem(slice(start, stop, step))``.  Keyword arguments only, as in TF
+    Fold, to avoid the ambiguity of ``Slice(n)`` (a start or a stop?).  ``Slice(step=-1)``
+    reverses.
+
+    Args:
+        *args: not accepted: positional arguments raise ``TypeError``.
+        start / stop / step: as for Python's ``slice`` (None: the default).
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Raises:
+        TypeError: positional arguments.
+        InputError: the input cannot be sliced (as :class:`GetItem`).
+
+    Types:
+        - ``Sequence(t) -> Sequence(t)``; ``Tuple(t0, ..., tn)`` -> the tuple of the sliced
+          items; ``PyObject -> PyObject``.
+        - BlockTypeError: a Broadcast sequence, a tensor or Void.
+
+    Examples::
+
+        >>> (fb.Map(fb.Scalar()) >> fb.Slice(step=-1)).eval([1, 2, 3], tolist=True)
+        [3.0, 2.0, 1.0]
+        >>> (fb.Map(fb.Scalar()) >> fb.Slice(start=1)).eval([1, 2, 3], tolist=True)
+        [2.0, 3.0]
+    """
 
     def __init__(self, *args, start=None, stop=None, step=None, name=None):
         if args:
@@ -922,13 +1235,33 @@ class Slice(GetItem):
 
 
 class Nth(Block):
-    """``Tuple(Sequence(t), PyObject) -> t``: ``x[0][x[1]]``, the element of a sequence at an
-    index given by the input (TF Fold's ``Nth``)::
+    """Indexes a sequence by an index from the input: ``(seq, n) -> seq[n]`` (TF Fold's ``Nth``).
 
-        (fb.Map(fb.Scalar()), fb.Identity()) >> fb.Nth()   # ([...], n) -> the n-th element
+    Typically the sequence comes from blocks and the index from the Python input:
+    ``(Map(Scalar()), Identity()) >> Nth()`` maps ``([...], n)`` to the n-th element.
+    Negative indices count from the end.
 
-    The index must be an int within the sequence (negative counts from the end); otherwise
-    an input error names the input.  Broadcast sequences are refused at compile time.
+    Args:
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Raises:
+        InputError: the index is not an int, or out of the sequence's range; names the
+            input's index and the block's path.
+
+    Types:
+        - ``Tuple(Sequence(t), PyObject) -> t``.
+        - BlockTypeError: any other input type, a Broadcast sequence included.
+
+    Examples::
+
+        >>> nth = (fb.Map(fb.Scalar()), fb.Identity()) >> fb.Nth()
+        >>> nth.eval(([1, 2, 3], 1))
+        tensor(2.)
+        >>> nth.eval(([1, 2, 3], 5))
+        Traceback (most recent call last):
+            ...
+        foldengine.compiler.InputError: input 0: Nth() at root/1: index 5 out of range for a
+        sequence of length 3
     """
 
     def _infer(self, t, cc):
@@ -952,13 +1285,37 @@ class Nth(Block):
 
 
 class OneHot(Block):
-    """Python int -> a one-hot vector (TF Fold's ``OneHot``): ``OneHot(n)`` covers ``[0, n)``,
-    ``OneHot(start, stop)`` covers ``[start, stop)``; the output is
-    ``TensorType([stop - start], dtype)`` with a 1 at ``x - start``.  A value outside the
-    range is an input error (TF Fold raised ``KeyError``).
+    """Converts an int ``x`` to a one-hot vector: the basis vector ``x - start`` (TF Fold's ``OneHot``).
+
+    The vector has ``stop - start`` dimensions.  ``OneHot(n)`` covers ``[0, n)`` and
+    ``OneHot(start, stop)`` covers ``[start, stop)``, as ``range`` does.
+
+    Args:
+        start: the first value of the range; the range is ``[0, start)`` when ``stop`` is None.
+        stop: the end (exclusive) of the range.
+        dtype: the output's dtype.
+        name: a label for errors, ``repr`` and ``describe()``.
 
     Raises:
         IndexError: the range is empty.
+        InputError: a value outside the range (TF Fold raised ``KeyError``); names the input's
+            index and the block's path.
+
+    Types:
+        - ``PyObject -> Tensor([stop - start], dtype)``.
+        - BlockTypeError: any other input type.
+
+    Examples::
+
+        >>> fb.OneHot(3).eval(1)
+        tensor([0., 1., 0.])
+        >>> fb.OneHot(1, 4).eval(1)
+        tensor([1., 0., 0.])
+        >>> fb.OneHot(3).eval(5)
+        Traceback (most recent call last):
+            ...
+        foldengine.compiler.InputError: input 0: OneHot(0, 3) at root: 5 is not in the one-hot
+        range [0, 3)
     """
 
     def __init__(self, start: int, stop: Optional[int] = None, dtype: str = "float32", name=None):
@@ -1013,14 +1370,34 @@ class OneHot(Block):
 
 
 class OneHotFromList(OneHot):
-    """Python object -> a one-hot vector over ``elements`` (TF Fold's ``OneHotFromList``):
-    element ``i`` of the list gets the basis vector ``i``; the output is
-    ``TensorType([len(elements)], dtype)``.  Anything else is an input error when ``strict``,
-    else the zero vector.
+    """Converts a value to a one-hot vector over ``elements`` (TF Fold's ``OneHotFromList``).
+
+    Element ``i`` of ``elements`` gets the basis vector ``i`` (values are looked up as dict
+    keys: by hash and equality); any other value is an input error, or with
+    ``strict=False`` the zero vector.
+
+    Args:
+        elements: the values to encode (hashable, distinct).
+        dtype: the output's dtype.
+        strict: whether a value not in ``elements`` is an input error (default) or zeros.
+        name: a label for errors, ``repr`` and ``describe()``.
 
     Raises:
         ValueError: ``elements`` holds duplicates.
         IndexError: ``elements`` is empty (as ``OneHot`` of an empty range).
+        InputError: (``strict``) a value not in ``elements``; names the input's index and the
+            block's path.
+
+    Types:
+        - ``PyObject -> Tensor([len(elements)], dtype)``.
+        - BlockTypeError: any other input type.
+
+    Examples::
+
+        >>> fb.OneHotFromList(['a', 'b', 'c']).eval('b')
+        tensor([0., 1., 0.])
+        >>> fb.OneHotFromList(['a', 'b'], strict=False).eval('z')
+        tensor([0., 0.])
     """
 
     def __init__(self, elements, dtype: str = "float32", strict: bool = True, name=None):
@@ -1061,7 +1438,32 @@ class OneHotFromList(OneHot):
 
 
 class Metric(Block):
-    """Tensor -> Void; records the value under ``name`` (``compiler.metrics[name]``)."""
+    """Records its input under ``metric_name`` and outputs Void (TF Fold's ``Metric``).
+
+    After a forward, ``compiler.metrics[metric_name]`` holds every value the block saw, in
+    input order, one row per value (a Metric inside a Map records one per element), and
+    ``compiler.metric_lengths[metric_name]`` how many each input gave.  Typical use: the
+    per-node losses of a tree.  Several Metric blocks may share a name when their input types
+    agree.
+
+    Args:
+        metric_name: the metric's name (its key in ``compiler.metrics``).
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Types:
+        - ``Tensor(shape, dtype) -> Void``.
+        - BlockTypeError: a non-tensor input, or a tensor type other than that of another
+          Metric of the same ``metric_name``.
+
+    Examples::
+
+        >>> compiler = fe.Compiler(fb.Map(fb.Scalar() >> fb.Metric('x')) >> fb.Void())
+        >>> _ = compiler(compiler.build_batch([[1, 2], [3]]))
+        >>> compiler.metrics['x'], compiler.metric_lengths['x']
+        (tensor([1., 2., 3.]), tensor([2, 1]))
+        >>> (fb.Scalar() >> fb.Metric('x')).eval(2.0)
+        (None, {'x': tensor([2.])})
+    """
 
     def __init__(self, metric_name: str, name=None):
         super().__init__(name)
@@ -1093,13 +1495,14 @@ class Metric(Block):
 # =======================================================================================
 
 class Function(Block):
-    """An operation: a callable on batched tensors, usually an ``nn.Module`` (paper sec. 3.2).
+    """An operation on batched tensors, usually an ``nn.Module`` (paper sec. 3.2).
 
-    Input: a tensor or a (nested) tuple of tensors; a tuple arrives as positional arguments,
-    nested tuples as tuples.  Output: a tensor or (nested) tuple of tensors whose leading
-    dimension is the batch (one row per input row: a loss needs ``reduction='none'``).
-    ``output_type`` is inferred by calling ``fn`` once on zeros at compile time when not
-    given; ``input_type`` is inferred from the upstream block.  Blocks wrapping the same
+    ``fn`` is called on batched tensors: every call of the block in one step of a batch (of
+    all inputs) at once, one row per call.  So ``fn`` must be the batch version of the
+    operation: a loss needs ``reduction='none'``.  A tuple input arrives as positional
+    arguments (nested tuples as tuples); a tuple output is returned as a tuple.  Unless
+    ``output_type`` is given, the output type is inferred by calling ``fn`` once on zeros of
+    the input type (a batch of one, in eval mode, without grad).  Blocks wrapping the same
     ``fn`` with the same types batch together.
 
     Parameters: an ``nn.Module`` ``fn`` (or a bound ``module.forward``) is registered with the
@@ -1107,8 +1510,41 @@ class Function(Block):
     a closure, as globals, in a ``functools.partial``, as a bound method's ``self`` or as
     attributes of a callable object) are registered too, except when the callable reaches
     them through a method of a module (which could be the parent that will hold the
-    compiler): then a warning names them.  ``modules=[...]`` lists the modules to register
-    explicitly (and turns the search off; ``modules=()`` registers none, silently).
+    compiler): then a warning names them.
+
+    Args:
+        fn: the callable on batched tensors (an ``nn.Module``, a function, a bound method...).
+        input_type: the expected input type (checked; default: that of the upstream block).
+        output_type: the output type (a type or anything :func:`foldengine.types.as_type`
+            converts; a tuple of types is a tuple type); default: inferred from ``fn``.
+        name: the operation's name in errors and the prefix of its parameters' names
+            (default: the module's class in snake case, or the callable's name).
+        modules: the ``nn.Module`` objects to register, explicitly (turns the search off;
+            ``modules=()`` registers none, silently).
+
+    Raises:
+        TypeError: ``fn`` is not callable, or ``modules`` holds something else than modules.
+        OperationError: (``forward``) ``fn`` failed on its batched inputs or returned something
+            else than its output type; names the operation and its block's path
+            (``compiler.reference`` names the input).
+
+    Types:
+        - ``Tensor`` or a (nested) ``Tuple`` of tensors -> ``Tensor`` or a (nested) ``Tuple``
+          of tensors, as ``fn`` computes (or ``output_type``).
+        - BlockTypeError: an input that is not made of tensors (a Python object, a sequence,
+          Void), an input other than ``input_type``, ``fn`` raising on zeros of the input
+          type, or an output not made of tensors or without the leading batch dimension.
+
+    Examples::
+
+        >>> (fb.Scalar() >> fb.Function(torch.tanh)).eval(0.0)
+        tensor(0.)
+        >>> compiler = fe.Compiler((fb.Scalar(), fb.Scalar()) >> fb.Function(torch.mul))
+        >>> compiler(compiler.build_batch([(2, 3), (4, 5)]))
+        tensor([ 6., 20.])
+        >>> proj = fb.Vector(2) >> fb.Function(torch.nn.Linear(2, 3), name='proj')
+        >>> [name for name, _ in fe.Compiler(proj).named_parameters()]
+        ['proj.weight', 'proj.bias']
     """
 
     def __init__(self, fn: Callable, input_type: Optional[Type] = None,
@@ -1219,14 +1655,11 @@ def _fold_init_(weight: torch.Tensor, factor: float) -> None:
 
 
 class FC(Function):
-    """A fully connected layer as a block (TF Fold's ``FC`` layer):
-    ``TensorType([n], float) -> TensorType([num_units_out], float)``, computing
-    ``activation(normalization_fn(x W + b))``.
+    """A fully connected layer (TF Fold's ``FC``): ``y = activation(normalization_fn(x W + b))``.
 
-    The input size comes from the input type when the block is compiled (the layer's
-    ``nn.Linear`` is created then, once; a later compilation with another input size is a
-    type error).  Using the same ``FC`` block in several places shares its weights, and its
-    calls batch together.
+    The input size comes from the input type when the block is first compiled (the layer's
+    ``nn.Linear`` is created then, once).  Using the same ``FC`` block in several places
+    shares its weights, and its calls batch together.
 
     Args:
         num_units_out: output size.
@@ -1241,6 +1674,27 @@ class FC(Function):
             output unit, times a learned scale.
         name: the layer's name (default ``FC_<num_units_out>``); its parameters are
             registered under it.
+
+    Attributes:
+        weights: the ``[num_units_out, n]`` weight (once compiled).
+        bias: the ``[num_units_out]`` bias (once compiled).
+
+    Types:
+        - ``Tensor([n], dtype) -> Tensor([num_units_out], dtype)`` for a floating-point
+          ``dtype``.
+        - BlockTypeError: any other input type, or an input size ``n`` other than at the
+          first compilation.
+
+    Examples::
+
+        >>> fc = fb.FC(3)
+        >>> (fb.Vector(2) >> fc).eval([1, 2]).shape
+        torch.Size([3])
+        >>> fc.weights.shape
+        torch.Size([3, 2])
+        >>> linear = fb.FC(2, activation=None, initializer=torch.nn.init.eye_)
+        >>> (fb.Vector(2) >> linear).eval([1, -2], tolist=True)
+        [1.0, -2.0]
     """
 
     def __init__(self, num_units_out: int, activation=torch.relu, initializer=None, input_keep_prob=None,
@@ -1300,11 +1754,10 @@ def _lazy(*args):   # placeholder callable of layers created at compile time
 
 
 class Embedding(Function):
-    """An embedding table as a block (TF Fold's ``Embedding`` layer): an integer scalar
-    tensor -> ``TensorType([num_units_out], float32)``, the row of the index.
+    """An embedding table (TF Fold's ``Embedding``): an integer index ``x`` -> its row ``W[x]``.
 
     As in TF Fold, indices are taken modulo ``num_buckets`` (of their absolute value) by
-    default; with ``mod_inputs=False`` an index outside ``[0, num_buckets)`` is an input error
+    default.  With ``mod_inputs=False`` an index outside ``[0, num_buckets)`` is an input error
     when it comes from a ``Scalar`` right before this block (named at ``build_batch`` with the
     input's index), else an execution error naming the operation.
 
@@ -1317,6 +1770,32 @@ class Embedding(Function):
         name: the layer's name (default ``Embedding_<num_buckets>_<num_units_out>``).
         trainable: whether the table is learned.
         mod_inputs: take indices modulo ``num_buckets`` (TF Fold's default).
+
+    Attributes:
+        weights: the ``[num_buckets, num_units_out]`` table.
+
+    Raises:
+        ValueError: an ``initializer`` array of another shape.
+        InputError: (``mod_inputs=False``) an index out of range from the ``Scalar`` before
+            the block; names the input's index and the Scalar's path.
+
+    Types:
+        - ``Tensor([], dtype) -> Tensor([num_units_out], float32)`` for an integer ``dtype``.
+        - BlockTypeError: any other input type (floating-point or bool scalars, vectors...).
+
+    Examples::
+
+        >>> table = np.arange(6, dtype=np.float32).reshape(3, 2)
+        >>> word = fb.Scalar('int64') >> fb.Embedding(3, 2, initializer=table)
+        >>> word.eval(1, tolist=True)
+        [2.0, 3.0]
+        >>> word.eval(4, tolist=True)
+        [2.0, 3.0]
+        >>> (fb.Scalar('int64') >> fb.Embedding(3, 2, mod_inputs=False)).eval(4)
+        Traceback (most recent call last):
+            ...
+        foldengine.compiler.InputError: input 0: Scalar(dtype='int64') at root/0: index 4 out of
+        range [0, 3) of Embedding('Embedding_3_2') at root/1
     """
 
     def __init__(self, num_buckets: int, num_units_out: int, initializer=None, name=None, trainable=True,
@@ -1354,17 +1833,43 @@ class Embedding(Function):
 
 
 class ScopedLayer(Function):
-    """A named layer whose parameters are created once and shared by every use (TF Fold's
-    ``ScopedLayer``, which wrapped a TF layer or RNN cell in its variable scope).
+    """A named layer, its parameters created once and shared by every use (TF Fold's ``ScopedLayer``).
 
-    ``layer_fn`` is an ``nn.Module`` or another callable on batched tensors, registered
-    under ``name_or_scope``.  A torch RNN cell (``nn.RNNCell``, ``nn.GRUCell``,
-    ``nn.LSTMCell``) becomes a cell for :class:`RNN`: ``(input, state) -> (output, state)``
-    with a known output type (``state`` is ``h``, or ``(h, c)`` for an LSTM;
-    ``output`` is ``h``), so ``RNN`` can start from zeros without being told the state type.
+    TF Fold's ``ScopedLayer`` wrapped a TF layer or RNN cell in its variable scope; this is a
+    :class:`Function` of ``layer_fn``, registered under ``name_or_scope``.  A torch RNN cell
+    (``nn.RNNCell``, ``nn.GRUCell``, ``nn.LSTMCell``) becomes a cell for :class:`RNN`:
+    ``(input, state) -> (output, state)`` with a known output type (``state`` is ``h``, or
+    ``(h, c)`` for an LSTM; ``output`` is ``h``), so ``RNN`` can start from zeros without
+    being told the state type.
+
+    Args:
+        layer_fn: an ``nn.Module`` (a torch RNN cell, ...) or another callable on batched
+            tensors.
+        name_or_scope: the name its parameters are registered under (default: the module's
+            class in snake case, or the callable's name).
 
     Attributes:
         state_size / output_size: of an RNN cell (``hidden_size``; an LSTM's state is a pair).
+
+    Raises:
+        TypeError: ``layer_fn`` is not callable.
+        OperationError: (``forward``) as :class:`Function`.
+
+    Types:
+        - As :class:`Function`; for a torch RNN cell of hidden size ``h``:
+          ``Tuple(Tensor([input_size]), s) -> Tuple(Tensor([h]), s)``, the state ``s`` being
+          ``Tensor([h])``, or ``Tuple(Tensor([h]), Tensor([h]))`` for an LSTM.
+        - BlockTypeError: as :class:`Function`.
+
+    Examples::
+
+        >>> gru = fb.ScopedLayer(torch.nn.GRUCell(2, 3), 'gru')
+        >>> rnn = fb.Map(fb.Vector(2)) >> fb.RNN(gru)
+        >>> outputs, state = rnn.eval([[1, 2], [3, 4]])
+        >>> len(outputs), state.shape
+        (2, torch.Size([3]))
+        >>> [name for name, _ in fe.Compiler(rnn).named_parameters()]
+        ['gru.weight_ih', 'gru.weight_hh', 'gru.bias_ih', 'gru.bias_hh']
     """
 
     def __init__(self, layer_fn: Callable, name_or_scope: Optional[str] = None):
@@ -1399,8 +1904,32 @@ class _RNNCellFn:
 
 
 class Concat(Block):
-    """Tuple of tensors -> one tensor, concatenated along ``concat_dim`` (0 = first
-    non-batch dimension).  ``flatten=True`` also accepts nested tuples."""
+    """Concatenates a tuple of tensors along ``concat_dim`` (TF Fold's ``Concat``).
+
+    ``concat_dim`` counts the dimensions of the types, not the batch dimension: 0 is the
+    first dimension of each item.  With ``flatten=True``, nested tuples are flattened (depth
+    first) first.
+
+    Args:
+        concat_dim: the dimension to concatenate along (not counting the batch dimension).
+        flatten: accept nested tuples of tensors (flattened); by default they are a type error.
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Types:
+        - ``Tuple(Tensor(s1, dtype), ..., Tensor(sn, dtype)) -> Tensor(s, dtype)``: the shapes
+          agree but in dimension ``concat_dim``, where ``s`` has their sum.
+        - BlockTypeError: not a non-empty tuple of tensors (or a nested one without
+          ``flatten``), items of different dtypes or disagreeing in another dimension, or
+          ``concat_dim`` not a dimension of the items (a 0-d tensor has none).
+
+    Examples::
+
+        >>> ((fb.Vector(2), fb.Vector(1)) >> fb.Concat()).eval(([1, 2], [3]), tolist=True)
+        [1.0, 2.0, 3.0]
+        >>> block = (fb.Tensor([2, 1]), fb.Tensor([2, 1])) >> fb.Concat(1)
+        >>> block.eval(([[1], [2]], [[3], [4]]), tolist=True)
+        [[1.0, 3.0], [2.0, 4.0]]
+    """
 
     def __init__(self, concat_dim: int = 0, flatten: bool = False, name=None):
         super().__init__(name)
@@ -1480,24 +2009,101 @@ class _Reduction(Block):
 
 
 class Sum(_Reduction):
-    """Sequence(T) or Tuple(T, ..., T) -> T: elementwise sum (zeros when empty)."""
+    """The elementwise sum of a sequence of tensors: ``y = x_1 + ... + x_n`` (TF Fold's ``Sum``).
+
+    An empty sequence gives zeros.  TF Fold's ``Sum`` is a :class:`Reduce` of ``add``; here
+    the elements of all inputs' sequences are summed by one batched segment reduction per
+    step, with the same result.
+
+    Args:
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Types:
+        - ``Sequence(Tensor(shape, dtype)) -> Tensor(shape, dtype)``; likewise
+          ``Tuple(t, ..., t) -> t`` for a tensor type ``t``.
+        - BlockTypeError: a Broadcast sequence (unbounded), a sequence of non-tensors (of
+          tuples, ...), a tuple of different types, a Python object, a tensor or Void.
+
+    Examples::
+
+        >>> (fb.Map(fb.Scalar()) >> fb.Sum()).eval([1, 2, 3])
+        tensor(6.)
+        >>> compiler = fe.Compiler(fb.Map(fb.Vector(2)) >> fb.Sum())
+        >>> compiler(compiler.build_batch([[[1, 2], [3, 4]], []]))
+        tensor([[4., 6.],
+                [0., 0.]])
+    """
     mode = "sum"
 
 
 class Mean(_Reduction):
-    """Sequence(T) or Tuple(T, ..., T) -> T: elementwise mean (zeros when empty)."""
+    """The elementwise mean of a sequence of tensors: ``y = (x_1 + ... + x_n) / n``.
+
+    As TF Fold's ``Mean``, an empty sequence gives zeros.  One batched segment reduction per
+    step, like :class:`Sum`.
+
+    Args:
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Types:
+        - ``Sequence(Tensor(shape, dtype)) -> Tensor(shape, dtype)``; likewise
+          ``Tuple(t, ..., t) -> t`` for a tensor type ``t``.
+        - BlockTypeError: a Broadcast sequence (unbounded), a sequence of non-tensors (of
+          tuples, ...), a tuple of different types, a Python object, a tensor or Void.
+
+    Examples::
+
+        >>> (fb.Map(fb.Scalar()) >> fb.Mean()).eval([1, 2, 6])
+        tensor(3.)
+        >>> (fb.Map(fb.Scalar()) >> fb.Mean()).eval([])
+        tensor(0.)
+    """
     mode = "mean"
 
 
 class Max(_Reduction):
-    """Sequence(T) or Tuple(T, ..., T) -> T: elementwise max (zeros when empty)."""
+    """The elementwise maximum of a sequence of tensors: ``y = max(x_1, ..., x_n)``.
+
+    As TF Fold's ``Max``, an empty sequence gives zeros.  One batched segment reduction per
+    step, like :class:`Sum`; its gradient goes to the maximal element(s).
+
+    Args:
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Types:
+        - ``Sequence(Tensor(shape, dtype)) -> Tensor(shape, dtype)``; likewise
+          ``Tuple(t, ..., t) -> t`` for a tensor type ``t``.
+        - BlockTypeError: a Broadcast sequence (unbounded), a sequence of non-tensors (of
+          tuples, ...), a tuple of different types, a Python object, a tensor or Void.
+
+    Examples::
+
+        >>> (fb.Map(fb.Scalar()) >> fb.Max()).eval([1, 5, 2])
+        tensor(5.)
+    """
     mode = "max"
 
 
 class Min(_Reduction):
-    """Sequence(T) or Tuple(T, ..., T) -> T: elementwise minimum (zeros when empty), as TF
-    Fold's ``Min``.  One batched segment reduction per step, like :class:`Max`; its gradient
-    goes to the minimal element(s)."""
+    """The elementwise minimum of a sequence of tensors: ``y = min(x_1, ..., x_n)``.
+
+    As TF Fold's ``Min``, an empty sequence gives zeros.  One batched segment reduction per
+    step, like :class:`Max`; its gradient goes to the minimal element(s).
+
+    Args:
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Types:
+        - ``Sequence(Tensor(shape, dtype)) -> Tensor(shape, dtype)``; likewise
+          ``Tuple(t, ..., t) -> t`` for a tensor type ``t``.
+        - BlockTypeError: a Broadcast sequence (unbounded), a sequence of non-tensors (of
+          tuples, ...), a tuple of different types, a Python object, a tensor or Void.
+
+    Examples::
+
+        >>> (fb.Map(fb.Scalar()) >> fb.Min()).eval([4, 5, 2])
+        tensor(2.)
+    """
     mode = "min"
 
 
@@ -1506,7 +2112,33 @@ class Min(_Reduction):
 # =======================================================================================
 
 class Pipe(Block):
-    """``b1 >> b2 >> ...``: the output of each block is the input of the next."""
+    """Composition ``b1 >> b2 >> ...``: each block's output is the next block's input (paper sec. 3.2).
+
+    ``Pipe(b1, ..., bn)`` is ``b1 >> ... >> bn``; ``Pipe(a, b, c).eval(x)`` is ``c(b(a(x)))``.
+    Nested unnamed Pipes are flattened.  The arguments, and both operands of ``>>``, may be
+    anything :func:`convert_to_block` accepts: ``(a, b) >> c`` is a :class:`Record` by
+    position, then ``c``.
+
+    Args:
+        *blocks: the blocks, in order.
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Types:
+        - ``t0 -> tn`` where block ``i`` maps ``t(i-1) -> ti`` (no blocks: ``t -> t``).
+        - BlockTypeError: a block refuses its predecessor's output type (the message says
+          ``cannot compose a >> b`` and what ``a`` outputs).
+
+    Examples::
+
+        >>> fb.Pipe(fb.Scalar(), fb.Function(torch.neg)).eval(2)
+        tensor(-2.)
+        >>> fe.Compiler(fb.Scalar() >> fb.Length())
+        Traceback (most recent call last):
+            ...
+        foldengine.blocks.BlockTypeError: Length() at root/1 expects input a SequenceType,
+        TupleType or PyObjectType, got TensorType([], float32): cannot compose Scalar() >>
+        Length(): Scalar() outputs TensorType([], float32)
+    """
 
     def __init__(self, *blocks, name=None):
         super().__init__(name)
@@ -1612,11 +2244,38 @@ def _fields(fields) -> List[Tuple[Any, Block]]:
 
 
 class Record(Block):
-    """Python dict/tuple/list (or a Tuple-typed value) -> Tuple of each field's block output.
+    """Applies a block to each field of its input; returns the tuple of outputs (paper sec. 3.2).
 
-    ``fields``: a dict or a list of ``(key, block)`` pairs; the output tuple follows their
-    order.  Keys index the input (``x[key]``): dict keys, or int positions of tuples/lists.
-    A missing field is an input error naming the input and the key.
+    ``Record({'a': a_block, 'b': b_block}).eval(x)`` is ``(a_block.eval(x['a']),
+    b_block.eval(x['b']))``.  Keys index the input (``x[key]``): dict keys, or int positions of
+    tuples and lists; the output follows the order of ``fields``.  A tuple of blocks converts
+    to a Record by position (:func:`convert_to_block`): ``(a, b) >> c``.
+
+    Args:
+        fields: a dict or a list of ``(key, block)`` pairs.
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Raises:
+        InputError: a missing field; names the input's index, the block's path and the key.
+
+    Types:
+        - ``PyObject -> Tuple(t1, ..., tn)``, ``ti`` the output type of field ``i``'s block on
+          ``PyObject``.
+        - ``Tuple(u0, ..., um) -> Tuple(t1, ..., tn)`` for int keys, field ``i``'s block
+          getting the item type ``u[key_i]``.
+        - BlockTypeError: any other input type, a key that is not an item of the input tuple,
+          or a field's block refusing its type.
+
+    Examples::
+
+        >>> record = fb.Record({'a': fb.Scalar(), 'b': fb.Map(fb.Scalar())})
+        >>> record.eval({'a': 1, 'b': [2, 3]}, tolist=True)
+        (1.0, [2.0, 3.0])
+        >>> record.eval({'a': 1})
+        Traceback (most recent call last):
+            ...
+        foldengine.compiler.InputError: input 0: Record({'a': Scalar(), 'b': Map(Scalar())}) at
+        root: missing field 'b' in a dict input
     """
 
     def __init__(self, fields, name=None):
@@ -1676,7 +2335,25 @@ class Record(Block):
 
 
 class AllOf(Block):
-    """Passes its input to each block; returns the tuple of their outputs."""
+    """Passes its input to each of its blocks; returns the tuple of outputs (paper sec. 3.2).
+
+    ``AllOf(a, b, c).eval(x)`` is ``(a.eval(x), b.eval(x), c.eval(x))``: the blocks run
+    (conceptually) in parallel, and their operations batch with those of the other inputs.
+
+    Args:
+        *blocks: the blocks.
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Types:
+        - ``t -> Tuple(t1, ..., tn)`` where block ``i`` maps ``t -> ti`` (no blocks: the
+          empty tuple).
+        - BlockTypeError: a block refuses ``t``.
+
+    Examples::
+
+        >>> (fb.Scalar() >> fb.AllOf(fb.Identity(), fb.Function(torch.neg))).eval(2)
+        (tensor(2.), tensor(-2.))
+    """
 
     def __init__(self, *blocks, name=None):
         super().__init__(name)
@@ -1704,9 +2381,41 @@ class AllOf(Block):
 
 
 class OneOf(Block):
-    """Dispatches on ``key_fn(x)`` to one of ``case_blocks`` (a dict, a list of
-    ``(key, block)`` pairs, or a list of blocks keyed by position).  All cases must have
-    the same output type; an unknown key is an input error naming the key."""
+    """Dispatches its input to one of several blocks by a key computed from it (paper sec. 3.2).
+
+    ``OneOf(key_fn, {'a': a_block, 'b': b_block}).eval(x)`` is ``a_block.eval(x)`` when
+    ``key_fn(x) == 'a'``: an ``if`` or ``switch`` on the input (a leaf or an inner node of a
+    tree, ...).  ``key_fn`` runs on the Python side while tracing; each input takes its own
+    case, and the operations of a case batch across the inputs that take it.
+
+    Args:
+        key_fn: a Python function of the input, returning a key of ``case_blocks``.
+        case_blocks: a non-empty dict, a list of ``(key, block)`` pairs, or a list of blocks
+            (keys 0, 1, 2, ...).
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Raises:
+        ValueError: ``case_blocks`` is empty.
+        InputError: ``key_fn`` raised, or returned a key with no case; names the input's index,
+            the block's path and the key.
+
+    Types:
+        - ``t -> u``: every case gets the input type ``t`` and must output the same type ``u``.
+        - BlockTypeError: a case refuses ``t``, or two cases output different types.
+
+    Examples::
+
+        >>> value = fb.GetItem('v') >> fb.Scalar()
+        >>> block = fb.OneOf(lambda x: x['op'], {'id': value, 'neg': value >> fb.Function(torch.neg)})
+        >>> compiler = fe.Compiler(block)
+        >>> compiler(compiler.build_batch([{'op': 'neg', 'v': 2}, {'op': 'id', 'v': 5}]))
+        tensor([-2.,  5.])
+        >>> block.eval({'op': 'abs', 'v': 2})
+        Traceback (most recent call last):
+            ...
+        foldengine.compiler.InputError: input 0: OneOf(...) at root: no case for key 'abs'
+        (cases: ['id', 'neg'])
+    """
 
     def __init__(self, key_fn: Callable, case_blocks, name=None):
         super().__init__(name)
@@ -1783,8 +2492,35 @@ class OneOf(Block):
 
 
 class Optional(Block):
-    """``b`` applied to the input, or zeros of ``b``'s output type when the input is None
-    (a special case of OneOf; ``none_block`` replaces the zeros)."""
+    """Applies a block to its input, or outputs zeros when the input is None (paper sec. 3.2).
+
+    A special case of :class:`OneOf`: ``some_case`` runs on an input ``x`` that is not None,
+    ``none_block`` on None.  E.g. ``InputTransform(word_idx.get) >> Optional(Scalar('int64'))``
+    turns unknown words (None) into index 0.
+
+    Args:
+        some_case: the block for inputs that are not None.
+        none_block: the block for None (it gets the same input type, and the value None);
+            default: ``Zeros`` of ``some_case``'s output type (zeros, empty sequences, Void).
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Raises:
+        TypeError: (compile time) no ``none_block``, and the output type holds a Python object
+            or a Broadcast sequence (which have no zeros).
+
+    Types:
+        - ``t -> u`` where ``some_case`` maps ``t -> u``; ``none_block`` must map ``t -> u`` too.
+        - BlockTypeError: ``some_case`` refuses ``t``, or ``none_block`` outputs another type.
+
+    Examples::
+
+        >>> fb.Optional(fb.Scalar()).eval(None)
+        tensor(0.)
+        >>> fb.Optional(fb.Scalar()).eval(3)
+        tensor(3.)
+        >>> fb.Optional(fb.Scalar(), fb.FromTensor(np.array(-1, np.float32))).eval(None)
+        tensor(-1.)
+    """
 
     def __init__(self, some_case, none_block: Optional[Block] = None, name=None):
         super().__init__(name)
@@ -1821,9 +2557,34 @@ def _elem_type(block, t, finite: bool = False) -> Type:
 
 
 class Map(Block):
-    """Sequence(a) (or a tuple of a's, or a Python iterable) -> Sequence(f(a)): ``fn`` applied
-    to each element (paper sec. 3).  Over a Broadcast sequence the result is a Broadcast
-    sequence (``fn`` runs once).  A non-iterable input is an input error."""
+    """Applies a block to each element of a sequence: ``[fn(x_1), ..., fn(x_n)]`` (paper sec. 3).
+
+    The calls of ``fn`` on the elements of all inputs' sequences batch together.  Over a
+    Broadcast sequence the result is a Broadcast sequence (``fn`` runs once).
+
+    Args:
+        fn: the block applied to each element.
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Raises:
+        InputError: a Python input that is not iterable; names the input's index and the
+            block's path.
+
+    Types:
+        - ``Sequence(a) -> Sequence(b)`` where ``fn`` maps ``a -> b``; likewise from a tuple
+          ``Tuple(a, ..., a)`` and from ``PyObject`` (any iterable; ``fn`` gets ``PyObject``);
+          ``BroadcastSequence(a) -> BroadcastSequence(b)``.
+        - BlockTypeError: a tensor, Void or a tuple of different types, or ``fn`` refusing
+          ``a``.
+
+    Examples::
+
+        >>> fb.Map(fb.Scalar()).eval([1, 2], tolist=True)
+        [1.0, 2.0]
+        >>> compiler = fe.Compiler(fb.Map(fb.Scalar() >> fb.Function(torch.neg)))
+        >>> compiler(compiler.build_batch([[1, 2], [3]]))
+        SequenceOutput(values=tensor([-1., -2., -3.]), lengths=tensor([2, 1]))
+    """
 
     def __init__(self, fn, name=None):
         super().__init__(name)
@@ -1843,8 +2604,38 @@ class Map(Block):
 
 
 class Fold(Block):
-    """Left fold: ``f(... f(f(z, x1), x2) ..., xn)``; ``f``: Tuple(state, a) -> state.
-    ``initial`` is a block evaluated on Void (e.g. ``Zeros(d)``)."""
+    """Left fold over a sequence: ``h_i = fn((h_{i-1}, x_i))`` from ``h_0 = initial()`` (paper sec. 3).
+
+    The output is ``h_n``: ``Fold(fn, z)`` yields ``fn(... fn(fn(z, x_1), x_2) ..., x_n)``: a
+    chain, e.g. an RNN over a sequence (the paper's ``Fold(rnn_cell, Zeros(d))``).  Step ``i``
+    of every input's sequence batches together.  An empty sequence gives ``h_0``.  For an
+    associative ``fn``, :class:`Reduce` gives the same result in depth ``log n`` instead of
+    ``n``.
+
+    Args:
+        fn: the combining block, ``(state, element) -> state``.
+        initial: the block computing ``h_0`` from Void (e.g. ``Zeros(d)``).
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Raises:
+        InputError: a Python input that is not iterable; names the input's index and the
+            block's path.
+
+    Types:
+        - ``Sequence(a) -> s`` where ``initial`` maps ``Void -> s`` and ``fn`` maps
+          ``Tuple(s, a) -> s``; likewise from ``Tuple(a, ..., a)`` and from ``PyObject`` (any
+          iterable; ``a`` is then ``PyObject``).
+        - BlockTypeError: a Broadcast sequence (unbounded), a tensor or Void input, or ``fn``
+          returning another type than ``s``.
+
+    Examples::
+
+        >>> fold = fb.Map(fb.Scalar()) >> fb.Fold(fb.Function(lambda h, x: 2 * h + x), fb.Zeros([]))
+        >>> fold.eval([1, 2, 3])      # 2 * (2 * (2 * 0 + 1) + 2) + 3
+        tensor(11.)
+        >>> fold.eval([])
+        tensor(0.)
+    """
 
     def __init__(self, fn, initial, name=None):
         super().__init__(name)
@@ -1876,9 +2667,36 @@ class Fold(Block):
 
 
 class Reduce(Block):
-    """Balanced reduction (paper sec. 3.3): ``f(Reduce(x[:n//2]), Reduce(x[n//2:]))``.
-    ``f``: Tuple(a, a) -> a.  An empty sequence gives ``default`` (a block evaluated on
-    Void; zeros of ``a`` when not given)."""
+    """Reduces a sequence by a block applied in a balanced binary tree (paper sec. 3.3).
+
+    ``Reduce(x_1..x_n) = fn((Reduce(x_1..x_m), Reduce(x_{m+1}..x_n)))`` with ``m = n // 2``, and
+    ``Reduce(x_1) = x_1``.  The balanced tree, rather than :class:`Fold`'s chain, has depth
+    ``ceil(log2 n)``: more opportunities for batching.  For an associative ``fn`` (max or sum
+    pooling...) the result is that of a fold.  An empty sequence gives ``default``.
+
+    Args:
+        fn: the combining block, ``(a, a) -> a``.
+        default: the block computing the result of an empty sequence from Void; default:
+            ``Zeros`` of ``a``.
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Types:
+        - ``Sequence(a) -> a`` where ``fn`` maps ``Tuple(a, a) -> a``; likewise
+          ``Tuple(a, ..., a) -> a``.
+        - BlockTypeError: a Broadcast sequence, a Python object (Map it to a sequence first), a
+          tensor or Void input; ``fn`` returning another type than ``a``; no ``default`` and
+          ``a`` not made of tensors; ``default`` not returning ``a``.
+
+    Examples::
+
+        >>> block = fb.Map(fb.Scalar()) >> fb.Reduce(fb.Function(torch.sub))
+        >>> block.eval([1, 2, 3, 4])      # (1 - 2) - (3 - 4)
+        tensor(0.)
+        >>> block.eval([1, 2, 3])         # 1 - (2 - 3)
+        tensor(2.)
+        >>> block.eval([])
+        tensor(0.)
+    """
 
     def __init__(self, fn, default: Optional[Block] = None, name=None):
         super().__init__(name)
@@ -1919,10 +2737,28 @@ class Reduce(Block):
 
 
 class Broadcast(Block):
-    """t -> BroadcastSequenceType(t): the value repeated endlessly (paper appendix A), for
-    ``ZipWith``/``Zip``, which stop at the shortest finite input.  Blocks that need a length
-    (Fold, Reduce, Sum, Length, Nth, slices), and a compiled block's output, refuse it at
-    compile time."""
+    """Repeats its input endlessly: ``x -> [x, x, x, ...]`` (paper appendix A).
+
+    For :class:`ZipWith` and :class:`Zip`, which stop at the shortest finite sequence (e.g. to
+    subtract a sequence's mean from each element), and :class:`Map`.
+
+    Args:
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Types:
+        - ``t -> BroadcastSequence(t)``.
+        - BlockTypeError: never itself; the blocks that need a length (:class:`Fold`,
+          :class:`Reduce`, :class:`Sum` and the other reductions, :class:`Length`,
+          :class:`Nth`, slices) refuse a Broadcast sequence, and so does the compiler as the
+          output of its block.
+
+    Examples::
+
+        >>> center = (fb.Map(fb.Scalar()) >> fb.AllOf(fb.Identity(), fb.Mean() >> fb.Broadcast())
+        ...           >> fb.ZipWith(fb.Function(torch.sub)))
+        >>> center.eval([1, 2, 6], tolist=True)
+        [-2.0, -1.0, 3.0]
+    """
 
     def _infer(self, t, cc):
         return BroadcastSequenceType(t)
@@ -1946,9 +2782,29 @@ def _zip_values(block, x):
 
 
 class ZipWith(Block):
-    """Tuple(Sequence(a), Sequence(b), ...) -> Sequence(f((a, b, ...))), stopping at the
-    shortest input; Broadcast inputs repeat (paper appendix A).  When every input is a
-    Broadcast sequence, so is the output."""
+    """Maps a block over several sequences in step: ``y_i = fn((a_i, b_i, ...))`` (paper appendix A).
+
+    ``ZipWith(fn)`` is ``Zip() >> Map(fn)``.  It stops at the end of the shortest sequence;
+    Broadcast sequences repeat their value.  When every input is a Broadcast sequence, so is the
+    output (``fn`` runs once).
+
+    Args:
+        fn: the block applied to each tuple of elements.
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Types:
+        - ``Tuple(Sequence(a1), ..., Sequence(an)) -> Sequence(b)`` where ``fn`` maps
+          ``Tuple(a1, ..., an) -> b`` (``BroadcastSequence(b)`` when all inputs are Broadcast
+          sequences).
+        - BlockTypeError: not a non-empty tuple of sequences, or ``fn`` refusing the tuple of
+          element types.
+
+    Examples::
+
+        >>> block = (fb.Map(fb.Scalar()), fb.Map(fb.Scalar())) >> fb.ZipWith(fb.Function(torch.mul))
+        >>> block.eval(([1, 2, 3], [4, 5]), tolist=True)
+        [4.0, 10.0]
+    """
 
     def __init__(self, fn, name=None):
         super().__init__(name)
@@ -1968,8 +2824,25 @@ class ZipWith(Block):
 
 
 class Zip(Block):
-    """Tuple(Sequence(a), Sequence(b), ...) -> Sequence(Tuple(a, b, ...)), stopping at the
-    shortest input; Broadcast inputs repeat (Broadcast output when all are)."""
+    """Turns a tuple of sequences into a sequence of tuples ``(a_i, b_i, ...)`` (TF Fold's ``Zip``).
+
+    Truncated to the shortest sequence; Broadcast sequences repeat their value (the output is
+    a Broadcast sequence when all inputs are).
+
+    Args:
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Types:
+        - ``Tuple(Sequence(a1), ..., Sequence(an)) -> Sequence(Tuple(a1, ..., an))``
+          (``BroadcastSequence(...)`` when all inputs are Broadcast sequences).
+        - BlockTypeError: not a non-empty tuple of sequences.
+
+    Examples::
+
+        >>> block = (fb.Map(fb.Scalar()), fb.Map(fb.Scalar())) >> fb.Zip()
+        >>> block.eval(([1, 2, 3], [4, 5]), tolist=True)
+        [(1.0, 4.0), (2.0, 5.0)]
+    """
 
     def _infer(self, t, cc):
         out = TupleType(_zip_types(self, t))
@@ -1982,16 +2855,27 @@ class Zip(Block):
 
 
 class NGrams(Block):
-    """Sequence(t) -> Sequence(Tuple(t, ..., t)): the ``n``-grams of a sequence, i.e. its
-    windows of ``n`` consecutive elements (TF Fold's ``NGrams``)::
+    """The windows of ``n`` consecutive elements of a sequence (TF Fold's ``NGrams``).
 
-        (fb.Map(fb.Scalar()) >> fb.NGrams(2))   # [1, 2, 3] -> [(1, 2), (2, 3)]
+    The output is ``[(x_1, ..., x_n), (x_2, ..., x_{n+1}), ...]``.  A sequence shorter than
+    ``n`` gives no n-grams; a Broadcast sequence gives a Broadcast sequence of ``(x,) * n``.
 
-    A sequence shorter than ``n`` gives no n-grams; a Broadcast sequence gives a Broadcast
-    sequence of ``(x,) * n``.
+    Args:
+        n: the window size.
+        name: a label for errors, ``repr`` and ``describe()``.
 
     Raises:
         ValueError: ``n`` is not positive.
+
+    Types:
+        - ``Sequence(t) -> Sequence(Tuple(t, ..., t))`` (``n`` items);
+          ``BroadcastSequence(t) -> BroadcastSequence(Tuple(t, ..., t))``.
+        - BlockTypeError: not a sequence (a Python list must be mapped to one first).
+
+    Examples::
+
+        >>> (fb.Map(fb.Scalar()) >> fb.NGrams(2)).eval([1, 2, 3], tolist=True)
+        [(1.0, 2.0), (2.0, 3.0)]
     """
 
     def __init__(self, n: int, name=None):
@@ -2028,24 +2912,45 @@ def _rnn_state_type(cell: Block) -> Optional[Type]:
 
 
 class RNN(Block):
-    """Runs an RNN cell over a sequence (TF Fold's ``RNN``).
+    """Runs an RNN cell over a sequence: ``(y_i, h_i) = cell((x_i, h_{i-1}))`` (TF Fold's ``RNN``).
 
-    ``cell``: a block (or a torch ``nn.RNNCell``/``GRUCell``/``LSTMCell``, wrapped in a
-    :class:`ScopedLayer`) taking ``(input_element, state)`` and returning
-    ``(output_element, state)``.
+    The output is ``([y_1, ..., y_n], h_n)``.  The initial state ``h_0`` is the output of
+    ``initial_state`` on Void (by default zeros of the cell's state type), or comes with the
+    input when ``initial_state_from_input``.  An empty sequence gives ``([], h_0)``.  The steps
+    of all inputs batch together: step ``i`` of every sequence runs in one call.
 
-    * Default: input ``Sequence(a)`` (or a Python iterable); the initial state is the output
-      of ``initial_state`` on Void (a block, or an array / tensor), by default zeros of the
-      cell's state type (known for torch cells and for cells with a declared
-      ``output_type``; otherwise pass ``initial_state``).
-    * ``initial_state_from_input=True``: input ``Tuple(Sequence(a), state)``.
-
-    Output: ``Tuple(Sequence(output_element), state)``: each step's output and the final
-    state (the initial state for an empty sequence).  The steps of all inputs batch
-    together: step ``i`` of every sequence runs in one call.
+    Args:
+        cell: a block (or a torch ``nn.RNNCell``/``GRUCell``/``LSTMCell``, wrapped in a
+            :class:`ScopedLayer`) taking ``(input_element, state)`` and returning
+            ``(output_element, state)``.
+        initial_state: ``h_0``: a block evaluated on Void, or an array / tensor; default:
+            zeros of the cell's state type (known for torch cells and for cells with a
+            declared ``output_type``; otherwise pass ``initial_state``).
+        initial_state_from_input: take the input as a pair ``(sequence, h_0)``.
+        name: a label for errors, ``repr`` and ``describe()``.
 
     Raises:
         ValueError: ``initial_state`` given with ``initial_state_from_input=True``.
+        InputError: a Python input that is not iterable; names the input's index and the
+            block's path.
+
+    Types:
+        - ``Sequence(a) -> Tuple(Sequence(b), s)`` where the cell maps ``Tuple(a, s) ->
+          Tuple(b, s)`` (likewise from ``Tuple(a, ..., a)`` and ``PyObject``); with
+          ``initial_state_from_input``: ``Tuple(Sequence(a), s) -> Tuple(Sequence(b), s)``.
+        - BlockTypeError: a Broadcast sequence, an unknown state type (no ``initial_state``
+          and a cell of undeclared output type), or a cell not returning ``(b, s)``.
+
+    Examples::
+
+        >>> cell = fb.Function(lambda x, h: (h + x, h + x))     # a running sum
+        >>> block = fb.Map(fb.Scalar()) >> fb.RNN(cell, initial_state=fb.Zeros([]))
+        >>> block.eval([1, 2, 3], tolist=True)
+        ([1.0, 3.0, 6.0], 6.0)
+        >>> gru = fb.Map(fb.Vector(2)) >> fb.RNN(torch.nn.GRUCell(2, 3))
+        >>> outputs, state = gru.eval([[1, 2], [3, 4]])
+        >>> len(outputs), state.shape
+        (2, torch.Size([3]))
     """
 
     def __init__(self, cell, initial_state=None, initial_state_from_input: bool = False, name=None):
@@ -2131,11 +3036,44 @@ class _CompositionOutput(Block):
 
 
 class Composition(Block):
-    """A DAG of blocks wired with ``reads`` inside ``with comp.scope():``.
+    """A DAG of blocks wired with ``reads`` (paper appendix A).
 
-    ``comp.input`` is the composition's input (``comp.input[i]`` its i-th item),
-    ``comp.output.reads(...)`` sets its output.  Every block wired inside runs once per
-    input, in dependency order (blocks whose output is unused, such as Metrics, run too).
+    It wires values used several times and blocks with several inputs.  Inside ``with
+    comp.scope():``, ``block.reads(a, b, ...)`` makes ``block``'s input the output of its one
+    source, or the tuple of its sources' outputs.  ``comp.input`` is the composition's input
+    (``comp.input[i]`` its i-th item) and ``comp.output.reads(...)`` sets its output.  Every
+    block wired inside runs once per input, in dependency order, even when its output is unused
+    (Metrics); a block read without sources gets Void.
+
+    Args:
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Attributes:
+        input: the composition's input, to read from (``input[key]``: an item of it).
+        output: reads the composition's output (``output.reads(...)``).
+
+    Raises:
+        RuntimeError: ``reads`` called outside a ``scope()``.
+        ValueError: a block wired twice, the input reading from a block, or (at compile time)
+            a cycle, or ``output.reads`` never called.
+        TypeError: reading from a ForwardDeclaration itself (read a reference ``decl()``).
+
+    Types:
+        - ``t -> u``: ``input`` has the composition's input type ``t``, each block gets the
+          type of its sources' outputs (a tuple for several, Void for none), and ``u`` is that
+          of the sources of ``output``.
+        - BlockTypeError: a wired block refuses the type of its sources.
+
+    Examples::
+
+        >>> comp = fb.Composition()
+        >>> with comp.scope():
+        ...     x = fb.Scalar().reads(comp.input[0])
+        ...     y = fb.Scalar().reads(comp.input[1])
+        ...     total = fb.Function(torch.add).reads(x, y)
+        ...     _ = comp.output.reads(total, x)
+        >>> comp.eval((2, 3))
+        (tensor(5.), tensor(2.))
     """
 
     def __init__(self, name=None):
@@ -2232,10 +3170,49 @@ class Composition(Block):
 
 
 class ForwardDeclaration:
-    """A placeholder for a recursive block: ``decl()`` makes a reference, and
-    ``decl.resolve_to(block)`` makes every reference run ``block``.
+    """A placeholder for a recursive block (TF Fold's ``ForwardDeclaration``).
 
-    ``output_type`` may be omitted when a non-recursive OneOf case determines it.
+    ``decl()`` makes a reference block, ``decl.resolve_to(block)`` makes every reference run
+    ``block``::
+
+        decl = ForwardDeclaration(input_type, output_type)   # declare
+        block = ... decl() ... decl() ...                    # define recursively
+        decl.resolve_to(block)                               # resolve
+
+    The recursion unrolls per input while tracing (as deep as the input); the calls at one
+    step of all inputs batch together.  ``output_type`` may be omitted when a non-recursive
+    case of a :class:`OneOf` determines it.
+
+    Args:
+        input_type: the references' input type (anything :func:`foldengine.types.as_type`
+            converts; checked); default: that of the first reference compiled.
+        output_type: the resolved block's output type (checked); default: inferred from a
+            non-recursive OneOf case.
+        name: the declaration's name in errors and ``describe()``; a name other than the
+            default also prefixes the parameter names of the Functions inside.
+
+    Attributes:
+        block: the resolved block (None before ``resolve_to``).
+
+    Raises:
+        ValueError: ``resolve_to`` called twice.
+        TypeError: the declaration itself used as a block (call it: ``decl()``).
+
+    Types:
+        - A reference ``decl()`` maps ``input_type -> output_type``.
+        - BlockTypeError: a reference to an unresolved declaration, an input type other than
+          ``input_type`` or than that of the other references, an output type that cannot be
+          inferred (give ``output_type``), or the resolved block's output type differing from
+          ``output_type``.
+
+    Examples::
+
+        >>> expr = fb.ForwardDeclaration(fe.PyObjectType(), fe.TensorType([]))
+        >>> expr.resolve_to(fb.OneOf(lambda x: isinstance(x, list),
+        ...                          {False: fb.Scalar(), True: fb.Map(expr()) >> fb.Sum()}))
+        >>> compiler = fe.Compiler(expr())
+        >>> compiler(compiler.build_batch([1, [2, 3], [[4], 5]]))
+        tensor([1., 5., 9.])
     """
 
     def __init__(self, input_type: Type = None, output_type: Type = None, name: str = "forward"):

@@ -12,7 +12,10 @@ A type is one of
 * :class:`VoidType` ``()``: the unit type.
 
 Types are immutable, hashable and compare structurally.  ``None`` stands for "not yet
-known" during inference; :func:`unify` merges a known and an unknown type.
+known" during inference; :func:`unify` merges a known and an unknown type.  Each block's
+``Types:`` section (:mod:`foldengine.blocks`) states its input and output types in the
+paper's notation: ``Tensor(shape, dtype)``, ``Tuple(...)``, ``Sequence(t)``,
+``BroadcastSequence(t)``, ``PyObject`` and ``Void``.
 """
 from __future__ import annotations
 
@@ -44,11 +47,38 @@ def torch_dtype(dtype: str) -> torch.dtype:
 
 
 class TypeMismatch(TypeError):
-    """Two types that had to agree do not."""
+    """Two types that had to agree do not (raised by :func:`unify`).
+
+    Examples::
+
+        >>> from foldengine.types import unify
+        >>> unify(fe.TensorType([]), fe.VoidType())
+        Traceback (most recent call last):
+            ...
+        foldengine.types.TypeMismatch: TensorType([], float32) != VoidType()
+    """
 
 
 class Type:
-    """Base class of block types."""
+    """Base class of block types (paper sec. 3.1): what a block takes and gives.
+
+    Every block has an input type and an output type, inferred by the
+    :class:`~foldengine.Compiler` (``block.input_type`` / ``block.output_type`` afterwards).
+    Types are immutable and hashable, and compare structurally.
+
+    Attributes:
+        is_tensor_structure: True for a tensor or a (nested) tuple of tensors: what an
+            operation (a ``Function``) can take and return.
+
+    Examples::
+
+        >>> block = fb.Map(fb.Scalar())
+        >>> _ = fe.Compiler(block)
+        >>> block.input_type, block.output_type
+        (PyObjectType(), SequenceType(TensorType([], float32)))
+        >>> block.output_type.is_tensor_structure
+        False
+    """
 
     __slots__ = ()
 
@@ -63,7 +93,32 @@ class Type:
 
 
 class TensorType(Type):
-    """A tensor type: ``shape`` (tuple of ints, batch dimension excluded) and ``dtype``."""
+    """A tensor of a fixed shape and dtype (the paper's ``Tensor``), the batch dimension excluded.
+
+    At trace time a value of this type is an opaque handle; in a batch, the tensors of all
+    inputs are stacked along a leading batch dimension that is not part of ``shape`` (paper
+    footnote 3).
+
+    Args:
+        shape: a tuple of non-negative ints (an int ``n`` means ``(n,)``; ``()`` a scalar).
+        dtype: a NumPy-style name (``'float32'``, ``'int64'``...; aliases ``'float'``,
+            ``'double'``, ``'int'``, ``'long'``, ``'half'``), a NumPy dtype or a torch dtype;
+            stored as the canonical name.
+
+    Attributes:
+        shape / dtype: as given (a tuple of ints; the canonical dtype name).
+        ndim: ``len(shape)``.
+
+    Raises:
+        ValueError: a negative dimension.
+
+    Examples::
+
+        >>> fe.TensorType([3])
+        TensorType([3], float32)
+        >>> fe.TensorType(3, 'int') == fe.TensorType((3,), torch.int64)
+        True
+    """
 
     __slots__ = ("shape", "dtype")
 
@@ -104,7 +159,28 @@ class TensorType(Type):
 
 
 class TupleType(Type):
-    """A tuple of types; ``TupleType(a, b)`` or ``TupleType([a, b])``."""
+    """A tuple of values of given types (the paper's ``Tuple(t1, ..., tn)``).
+
+    A Python tuple at trace time.  Supports ``len``, indexing and iteration over its item
+    types.
+
+    Args:
+        *items: the item types, as ``TupleType(a, b)`` or ``TupleType([a, b])``.
+
+    Attributes:
+        items: the tuple of item types.
+
+    Raises:
+        TypeError: an item that is not a :class:`Type`.
+
+    Examples::
+
+        >>> pair = fe.TupleType(fe.TensorType([]), fe.TensorType([2]))
+        >>> pair
+        TupleType(TensorType([], float32), TensorType([2], float32))
+        >>> len(pair), pair[1], pair.is_tensor_structure
+        (2, TensorType([2], float32), True)
+    """
 
     __slots__ = ("items",)
 
@@ -150,7 +226,27 @@ class TupleType(Type):
 
 
 class SequenceType(Type):
-    """A sequence (of any length) of elements of one type."""
+    """A sequence, of any length, of elements of one type (the paper's ``Sequence(t)``).
+
+    A Python list at trace time; a compiled block's sequence output is a
+    :class:`~foldengine.batch.SequenceOutput` (the elements of all inputs, and lengths).
+
+    Args:
+        element: the elements' type.
+
+    Attributes:
+        element: as given.
+
+    Raises:
+        TypeError: ``element`` is not a :class:`Type`.
+
+    Examples::
+
+        >>> fe.SequenceType(fe.TupleType(fe.TensorType([]), fe.TensorType([3, 4], 'int8')))
+        SequenceType(TupleType(TensorType([], float32), TensorType([3, 4], int8)))
+        >>> fb.Map(fb.Scalar()).eval([1, 2], tolist=True)
+        [1.0, 2.0]
+    """
 
     __slots__ = ("element",)
 
@@ -176,17 +272,43 @@ class SequenceType(Type):
 
 
 class BroadcastSequenceType(SequenceType):
-    """An endless sequence repeating one value of type ``element`` (TF Fold's type of the
-    ``Broadcast`` block's output).  It is a :class:`SequenceType` for the blocks that zip
-    sequences (``ZipWith``/``Zip`` stop at the shortest finite input), and is refused at
-    compile time by everything that needs a length (``Fold``, ``Reduce``, ``Sum``,
-    ``Length``, ``Nth``, slices) and as a compiled block's output."""
+    """An endless sequence repeating one value of type ``element`` (the output of ``Broadcast``).
+
+    TF Fold's type of the ``Broadcast`` block's output.  It is a :class:`SequenceType` for
+    the blocks that zip sequences (``ZipWith``/``Zip`` stop at the shortest finite input),
+    and is refused at compile time by everything that needs a length (``Fold``, ``Reduce``,
+    ``Sum``, ``Length``, ``Nth``, slices) and as a compiled block's output.
+
+    Args:
+        element: the repeated value's type.
+
+    Examples::
+
+        >>> block = fb.Scalar() >> fb.Broadcast()
+        >>> _ = fe.Compiler((fb.Map(fb.Scalar()), block) >> fb.Zip())
+        >>> block.output_type
+        BroadcastSequenceType(TensorType([], float32))
+        >>> isinstance(block.output_type, fe.SequenceType)
+        True
+    """
 
     __slots__ = ()
 
 
 class PyObjectType(Type):
-    """Any Python object (trees, dicts, strings): the input of most models."""
+    """Any Python object (trees, dicts, strings): the input of most models (the paper's ``Input``).
+
+    The default input type of a :class:`~foldengine.Compiler`.  Blocks such as ``Scalar``,
+    ``Record`` and ``InputTransform`` take it; no compiled output may hold it.
+
+    Examples::
+
+        >>> scalar = fb.Scalar()
+        >>> scalar.eval(2)
+        tensor(2.)
+        >>> scalar.input_type
+        PyObjectType()
+    """
 
     __slots__ = ()
 
@@ -201,7 +323,20 @@ class PyObjectType(Type):
 
 
 class VoidType(Type):
-    """The unit type: no value."""
+    """The unit type: no value (None at trace time).
+
+    The output of ``Void`` and ``Metric``, and the input of the blocks that make a ``Fold``'s
+    or ``RNN``'s initial state.
+
+    Examples::
+
+        >>> block = fb.Scalar() >> fb.Metric('x')
+        >>> _ = fe.Compiler(block)
+        >>> block.output_type
+        VoidType()
+        >>> fb.Void().eval(1) is None
+        True
+    """
 
     __slots__ = ()
 
@@ -216,7 +351,17 @@ class VoidType(Type):
 
 
 def unify(a: Optional[Type], b: Optional[Type]) -> Optional[Type]:
-    """Merge two types where ``None`` means unknown; raise :class:`TypeMismatch` if they differ."""
+    """Merge two types where ``None`` means unknown.
+
+    Raises:
+        TypeMismatch: both are known and differ.
+
+    Examples::
+
+        >>> from foldengine.types import unify
+        >>> unify(None, fe.TensorType([]))
+        TensorType([], float32)
+    """
     if a is None:
         return b
     if b is None:
@@ -227,7 +372,14 @@ def unify(a: Optional[Type], b: Optional[Type]) -> Optional[Type]:
 
 
 def flatten_tensor_types(t: Type) -> Tuple[TensorType, ...]:
-    """The tensor types of a tensor structure, depth first."""
+    """The tensor types of a tensor structure, depth first.
+
+    Examples::
+
+        >>> from foldengine.types import flatten_tensor_types
+        >>> flatten_tensor_types(fe.TupleType(fe.TensorType([]), fe.TupleType(fe.TensorType([2]))))
+        (TensorType([], float32), TensorType([2], float32))
+    """
     return tuple(t.tensors())
 
 
@@ -247,6 +399,17 @@ def as_type(x) -> Type:
     * a tuple or list holding anything else: a :class:`TupleType` of its items, converted
       recursively, e.g. ``((3,), (3,))`` is ``TupleType(TensorType([3]), TensorType([3]))``
       (the state of an LSTM) and ``(3, (2, 2))`` a vector and a matrix.
+
+    Raises:
+        TypeError: anything else, saying what is accepted.
+
+    Examples::
+
+        >>> from foldengine.types import as_type
+        >>> as_type((2, 3)), as_type([3, 'int64']), as_type('int64')
+        (TensorType([2, 3], float32), TensorType([3], int64), TensorType([], int64))
+        >>> as_type(((3,), (3,)))
+        TupleType(TensorType([3], float32), TensorType([3], float32))
     """
     if isinstance(x, Type):
         return x

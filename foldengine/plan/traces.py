@@ -26,8 +26,13 @@ _I32 = np.int32
 class InputTrace:
     """The computation graph of one traced input: numpy arrays only, picklable, int32 indices.
 
-    Handles number the input's values (operation outputs and constants) from 0 in creation
-    order; nodes are its operation calls.
+    ``Compiler.trace(inputs)`` makes one per input; ``Compiler.build_batch_from_traces``
+    builds a batch of any of them by concatenation (:func:`merge_traces`), with no Python
+    work per node: the same Batch as ``build_batch`` of their inputs.  Trace each input once
+    (its structure does not change between epochs) and keep the traces.  Handles number the
+    input's values (operation outputs and constants) from 0 in creation order; nodes are its
+    operation calls.  The constructor takes the attributes below but ``n_nodes`` and
+    ``nbytes`` (a Compiler makes InputTraces).
 
     Attributes:
         node_op: int32 ``[N]``, the operation of each node.
@@ -44,6 +49,29 @@ class InputTrace:
         outputs: the output, flattened depth first over the output type (see
             ``foldengine.plan.lower``'s ``output_arrays``): int32 handles or lengths.
         signature: the signature of the compiler that traced it.
+        n_nodes: the number of nodes (operation calls).
+        nbytes: bytes of array data held.
+
+    Raises:
+        RandomBlockError: (``Compiler.trace``) the block tree holds a block declared random
+            (``InputTransform(fn, deterministic=False)``), whose trace must not be reused.
+        InputError: (``Compiler.trace``) an input cannot be traced; names its index and the
+            block's path.
+
+    Shape:
+        - ``N`` nodes, ``E`` edges (node inputs), ``H`` handles; ``consts[t]``:
+          ``[n_t, *shape_t]``, with ``n_t`` the constants of type ``t``.
+
+    Examples::
+
+        >>> compiler = fe.Compiler(fb.Map(fb.Scalar() >> fb.Function(torch.neg)) >> fb.Sum())
+        >>> traces = compiler.trace([[1, 2], [3]])
+        >>> traces[0].n_nodes, traces[0].node_depth     # neg, neg, then the sum
+        (3, array([1, 1, 2], dtype=int32))
+        >>> traces[0].consts
+        (array([1., 2.], dtype=float32),)
+        >>> compiler(compiler.build_batch_from_traces(traces))
+        tensor([-3., -3.])
     """
     node_op: np.ndarray
     node_in_ptr: np.ndarray
@@ -60,6 +88,7 @@ class InputTrace:
 
     @property
     def n_nodes(self) -> int:
+        """The number of nodes (operation calls)."""
         return len(self.node_op)
 
     @property
@@ -75,6 +104,12 @@ class InputTrace:
 class MergedTraces:
     """A batch of traces as one graph, ready to schedule and lower.
 
+    ``Compiler.merge_traces(traces)`` (:func:`merge_traces`) concatenates the
+    :class:`InputTrace` of each input; ``Compiler.build_batch`` traces its inputs into one
+    directly.
+    Either way the scheduler assigns the graph's nodes to steps and lowering makes the
+    :class:`~foldengine.batch.Batch`.
+
     Attributes:
         size: number of inputs.
         graph: the merged DAG (int64 arrays; handles and nodes of input ``i`` follow those
@@ -83,6 +118,19 @@ class MergedTraces:
         metrics: per metric name, ``(type id, int64 handles)`` of every value it saw.
         outputs: the outputs of all inputs, flattened as in :class:`InputTrace` (int64).
         metric_lengths: per metric name, int64 ``[size]``: how many values each input gave.
+
+    Raises:
+        ValueError: (``Compiler.merge_traces``) a trace comes from a compiler with a
+            different operation table.
+
+    Examples::
+
+        >>> compiler = fe.Compiler(fb.Map(fb.Scalar() >> fb.Function(torch.neg)) >> fb.Sum())
+        >>> merged = compiler.merge_traces(compiler.trace([[1, 2], [3]]))
+        >>> merged.size, merged.graph.node_op          # op 0: neg, op 1: the sum
+        (2, array([0, 0, 1, 0, 1], dtype=int32))
+        >>> merged.consts
+        [array([1., 2., 3.], dtype=float32)]
     """
     size: int
     graph: Trace
@@ -108,6 +156,10 @@ def merge_traces(traces: Sequence[InputTrace], metric_tids: Dict[str, int],
         output_is_handle: per array of ``InputTrace.outputs``, whether it holds handles
             (offset when merging) or sequence lengths (not offset).
         empty_consts: per type id, an empty array ``[0, *shape]`` of its dtype.
+
+    Returns:
+        The :class:`MergedTraces` of the batch (``Compiler.merge_traces`` calls this with
+        the compiler's tables).
     """
     k = len(traces)
     n_types = len(empty_consts)
@@ -170,6 +222,9 @@ def split_traces(merged: MergedTraces, input_ends: Sequence[tuple], per_input_ou
         per_input_outputs: per input, its output arrays, with handles of ``merged``.
         output_is_handle: as in :func:`merge_traces`.
         signature: the compiler's signature.
+
+    Returns:
+        One :class:`InputTrace` per input, in order (``Compiler.trace`` calls this).
     """
     g = merged.graph
     n_types = len(merged.consts)
