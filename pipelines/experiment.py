@@ -44,11 +44,15 @@ class Splits(NamedTuple):
     ``context``: the experiment's loaded context (its own typed record, or None): passed to
     ``build_model`` and ``batch_builder``; shipped (pickled) to every Ray Data task and Ray Train
     worker, so keep it small (put large arrays in the Ray object store and keep the reference).
+    ``params``: facts about the data read, logged as MLflow params (strings), e.g. which file
+    each split came from and whether it is the canonical release:
+    ``{"data.train.file": "/data/my.txt", "data.train.canonical": "false"}``.
     """
 
     records: dict[str, list]
     skipped: dict[str, int] = {}
     context: Any = None
+    params: dict[str, str] = {}
 
 
 class Experiment(abc.ABC):

@@ -147,7 +147,8 @@ def _setup_tracking(experiment: Experiment, cfg: dict) -> trk.Tracker:
 
 
 def _load_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> Splits:
-    """``experiment.load_splits`` (seeded), its record / skip counts and load time logged at step 0."""
+    """``experiment.load_splits`` (seeded), its record / skip counts and load time logged at step 0
+    (and its ``Splits.params``, e.g. which files were read, as MLflow params)."""
     t0 = time.perf_counter()
     seed_all(int(cfg["seed"]))
     splits = experiment.load_splits(cfg)
@@ -157,6 +158,8 @@ def _load_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> Spl
     counts = {f"data/{k}_records": len(v) for k, v in splits.records.items()}
     tracker.metrics({**counts, **{f"skipped/{k}": v for k, v in (splits.skipped or {}).items()},
                      "time/load_s": load_s}, step=0)
+    if splits.params:
+        tracker.params({str(k): str(v) for k, v in splits.params.items()})
     logger.info("loaded %s in %.1fs; skipped %s", counts, load_s, dict(splits.skipped or {}))
     return splits
 

@@ -14,6 +14,9 @@ checked by :func:`pipelines.molecules.featurize.featurize_dataset`).
 * ``report``: :class:`LoadReport` with ``rows_read``, ``rows_kept`` and ``skipped`` rows
   (``file:line`` and reason).
 
+``read_custom_csv(path, smiles_column=, task_columns=, task_type=)`` reads the user's own
+CSV (``molecules.csv``): any label columns, classification (0/1) or regression, empty = missing.
+
 Errors (all :class:`DataFormatError`, a ``ValueError``): an empty file or a header missing a
 required column (message names the file and the missing columns); with the default
 ``on_bad_row="raise"`` a malformed row (wrong field count, empty SMILES, a label that is not
@@ -144,7 +147,7 @@ def _read_text(path: pathlib.Path) -> tuple[str, str]:
     return text, hashlib.sha256(raw).hexdigest()
 
 
-def read_molecule_csv(path: str | os.PathLike, *, id_column: str, smiles_column: str,
+def read_molecule_csv(path: str | os.PathLike, *, id_column: Optional[str], smiles_column: str,
                       label_columns: Sequence[str], parse_label: Callable[[str], float],
                       on_bad_row: str = "raise") -> tuple[list[MoleculeRecord], LoadReport]:
     """Parse a molecule CSV with a header row. See the module docstring for the contract."""
@@ -159,7 +162,7 @@ def read_molecule_csv(path: str | os.PathLike, *, id_column: str, smiles_column:
     if header is None or not any(h.strip() for h in header):
         raise DataFormatError(f"{path}: file is empty (no header row)")
     header = [h.strip() for h in header]
-    required = [id_column, smiles_column, *label_columns]
+    required = [c for c in (id_column, smiles_column, *label_columns) if c is not None]
     missing = [c for c in required if c not in header]
     if missing:
         raise DataFormatError(f"{path}: missing column(s) {missing}; header has {header}")
@@ -181,7 +184,7 @@ def read_molecule_csv(path: str | os.PathLike, *, id_column: str, smiles_column:
         if len(row) != len(header):
             bad(line, None, f"{len(row)} fields, expected {len(header)}")
             continue
-        mol_id = row[col[id_column]].strip()
+        mol_id = row[col[id_column]].strip() if id_column is not None else f"row{line}"
         smiles = row[col[smiles_column]].strip()
         if not smiles:
             bad(line, mol_id, "empty SMILES")
@@ -208,6 +211,36 @@ def read_esol_csv(path, *, on_bad_row: str = "raise"):
     return read_molecule_csv(path, id_column=ESOL_ID_COLUMN, smiles_column=ESOL_SMILES_COLUMN,
                              label_columns=ESOL_TASKS, parse_label=_parse_real,
                              on_bad_row=on_bad_row)
+
+
+TASK_TYPES = ("classification", "regression")
+
+
+def read_custom_csv(path, *, smiles_column: str, task_columns: Sequence[str], task_type: str,
+                    id_column: Optional[str] = None, on_bad_row: str = "raise"):
+    """Records and report for the user's own molecule CSV (``molecules.csv``; plain or ``.gz``).
+
+    ``task_columns``: the label columns, in order (``record.labels`` has one entry per column);
+    ``task_type``: ``"classification"`` (labels 0 / 1 / empty) or ``"regression"`` (finite
+    numbers / empty); an empty field is a missing label (NaN).  ``id_column``: a column of
+    molecule ids, or None (ids ``row<line>``).  No checksum is checked; ``report.verified`` is
+    False and ``report.sha256`` is the content's.
+    """
+    if task_type not in TASK_TYPES:
+        raise ValueError(f"task_type must be one of {TASK_TYPES}, not {task_type!r}")
+    if not task_columns:
+        raise ValueError("task_columns: name at least one label column")
+    if len(set(task_columns)) != len(task_columns):
+        raise ValueError(f"task_columns: duplicate column in {list(task_columns)}")
+    return read_molecule_csv(path, id_column=id_column, smiles_column=smiles_column,
+                             label_columns=tuple(task_columns),
+                             parse_label=_parse_binary if task_type == "classification" else _parse_real,
+                             on_bad_row=on_bad_row)
+
+
+def is_canonical(report: LoadReport) -> bool:
+    """True when the content read is the known Tox21 or ESOL release."""
+    return report.sha256 in (TOX21_CSV_SHA256, ESOL_SHA256)
 
 
 def _verify(report: LoadReport, expected: str, verify: bool) -> None:

@@ -3,7 +3,9 @@ as :class:`pipelines.experiment.Experiment` s for :func:`pipelines.train.run`.
 
 Where things run (see ``pipelines/experiment.py``):
 
-* driver (``load_splits``): read the CSV, parse every SMILES with RDKit (unparsable ones are
+* driver (``load_splits``): read the CSV (Tox21, ESOL, or the user's own: ``molecules.dataset:
+  csv`` with ``molecules.csv``, ``.smiles_column``, ``.task_columns``, ``.task_type``; the file,
+  its SHA-256 and whether it is a known release are logged as MLflow params ``data.csv.*``), parse every SMILES with RDKit (unparsable ones are
   skipped and counted with ``data.skip_bad``, else raise), split (random with a fixed seed, or
   scaffold).  Records are :class:`MolRecord` ``(id, smiles, labels)``: small to ship.  The
   loaded context is the regression target standardisation (:class:`TargetScaling`, from the
@@ -24,6 +26,7 @@ of all batches and workers just collects them, and ``summarize`` computes sklear
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Mapping, NamedTuple, Optional, Sequence
@@ -36,6 +39,8 @@ from pipelines.experiment import Experiment, Splits
 
 from .model import MolBatch, build_compiler, masked_bce_sum
 
+log = logging.getLogger("pipelines.molecules")
+
 # MoleculeNet paper (Wu et al., Chem. Sci. 2018), random split, test set, as quoted in the brief.
 MOLECULENET_TOX21 = [("Weave (MoleculeNet paper)", 0.820), ("GraphConv (MoleculeNet paper)", 0.829)]
 # MoleculeNet paper, ESOL random split test RMSE (log mol/L); quoted from memory, not re-checked.
@@ -44,10 +49,11 @@ MOLECULENET_ESOL = [("Weave (MoleculeNet paper)", 0.61), ("GraphConv (MoleculeNe
 
 
 class TargetScaling(NamedTuple):
-    """Regression targets are learnt as ``(y - mean) / std`` (the training split's statistics)."""
+    """Regression targets are learnt as ``(y - mean) / std`` (the training split's statistics,
+    over its labelled values): floats for one task, tuples of floats (one per task) for several."""
 
-    mean: float = 0.0
-    std: float = 1.0
+    mean: float | tuple = 0.0
+    std: float | tuple = 1.0
 
 
 class MolRecord(NamedTuple):
@@ -60,7 +66,15 @@ class MolRecord(NamedTuple):
 
 F = Field
 SCHEMA: dict[str, Field] = {
-    "molecules.dataset": F(str, "tox21", choices=("tox21", "esol")),
+    "molecules.dataset": F(str, "tox21", choices=("tox21", "esol", "csv"),
+                           doc="csv: your own file (molecules.csv, .smiles_column, .task_columns, .task_type)"),
+    "molecules.csv": F(str, None, nullable=True, doc="your own molecules: a CSV file, plain or .gz, with a header "
+                                                     "(needs molecules.dataset: csv)"),
+    "molecules.smiles_column": F(str, "smiles", doc="the SMILES column of molecules.csv"),
+    "molecules.id_column": F(str, None, nullable=True, doc="a molecule id column of molecules.csv (null: row<line>)"),
+    "molecules.task_columns": F(list, [], doc="label columns of molecules.csv (empty field = missing label)"),
+    "molecules.task_type": F(str, "classification", choices=("classification", "regression"),
+                             doc="molecules.csv labels: 0/1 (BCE, ROC-AUC) or real values (MSE, RMSE)"),
     "molecules.split": F(str, "random", choices=("random", "scaffold")),
     "molecules.split_seed": F(int, 0, min=0, doc="seed of the random split"),
     "molecules.fractions": F(list, [0.8, 0.1, 0.1], doc="train/valid/test fractions"),
@@ -92,21 +106,75 @@ class MoleculeExperiment(Experiment):
 
     config_schema = SCHEMA
 
-    def __init__(self, dataset: str = "tox21"):
+    def __init__(self, dataset: str = "tox21", tasks: Optional[Sequence[str]] = None,
+                 task_type: Optional[str] = None):
+        """``dataset``: ``"tox21"``, ``"esol"`` or ``"csv"`` (the user's own file; then ``tasks``
+        are its label columns and ``task_type`` ``"classification"`` / ``"regression"``: use
+        :meth:`from_config`)."""
         from .data import TOX21_TASKS
 
-        if dataset not in ("tox21", "esol"):
+        if dataset not in ("tox21", "esol", "csv"):
             raise ValueError(f"unknown dataset {dataset!r}")
         self.dataset = dataset
         self.name = f"weave-{dataset}"
-        self.classification = dataset == "tox21"
-        self.tasks = tuple(TOX21_TASKS) if self.classification else ("logS",)
+        if dataset == "csv":
+            if not tasks:
+                raise ValueError("dataset 'csv' needs its task columns (molecules.task_columns)")
+            if task_type not in ("classification", "regression"):
+                raise ValueError(f"dataset 'csv' needs task_type classification/regression, not {task_type!r}")
+            self.classification = task_type == "classification"
+            self.tasks = tuple(tasks)
+        else:
+            self.classification = dataset == "tox21"
+            self.tasks = tuple(TOX21_TASKS) if self.classification else ("logS",)
         self.selection_metric = "auc" if self.classification else "rmse"
         self.selection_mode = "max" if self.classification else "min"
 
+    @classmethod
+    def from_config(cls, config: dict) -> "MoleculeExperiment":
+        """The experiment ``config["molecules"]`` describes (checks the ``molecules.csv`` keys)."""
+        from pipelines.config import ConfigError
+
+        mc = config["molecules"]
+        if mc["dataset"] == "csv":
+            if not mc.get("csv"):
+                raise ConfigError("molecules.dataset is 'csv': set molecules.csv to your file", "molecules.csv")
+            if not mc.get("task_columns"):
+                raise ConfigError("name the label column(s) of molecules.csv", "molecules.task_columns")
+            if not all(isinstance(c, str) for c in mc["task_columns"]):
+                raise ConfigError(f"expected a list of column names, got {mc['task_columns']!r}",
+                                  "molecules.task_columns")
+            return cls("csv", mc["task_columns"], mc["task_type"])
+        if mc.get("csv"):
+            raise ConfigError(f"molecules.csv is set but molecules.dataset is {mc['dataset']!r}: "
+                              "set molecules.dataset=csv to train on your own file", "molecules.dataset")
+        return cls(mc["dataset"])
+
     # ------------------------------------------------------------------ driver
+    def _read(self, config: dict, skip_bad: bool):
+        from .data import is_canonical, load_esol, load_tox21, read_custom_csv
+
+        mc = config["molecules"]
+        on_bad_row = "skip" if skip_bad else "raise"
+        if self.dataset == "csv":
+            if tuple(mc["task_columns"]) != self.tasks:
+                raise ValueError(f"config molecules.task_columns={mc['task_columns']!r} but this experiment "
+                                 f"has tasks {list(self.tasks)}")
+            import os
+
+            path = os.path.abspath(os.path.expanduser(mc["csv"]))
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"molecules.csv: no such file {path}")
+            rows, report = read_custom_csv(path, smiles_column=mc["smiles_column"], task_columns=self.tasks,
+                                           task_type="classification" if self.classification else "regression",
+                                           id_column=mc["id_column"], on_bad_row=on_bad_row)
+        else:
+            rows, report = (load_tox21 if self.classification else load_esol)(on_bad_row=on_bad_row)
+        params = {"data.csv.file": str(report.path), "data.csv.sha256": report.sha256,
+                  "data.csv.canonical": "true" if is_canonical(report) else "false"}
+        return rows, report, params
+
     def load_splits(self, config: dict) -> Splits:
-        from .data import load_esol, load_tox21
         from .featurize import SmilesError, parse_smiles
         from .splits import random_split, scaffold_split
 
@@ -114,9 +182,10 @@ class MoleculeExperiment(Experiment):
         if mc["dataset"] != self.dataset:
             raise ValueError(f"config molecules.dataset={mc['dataset']!r} but this experiment is {self.dataset!r}")
         skip_bad = config["data"]["skip_bad"]
-        loader = load_tox21 if self.classification else load_esol
-        rows, report = loader(on_bad_row="skip" if skip_bad else "raise")
+        rows, report, params = self._read(config, skip_bad)
         skipped = {"all/bad_rows": len(report.skipped)}
+        if report.skipped:
+            log.warning("%s", report.summary())
         if mc["limit"]:
             rows = rows[:mc["limit"]]
         kept, bad = [], 0
@@ -141,9 +210,19 @@ class MoleculeExperiment(Experiment):
                          for k, i in enumerate(idx)]
         scaling = TargetScaling()
         if not self.classification:
-            y = np.array([r.labels[0] for r in out["train"]], np.float64)
-            scaling = TargetScaling(float(y.mean()), float(y.std() or 1.0))
-        return Splits(out, skipped, scaling)
+            y = np.stack([r.labels for r in out["train"]]).astype(np.float64)
+            if len(self.tasks) == 1 and not np.isnan(y).any():
+                y = y[:, 0]   # (ESOL: as it always was)
+                scaling = TargetScaling(float(y.mean()), float(y.std() or 1.0))
+            else:
+                mean, std = [], []
+                for t in range(y.shape[1]):
+                    col = y[~np.isnan(y[:, t]), t]
+                    mean.append(float(col.mean()) if len(col) else 0.0)
+                    std.append(float(col.std() or 1.0) if len(col) else 1.0)
+                scaling = (TargetScaling(mean[0], std[0]) if len(self.tasks) == 1
+                           else TargetScaling(tuple(mean), tuple(std)))
+        return Splits(out, skipped, scaling, params)
 
     # ------------------------------------------------------------------ model / batches
     def build_model(self, config: dict, context: TargetScaling) -> torch.nn.Module:
@@ -185,13 +264,25 @@ class MoleculeExperiment(Experiment):
             loss = loss_sum / len(self.tasks)
             return out, loss, {"loss_sum": float(loss.detach()), "count": n, "labelled": float(n_lab)}
         s: TargetScaling = model.target_scaling
-        z = (labels - s.mean) / s.std
-        loss = ((out - z) ** 2).sum()
-        pred = out.detach() * s.std + s.mean
-        err = (pred - labels)[:, 0]
-        return out, loss, {"loss_sum": float(loss.detach()), "count": n,
+        mean, std = s.mean, s.std
+        if not isinstance(mean, float):  # one per task
+            mean = torch.tensor(mean, dtype=out.dtype, device=out.device)
+            std = torch.tensor(std, dtype=out.dtype, device=out.device)
+        z = (labels - mean) / std
+        pred = out.detach() * std + mean
+        mask = ~torch.isnan(labels)
+        if bool(mask.all()):  # ESOL: every label present
+            loss = ((out - z) ** 2).sum()
+            err = (pred - labels).reshape(-1)
+            y = labels.reshape(-1)
+        else:  # missing labels: neither loss nor gradient
+            loss = torch.where(mask, (out - torch.where(mask, z, torch.zeros_like(z))) ** 2,
+                               torch.zeros_like(out)).sum()
+            err = (pred - labels)[mask]
+            y = labels[mask]
+        return out, loss, {"loss_sum": float(loss.detach()), "count": n, "labelled": float(err.numel()),
                            "sq_err": float((err ** 2).sum()), "abs_err": float(err.abs().sum()),
-                           "y_sum": float(labels.sum()), "y_sq_sum": float((labels ** 2).sum())}
+                           "y_sum": float(y.sum()), "y_sq_sum": float((y ** 2).sum())}
 
     def loss(self, model, batch: MolBatch):
         _, loss, stats = self._forward(model, batch)
@@ -214,10 +305,11 @@ class MoleculeExperiment(Experiment):
         out = {"loss": sums.get("loss_sum", 0.0) / n}
         if not self.classification:
             if "sq_err" in sums:
-                out["rmse"] = math.sqrt(sums["sq_err"] / n)
-                out["mae"] = sums["abs_err"] / n
-                var = sums["y_sq_sum"] / n - (sums["y_sum"] / n) ** 2
-                out["r2"] = 1.0 - (sums["sq_err"] / n) / var if var > 0 else float("nan")
+                m = max(sums.get("labelled", n), 1.0)  # labelled values (= molecules for ESOL)
+                out["rmse"] = math.sqrt(sums["sq_err"] / m)
+                out["mae"] = sums["abs_err"] / m
+                var = sums["y_sq_sum"] / m - (sums["y_sum"] / m) ** 2
+                out["r2"] = 1.0 - (sums["sq_err"] / m) / var if var > 0 else float("nan")
             return out
         per_task = task_aucs(sums, len(self.tasks))
         if per_task is None:
@@ -239,19 +331,20 @@ class MoleculeExperiment(Experiment):
             for t in self.tasks:
                 ours[f"test {t}"] = best.get(f"test/auc/{t}")
             rows = [ours] + [{"model": m, "test mean ROC-AUC": v, "dev mean ROC-AUC": None,
-                              "best epoch": None} for m, v in MOLECULENET_TOX21]
+                              "best epoch": None} for m, v in (MOLECULENET_TOX21 if self.dataset == "tox21" else ())]
         else:
             ours = {"model": "Weave, foldengine (ours)", "test RMSE": best.get("test/rmse"),
                     "dev RMSE": best.get("dev/rmse"), "test R2": best.get("test/r2"),
                     "best epoch": best.get("epoch")}
             rows = [ours] + [{"model": m, "test RMSE": v, "dev RMSE": None, "test R2": None,
-                              "best epoch": None} for m, v in MOLECULENET_ESOL]
+                              "best epoch": None} for m, v in (MOLECULENET_ESOL if self.dataset == "esol" else ())]
         return pd.DataFrame(rows)
 
     def plots(self, history):
         figs = list(super().plots(history))
         if self.classification and history:
-            figs.append(("per_task_auc", per_task_bar_plot(history[-1], self.tasks)))
+            figs.append(("per_task_auc", per_task_bar_plot(history[-1], self.tasks,
+                                                           reference=self.dataset == "tox21")))
         return figs
 
 
@@ -279,7 +372,7 @@ def task_aucs(sums: Mapping[str, float], n_tasks: int):
     return out
 
 
-def per_task_bar_plot(metrics: Mapping[str, float], tasks: Sequence[str]):
+def per_task_bar_plot(metrics: Mapping[str, float], tasks: Sequence[str], reference: bool = True):
     """Bars of dev and test ROC-AUC per task at the best dev epoch (``best/<split>/auc/<task>``)."""
     import matplotlib
 
@@ -292,12 +385,13 @@ def per_task_bar_plot(metrics: Mapping[str, float], tasks: Sequence[str]):
         vals = [metrics.get(f"best/{split}/auc/{t}", metrics.get(f"{split}/auc/{t}", float("nan"))) for t in tasks]
         mean = metrics.get(f"best/{split}/auc", metrics.get(f"{split}/auc", float("nan")))
         ax.bar(x + off, vals, width=0.4, label=f"{split} (mean {mean:.3f})")
-    ax.axhline(0.820, color="k", ls="--", lw=1, label="MoleculeNet Weave test mean 0.820")
+    if reference:
+        ax.axhline(0.820, color="k", ls="--", lw=1, label="MoleculeNet Weave test mean 0.820")
     ax.set_xticks(x)
     ax.set_xticklabels(tasks, rotation=45, ha="right")
     ax.set_ylim(0.5, 1.0)
     ax.set_ylabel("ROC-AUC")
-    ax.set_title("Tox21 per-task ROC-AUC at the best dev epoch")
+    ax.set_title(("Tox21 p" if reference else "P") + "er-task ROC-AUC at the best dev epoch")
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return fig

@@ -2,11 +2,13 @@
 
     python -m pipelines.molecules.train --config conf/molecules_tox21.yaml [key=value ...]
     python -m pipelines.molecules.train --config conf/molecules_esol.yaml molecules.split=scaffold
+    python -m pipelines.molecules.train --config conf/molecules_csv.yaml molecules.csv=my.csv \
+        molecules.task_columns=[active] molecules.task_type=classification
 
-``molecules.dataset`` picks the experiment.  After :func:`pipelines.train.run` this entry point
+``molecules.dataset`` picks the experiment (``csv``: your own file, see ``conf/molecules_csv.yaml``).  After :func:`pipelines.train.run` this entry point
 adds to the same MLflow run: batch-building throughput (``time/build_mol_per_s``: molecules per
 second of featurise + trace + schedule + pickle in the Ray Data tasks, from the glue's
-``time/build_s``) and, for Tox21, the best model's test-set ROC curves (``plots/roc_curves.png``)
+``time/build_s``) and, for classification (Tox21 or your own CSV), the best model's test-set ROC curves (``plots/roc_curves.png``)
 and per-molecule test predictions (``tables/test_predictions.csv``).
 """
 from __future__ import annotations
@@ -55,8 +57,12 @@ def predict(experiment: MoleculeExperiment, cfg: dict, context: TargetScaling, s
         for i in range(0, len(records), batch_size):
             mb = experiment.make_batch(model, records[i:i + batch_size])
             o = model(mb.batch)
-            outs.append(torch.sigmoid(o) if experiment.classification else
-                        o * context.std + context.mean)
+            if experiment.classification:
+                outs.append(torch.sigmoid(o))
+            elif isinstance(context.mean, float):
+                outs.append(o * context.std + context.mean)
+            else:  # one mean / std per task
+                outs.append(o * torch.tensor(context.std, dtype=o.dtype) + torch.tensor(context.mean, dtype=o.dtype))
     return torch.cat(outs).numpy()
 
 
@@ -67,7 +73,12 @@ def roc_figure(labels: np.ndarray, probs: np.ndarray, tasks: Sequence[str]):
     import matplotlib.pyplot as plt
     from sklearn.metrics import roc_auc_score, roc_curve
 
-    fig, axes = plt.subplots(3, 4, figsize=(12, 9), sharex=True, sharey=True)
+    ncols = min(4, len(tasks))
+    nrows = -(-len(tasks) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3 * ncols, 3 * nrows), sharex=True, sharey=True,
+                             squeeze=False)
+    for ax in axes.flat[len(tasks):]:
+        ax.set_visible(False)
     for t, ax in enumerate(axes.flat[:len(tasks)]):
         m = ~np.isnan(labels[:, t])
         y, p = labels[m, t], probs[m, t]
@@ -82,7 +93,7 @@ def roc_figure(labels: np.ndarray, probs: np.ndarray, tasks: Sequence[str]):
         ax.set_xlabel("false positive rate")
     for ax in axes[:, 0]:
         ax.set_ylabel("true positive rate")
-    fig.suptitle("Tox21 test ROC curves, best dev epoch")
+    fig.suptitle("Test ROC curves, best dev epoch")
     fig.tight_layout()
     return fig
 
@@ -118,7 +129,10 @@ def after_run(experiment: MoleculeExperiment, cfg: dict, res: RunResult) -> dict
 def main(argv: Optional[Sequence[str]] = None) -> RunResult:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cfg, _ = parse_cli(argv, merged_schema(SCHEMA), "Train the weave model (Tox21 / ESOL)")
-    experiment = MoleculeExperiment(cfg["molecules"]["dataset"])
+    try:
+        experiment = MoleculeExperiment.from_config(cfg)
+    except ValueError as e:  # ConfigError included
+        raise SystemExit(f"error: {e}") from None
     res = run(experiment, cfg)
     extra = after_run(experiment, cfg, res)
     print(json.dumps({"run_id": res.run_id, "checkpoint": res.checkpoint_path, **res.metrics, **extra},

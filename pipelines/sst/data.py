@@ -46,7 +46,7 @@ from pipelines import datadir
 __all__ = [
     "SPLITS", "SST_URL", "SST_SHA256", "LABELS",
     "SSTFormatError", "SSTChecksumError", "LoadReport", "TreeStats",
-    "parse_line", "load_file", "load_split", "resolve_split_path",
+    "parse_line", "load_file", "load_split", "load_split_source", "resolve_split_path",
     "is_leaf", "leaves", "iter_nodes", "to_string", "tree_depth",
     "binary_label", "binary_trees", "tree_stats", "normalize_token",
 ]
@@ -255,6 +255,27 @@ def load_split(split: str, data_dir=None, skip_bad: bool = False, verify: bool =
         if path.resolve() == cached.resolve():
             cached.unlink(missing_ok=True)  # do not keep a bad download around
         raise
+
+
+def load_split_source(split: str, path: Optional[Union[str, os.PathLike]] = None, data_dir=None,
+                      skip_bad: bool = False) -> tuple[list, LoadReport, bool]:
+    """Trees of ``split`` from the user's own file ``path``, or (``path`` None) the canonical SST
+    split (found via :func:`resolve_split_path` and checked against :data:`SST_SHA256`).
+
+    A user file is any PTB-format file with a label 0..4 on every node; its checksum is not
+    checked.  Returns ``(trees, report, canonical)``: ``canonical`` is True iff the file's
+    SHA-256 is the published one of ``split`` (so a user file that is a copy of SST counts).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown SST split {split!r}; expected one of {SPLITS}")
+    if path is None:
+        trees, report = load_split(split, data_dir=data_dir, skip_bad=skip_bad)
+        return trees, report, True
+    path = pathlib.Path(os.path.abspath(os.path.expanduser(str(path))))
+    if not path.is_file():
+        raise FileNotFoundError(f"sst.{split}_file: no such file {path}")
+    trees, report = load_file(path, skip_bad=skip_bad, expected_sha256=None, use_cache=False)
+    return trees, report, report.sha256 == SST_SHA256[split]
 
 
 # --------------------------------------------------------------------------- tree helpers

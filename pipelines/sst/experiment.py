@@ -3,8 +3,11 @@ for :func:`pipelines.train.run` (paper Table 2).
 
 Where things run (see ``pipelines/experiment.py``):
 
-* driver (``load_splits``): parse the three SST splits (``data.skip_bad`` skips and counts
-  malformed lines), build the vocabulary (all splits by default, as Tai et al., so dev/test words
+* driver (``load_splits``): parse the three SST splits, or the user's own PTB-format files
+  (``sst.train_file`` / ``sst.dev_file`` / ``sst.test_file``; only the canonical files are
+  checksummed; which file each split came from, its SHA-256 and whether it is canonical are
+  logged as MLflow params ``data.<split>.file`` / ``.sha256`` / ``.canonical``)
+  (``data.skip_bad`` skips and counts malformed lines), build the vocabulary (all splits by default, as Tai et al., so dev/test words
   get their pretrained vectors), load the pretrained embedding matrix once (GloVe 6B 50d from the
   installed package, or ``sst.embeddings``: a GloVe text file such as ``glove.840B.300d.txt``)
   and put it in the Ray object store.  Records are the raw tuple trees; the vocabulary and the
@@ -55,6 +58,13 @@ F_ = Field
 SCHEMA: dict[str, Field] = {
     "scheduler": F_(str, "depth", doc="foldengine scheduler (schedulers.SCHEDULERS: depth, agenda, ...)"),
     "sst.data_dir": F_(str, None, nullable=True, doc="default: $FOLD_DATA_DIR / cache"),
+    "sst.train_file": F_(str, None, nullable=True,
+                         doc="your own training trees: a PTB-format file, one tree per line, a label "
+                             "0..4 on every node; null = the canonical SST train split"),
+    "sst.dev_file": F_(str, None, nullable=True,
+                       doc="your own dev trees (model selection); null = SST dev; '' = no dev split"),
+    "sst.test_file": F_(str, None, nullable=True,
+                        doc="your own test trees; null = SST test; '' = no test split"),
     "sst.vocab_splits": F_(list, ["train", "dev", "test"], doc="splits whose words form the vocabulary"),
     "sst.embeddings": F_(str, None, nullable=True,
                          doc="GloVe text file (e.g. glove.840B.300d.txt); null = GloVe 6B 50d package"),
@@ -109,23 +119,34 @@ class SSTExperiment(Experiment):
 
     # ------------------------------------------------------------------ driver
     def load_splits(self, config: dict) -> Splits:
-        from .data import load_split
+        from .data import load_split_source
         from .vocab import build_vocab
 
         sc = config["sst"]
         skip_bad = bool(config["data"]["skip_bad"])
-        trees, skipped = {}, {}
+        trees, skipped, params = {}, {}, {}
         for split in ("train", "dev", "test"):
-            t, report = load_split(split, data_dir=sc["data_dir"], skip_bad=skip_bad)
+            path = sc[f"{split}_file"]
+            if path == "":
+                if split == "train":
+                    raise ValueError("sst.train_file: empty path (null = the canonical SST train split)")
+                params[f"data.{split}.file"] = "none"
+                continue  # no such split
+            t, report, canonical = load_split_source(split, path, data_dir=sc["data_dir"], skip_bad=skip_bad)
             skipped[f"{split}/malformed"] = int(report.n_skipped)
             if report.n_skipped:
                 log.warning("%s: skipped %d malformed line(s), first: %s", report.path, report.n_skipped,
                             report.skipped_lines[:3])
+            if not canonical:
+                log.info("%s: %s split from a non-canonical file (%d trees, sha256 %s)",
+                         report.path, split, len(t), report.sha256)
+            params.update({f"data.{split}.file": str(report.path), f"data.{split}.sha256": str(report.sha256),
+                           f"data.{split}.canonical": "true" if canonical else "false"})
             trees[split] = t
         for split in sc["vocab_splits"]:
-            if split not in trees:
+            if split not in ("train", "dev", "test"):
                 raise ValueError(f"sst.vocab_splits: unknown split {split!r}")
-        vocab = build_vocab(*(trees[s] for s in sc["vocab_splits"]))
+        vocab = build_vocab(*(trees[s] for s in sc["vocab_splits"] if s in trees))
         matrix, stats = _load_embeddings(config, vocab)
         emb: Any = matrix
         try:
@@ -135,13 +156,13 @@ class SSTExperiment(Experiment):
                 emb = ray.put(matrix)  # shipped once to the train workers
         except ImportError:  # pragma: no cover
             pass
-        for split in ("train", "dev", "test"):
+        for split in list(trees):
             limit = sc[f"limit_{split}"]
             if limit:
                 trees[split] = trees[split][:limit]
         context = SSTContext(vocab=vocab, emb_dim=int(matrix.shape[1]), embeddings=emb,
                              embedding_stats=stats)
-        return Splits(trees, skipped, context)
+        return Splits(trees, skipped, context, params)
 
     # ------------------------------------------------------------------ model / batches
     def _compiler(self, config: dict, context: SSTContext, embeddings: Optional[np.ndarray]):

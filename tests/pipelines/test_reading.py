@@ -1,0 +1,195 @@
+"""pipelines.reading: files read and parsed in Ray Data tasks give exactly what the in-process
+loaders give (records in file order, errors naming file:line, skip counts, vocabulary, target
+statistics), whatever the block and byte-range sizes."""
+from __future__ import annotations
+
+import gzip
+import math
+
+import numpy as np
+import pytest
+import ray.data
+
+from pipelines import reading as R
+from pipelines.molecules import data as MD
+from pipelines.molecules.featurize import SmilesError, parse_smiles
+from pipelines.sst import data as SD
+from pipelines.sst.vocab import build_vocab
+
+pytestmark = [pytest.mark.integration]
+
+GOOD = "(3 (2 It) (4 (2 is) (4 great)))"
+MIXED = [GOOD, "(3 (2 a) (2 b) (2 c))", "(1 (2 so) (1 (2 very) (0 bad)))", "", "(9 x)", GOOD,
+         "(3 (2 It) (4 great)))", "(2 (2 caf\u00e9) (2 8\u00a01\\/2))"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ray(ray_cluster):
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_no_progress_timeout_s = 120
+    ctx.execution_options.preserve_order = True
+    ctx.enable_progress_bars = False
+    yield
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 40, 1 << 20])
+def test_lines_cover_the_file_once_in_order(tmp_path, chunk):
+    text = "\n".join(MIXED) + "\n"
+    path = tmp_path / "t.txt"
+    path.write_text(text, encoding="utf-8")
+    rows = R.read_lines(str(path), chunk_bytes=chunk, rows_per_block=3).take_all()
+    assert [r["text"].decode() for r in rows] == [l + "\n" for l in MIXED]
+    assert [r["line"] for r in rows] == list(range(1, len(MIXED) + 1))
+    assert [r["idx"] for r in rows] == list(range(len(MIXED)))
+    # no final newline: the last line is still read once
+    path.write_text(text[:-1], encoding="utf-8")
+    rows = R.read_lines(str(path), chunk_bytes=chunk, rows_per_block=2).take_all()
+    assert [r["text"].decode() for r in rows] == [l + "\n" for l in MIXED[:-1]] + [MIXED[-1]]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_sst_malformed_lines_reported_as_load_file(tmp_path, gz):
+    text = "\n".join(MIXED) + "\n"
+    plain = tmp_path / "mixed.txt"
+    plain.write_text(text, encoding="utf-8")
+    path = plain
+    if gz:
+        path = tmp_path / "mixed.txt.gz"
+        path.write_bytes(gzip.compress(text.encode()))
+    trees, report = SD.load_file(plain, skip_bad=True)
+    data = R.read_sst_file(str(path), skip_bad=True, chunk_bytes=13, rows_per_block=2)
+    assert R.parsed_records(data) == trees
+    s = data.summary
+    assert (s.n_rows, s.n_ok, s.n_bad) == (len(MIXED), report.n_read, report.n_skipped)
+    assert s.first_bad == report.skipped_lines[:3]
+    assert list(data.good_idx) == [0, 2, 5, 7]
+    assert s.sha256 == report.sha256
+    with pytest.raises(SD.SSTFormatError) as want:
+        SD.load_file(plain)
+    with pytest.raises(SD.SSTFormatError) as got:
+        R.read_sst_file(str(plain), chunk_bytes=13)
+    assert str(got.value) == str(want.value)
+    with pytest.raises(SD.SSTChecksumError):
+        R.read_sst_file(str(plain), expected_sha256="0" * 64)
+
+
+def test_sst_files_and_streaming_vocabulary_equal_the_loaders(data_dir, cache_env):
+    datasets, trees = [], []
+    for split in SD.SPLITS:
+        want, _ = SD.load_split(split)
+        data = R.read_sst_file(str(data_dir / "sst" / f"{split}.txt"), expected_sha256=SD.SST_SHA256[split],
+                               chunk_bytes=200_000, rows_per_block=500)
+        assert data.summary.n_ok == len(want) and data.summary.n_bad == 0
+        assert np.array_equal(data.good_idx, np.arange(len(want)))
+        if split == "dev":
+            assert R.parsed_records(data) == want
+            assert R.parsed_records(data, [0, 5, 1100]) == [want[0], want[5], want[1100]]
+        datasets.append(data.dataset)
+        trees.append(want)
+    vocab = R.vocab_from_datasets(datasets)
+    assert vocab == build_vocab(*trees) and vocab.counts == build_vocab(*trees).counts
+    assert R.vocab_from_datasets(datasets[:1]) == build_vocab(trees[0])
+
+
+@pytest.fixture
+def cache_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("FOLD_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_esol_rows_and_label_statistics(data_dir):
+    path = str(data_dir / "molecules" / "esol.csv")
+    want, report = MD.read_esol_csv(path)
+    data = R.read_molecule_csv_ds(path, id_column=MD.ESOL_ID_COLUMN, smiles_column=MD.ESOL_SMILES_COLUMN,
+                                  label_columns=MD.ESOL_TASKS, parse_label=MD._parse_real, rows_per_block=100)
+    got = R.parsed_records(data)
+    assert len(got) == len(want) == 1128 and data.summary.n_bad == 0
+    assert [(r.mol_id, r.smiles, r.line, r.source) for r in got] == \
+        [(r.mol_id, r.smiles, r.line, r.source) for r in want]
+    assert all(np.array_equal(a.labels, b.labels) for a, b in zip(got, want))
+    assert data.summary.sha256 == MD.ESOL_SHA256
+    n, mean, std = R.label_stats(data.dataset, 1)
+    y = np.array([r.labels[0] for r in want], np.float64)
+    assert n[0] == 1128 and mean[0] == pytest.approx(y.mean(), abs=1e-9) and std[0] == pytest.approx(y.std(), abs=1e-9)
+
+
+def test_tox21_gz_unparsable_smiles_counted_with_file_line(data_dir):
+    path = str(data_dir / "molecules" / "tox21.csv.gz")
+    want, _ = MD.read_tox21_csv(path)
+    data = R.read_molecule_csv_ds(path, id_column=MD.TOX21_ID_COLUMN, smiles_column=MD.TOX21_SMILES_COLUMN,
+                                  label_columns=MD.TOX21_TASKS, parse_label=MD._parse_binary, rows_per_block=1000)
+    bad = []
+    for r in want:
+        try:
+            parse_smiles(r.smiles, mol_id=r.mol_id, where=r.where)
+        except SmilesError as e:
+            bad.append((r.line, "SMILES: " + str(e)))
+    s = data.summary
+    assert s.n_rows == 7831 and s.n_bad == len(bad) == 8 and s.n_ok == 7823
+    assert s.first_bad == bad[:3] and "tox21.csv.gz:" in s.first_bad[0][1]
+    assert s.sha256 == MD.TOX21_CSV_SHA256
+    n, mean, _ = R.label_stats(data.dataset, 12)
+    assert n.sum() == 72_084 + 5_862 - sum(int(np.sum(~np.isnan(r.labels))) for r in want
+                                           if any(line == r.line for line, _ in bad))
+
+
+def test_csv_bad_rows_and_header(tmp_path):
+    header = ",".join(MD.TOX21_TASKS) + ",mol_id,smiles"
+    rows = [header, ",".join(["1"] * 12) + ",A,CCO", "", ",".join(["2"] + ["0"] * 11) + ",B,CCN",
+            ",".join(["0"] * 12) + ",C,", "1,2,3", ",".join([""] * 12) + ",D,c1ccccc1"]
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join(rows) + "\n")
+    want, report = MD.read_tox21_csv(path, on_bad_row="skip")
+    data = R.read_molecule_csv_ds(str(path), id_column="mol_id", smiles_column="smiles",
+                                  label_columns=MD.TOX21_TASKS, parse_label=MD._parse_binary, rows_per_block=2)
+    assert [r.mol_id for r in R.parsed_records(data)] == [r.mol_id for r in want] == ["A", "D"]
+    assert data.summary.first_bad == [(x.line, x.reason) for x in report.skipped][:3]
+    assert data.summary.n_bad == len(report.skipped) == 4
+    n, mean, std = R.label_stats(data.dataset, 12)
+    assert list(n) == [1] * 12 and math.isclose(std[0], 1.0)
+    with pytest.raises(MD.DataFormatError, match="missing column"):
+        R.read_molecule_csv_ds(str(path), id_column=None, smiles_column="SMILES", label_columns=["x"],
+                               parse_label=MD._parse_real)
+
+
+# ----------------------------------------------------------------------------- streaming datasets
+def _plan_bytes(batch) -> bytes:
+    import pickle
+
+    return pickle.dumps((batch.size, batch.consts, batch.calls, batch.step_bounds, batch.index_data,
+                         batch.outputs, batch.metrics, batch.signature))
+
+
+def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, cache_env):
+    """``pipelines.streaming.declare_streaming`` (records as Ray Data blocks, traced once,
+    grouped per step) yields, for every (epoch, rank) and eval split, exactly the rows and batches
+    of ``pipelines.sharding.declare_datasets`` over the same records held on the driver."""
+    import os
+    import pickle
+
+    from pipelines.config import load_config, merged_schema
+    from pipelines.experiment import Splits
+    from pipelines.sharding import declare_datasets
+    from pipelines.sst.experiment import SCHEMA, SSTExperiment
+    from pipelines.streaming import StreamSplits, declare_streaming, with_positions
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cfg = load_config(os.path.join(repo, "conf", "sst_tai2015.yaml"),
+                      ["epochs=2", "batch_size=25", "eval_batch_size=20", "sst.state_size=8", "seed=3",
+                       "sst.train_file=" + str(data_dir / "sst" / "dev.txt"), "sst.limit_train=113",
+                       "sst.limit_dev=47", "sst.test_file=", "data.blocks_per_epoch=2"], merged_schema(SCHEMA))
+    exp = SSTExperiment()
+    legacy = exp.load_splits(cfg)
+    world = 2
+    old = declare_datasets(exp, cfg, Splits(legacy.records, {}, legacy.context), world)
+    sources = {"train": with_positions(R.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=30_000,
+                                                       rows_per_block=40), 113),
+               "dev": with_positions(R.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=50_000,
+                                                     rows_per_block=30), 47)}
+    new = declare_streaming(exp, cfg, StreamSplits(sources, {}, legacy.context), world)
+    assert new.plan == old.plan
+    for name in old.plan.datasets:
+        a = old.datasets[name].take_all()
+        b = new.datasets[name].take_all()
+        assert [(r["step"], r["n"], r["denom"]) for r in a] == [(r["step"], r["n"], r["denom"]) for r in b], name
+        for x, y in zip(a, b):
+            assert _plan_bytes(pickle.loads(x["batch"])) == _plan_bytes(pickle.loads(y["batch"])), name
