@@ -3,6 +3,7 @@
 * ``FOLD_DATA_DIR`` defaults to ``<repo>/../shared/data`` (where CI puts the datasets) when unset.
 * Ray started inside tests (``ray.init()``) runs without token auth and without usage stats, so
   no token is written to ``~/.ray`` and nothing is reported.
+* Every test starts with MLflow's process-wide tracking URI unset (autouse fixture).
 * Fixtures: ``data_dir`` (the datasets directory; skips the test when it is absent, fails under CI) and
   ``mlflow_sqlite_uri`` (a fresh MLflow sqlite store under ``tmp_path``).
 """
@@ -46,3 +47,21 @@ def data_dir() -> pathlib.Path:
 def mlflow_sqlite_uri(tmp_path) -> str:
     """A tracking URI of a fresh, empty MLflow sqlite store in this test's tmp dir."""
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_mlflow_tracking_uri():
+    """Each test starts with MLflow's process-wide tracking URI unset (so
+    ``MLFLOW_TRACKING_URI`` applies): a test that calls ``mlflow.set_tracking_uri`` must not
+    redirect the fluent API and ``MlflowClient()`` of later tests to its store."""
+    try:
+        from mlflow.tracking._tracking_service import utils as tracking_utils
+    except ImportError:  # pragma: no cover - mlflow is a dependency
+        yield
+        return
+    saved = tracking_utils._tracking_uri
+    tracking_utils._tracking_uri = None
+    try:
+        yield
+    finally:
+        tracking_utils._tracking_uri = saved
