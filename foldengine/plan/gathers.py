@@ -199,16 +199,9 @@ class GatherBuilder:
             return IndexGather(tid, p.first_chunk[j], self.add(p.rows[s:s + n]), n)
         lo, hi = p.piece_bounds[j]
         uniq = p.piece_chunk[lo:hi]
-        sizes = self.chunk_sizes[tid]
-        if len(uniq) > self.all_min_chunks and sum(sizes[c] for c in uniq) <= self.all_max_ratio * n:
-            offsets = np.zeros(uniq[-1] + 1, np.int64)
-            acc = 0
-            for c in uniq:
-                offsets[c] = acc
-                acc += sizes[c]
+        if self._whole_chunks_pay(tid, uniq, n):
             s = p.starts[j]
-            self.n_index_selects += 1
-            return ChunksGather(tid, tuple(uniq), self.add(offsets[p.chunks[s:s + n]] + p.rows[s:s + n]), n)
+            return self._chunks_gather(tid, uniq, p.chunks[s:s + n], p.rows[s:s + n])
         pieces = []
         for k in range(lo, hi):
             c, m = p.piece_chunk[k], p.piece_len[k]
@@ -223,6 +216,23 @@ class GatherBuilder:
         s = p.starts[j]
         self.n_index_selects += 1
         return ConcatGather(tid, tuple(pieces), self.add(p.perm_at[s:s + n]), n)
+
+    def _whole_chunks_pay(self, tid: int, uniq: List[int], n: int) -> bool:
+        """Whether reading ``n`` rows from the (sorted, distinct) chunks ``uniq`` is cheaper
+        as whole chunks concatenated: many chunks, few of their rows skipped."""
+        sizes = self.chunk_sizes[tid]
+        return len(uniq) > self.all_min_chunks and sum(sizes[c] for c in uniq) <= self.all_max_ratio * n
+
+    def _chunks_gather(self, tid: int, uniq: List[int], chunks: np.ndarray, rows: np.ndarray) -> ChunksGather:
+        """The :class:`ChunksGather` of ``uniq`` reading row ``rows[i]`` of ``chunks[i]``."""
+        sizes = self.chunk_sizes[tid]
+        offsets = np.zeros(uniq[-1] + 1, np.int64)
+        acc = 0
+        for c in uniq:
+            offsets[c] = acc
+            acc += sizes[c]
+        self.n_index_selects += 1
+        return ChunksGather(tid, tuple(uniq), self.add(offsets[chunks] + rows), len(rows))
 
     def gather(self, tid: int, chunks: np.ndarray, rows: np.ndarray) -> Gather:
         """The record reading row ``rows[i]`` of chunk ``chunks[i]`` (of type ``tid``) as
@@ -263,16 +273,8 @@ class GatherBuilder:
         sorted_chunks = chunks[order]
         starts = np.flatnonzero(np.concatenate(([True], sorted_chunks[1:] != sorted_chunks[:-1])))
         uniq = sorted_chunks[starts].tolist()
-        sizes = self.chunk_sizes[tid]
-        if len(uniq) > self.all_min_chunks and sum(sizes[c] for c in uniq) <= self.all_max_ratio * n:
-            # Few rows skipped: concatenating whole chunks is cheaper than many gathers.
-            offsets = np.zeros(uniq[-1] + 1, np.int64)
-            acc = 0
-            for c in uniq:
-                offsets[c] = acc
-                acc += sizes[c]
-            self.n_index_selects += 1
-            return ChunksGather(tid, tuple(uniq), self.add(offsets[chunks] + rows), n)
+        if self._whole_chunks_pay(tid, uniq, n):
+            return self._chunks_gather(tid, uniq, chunks, rows)
         sorted_rows = rows[order]
         # a piece is a view when its rows are consecutive: no step != 1 inside it
         step_ok = np.concatenate(([True], np.diff(sorted_rows) == 1))
