@@ -12,3 +12,19 @@ def finished_run(tracking_uri: str, experiment: str, run_id: str):
     assert len(runs) == 1
     assert runs[0].info.status == "FINISHED"
     return runs[0]
+
+
+def sst_lines(data_dir, n: int) -> list:
+    """``n`` short real SST trees (PTB lines) from ``<data_dir>/sst/dev.txt``, in file order:
+    test inputs come from the datasets, not from copies in the repository."""
+    with open(f"{data_dir}/sst/dev.txt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for _, line in zip(range(300), f)]
+    short = sorted(range(len(lines)), key=lambda i: (len(lines[i]), i))[:n]
+    return [lines[i] for i in sorted(short)]
+
+
+def esol_smiles(data_dir, n: int) -> list:
+    """The first ``n`` SMILES of ``<data_dir>/molecules/esol.csv``."""
+    import csv
+    with open(f"{data_dir}/molecules/esol.csv", newline="") as f:
+        return [row["smiles"].strip() for _, row in zip(range(n), csv.DictReader(f))]

@@ -17,12 +17,22 @@ from pipelines.molecules.experiment import SCHEMA as MOL_SCHEMA
 from pipelines.molecules.experiment import MoleculeExperiment, MolRecord, TargetScaling
 from pipelines.sst import data as SD
 
+from .helpers import esol_smiles, sst_lines
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-TREES = ["(3 (2 It) (4 (2 is) (4 great)))", "(1 (2 A) (0 (2 dull) (1 film)))",
-         "(4 (3 Loved) (2 it))", "(0 (2 So) (0 bad))"]
-SMILES = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(O)cc1", "CCN(CC)CC", "O=C(O)c1ccccc1", "CCCCCCCC",
-          "c1ccncc1", "CC(C)Cc1ccc(C(C)C(=O)O)cc1", "CCOC(=O)C", "ClCCl", "OCC(O)CO", "c1ccc2ccccc2c1"]
+
+
+@pytest.fixture(scope="module")
+def trees(data_dir):
+    """Four short real SST trees."""
+    return sst_lines(data_dir, 4)
+
+
+@pytest.fixture(scope="module")
+def smiles(data_dir):
+    """Twelve real ESOL smiles."""
+    return esol_smiles(data_dir, 12)
 
 
 def _write(path, lines):
@@ -31,10 +41,10 @@ def _write(path, lines):
 
 
 # ----------------------------------------------------------------------------- SST
-def test_sst_user_file_is_read_without_checksum_and_marked_non_canonical(tmp_path):
-    path = _write(tmp_path / "mine.txt", TREES)
-    trees, report, canonical = SD.load_split_source("train", path)
-    assert trees == [SD.parse_line(t) for t in TREES] and not canonical
+def test_sst_user_file_is_read_without_checksum_and_marked_non_canonical(tmp_path, trees):
+    path = _write(tmp_path / "mine.txt", trees)
+    loaded, report, canonical = SD.load_split_source("train", path)
+    assert loaded == [SD.parse_line(t) for t in trees] and not canonical
     with pytest.raises(FileNotFoundError, match="sst.dev_file"):
         SD.load_split_source("dev", tmp_path / "nope.txt")
 
@@ -54,11 +64,11 @@ def _sst_cfg(*overrides):
     return load_config(os.path.join(REPO, "conf", "sst_tai2015.yaml"), list(overrides), merged_schema(SCHEMA))
 
 
-def test_sst_load_splits_from_own_files(tmp_path):
+def test_sst_load_splits_from_own_files(tmp_path, trees):
     from pipelines.sst.experiment import SSTExperiment
 
-    train = _write(tmp_path / "train.txt", TREES * 3 + ["(3 (2 a) (2 b) (2 c))"])   # last line malformed
-    dev = _write(tmp_path / "dev.txt", TREES[:2])
+    train = _write(tmp_path / "train.txt", trees * 3 + ["(3 (2 a) (2 b) (2 c))"])   # last line malformed
+    dev = _write(tmp_path / "dev.txt", trees[:2])
     cfg = _sst_cfg(f"sst.train_file={train}", f"sst.dev_file={dev}", "sst.test_file=", "data.skip_bad=true",
                    "sst.vocab_splits=[train,dev,test]")
     splits = SSTExperiment().load_splits(cfg)
@@ -69,7 +79,7 @@ def test_sst_load_splits_from_own_files(tmp_path):
     assert p["data.train.file"] == train and p["data.train.canonical"] == "false"
     assert p["data.dev.canonical"] == "false" and p["data.test.file"] == "none"
     assert len(p["data.train.sha256"]) == 64
-    assert set(splits.context.vocab.itos[1:]) == {w for t in TREES for w in SD.leaves(SD.parse_line(t))}
+    assert set(splits.context.vocab.itos[1:]) == {w for t in trees for w in SD.leaves(SD.parse_line(t))}
     # without skip_bad the malformed line fails, naming file:line
     with pytest.raises(SD.SSTFormatError, match=f"{train}:13:"):
         SSTExperiment().load_splits(_sst_cfg(f"sst.train_file={train}", f"sst.dev_file={dev}"))
@@ -90,10 +100,10 @@ def _mol_cfg(*overrides):
                        merged_schema(MOL_SCHEMA))
 
 
-def _csv_regression(tmp_path, gz: bool):
+def _csv_regression(tmp_path, gz: bool, smiles):
     rows = ["name,smiles,logS,logP"]
     rng = np.random.default_rng(0)
-    for i, s in enumerate(SMILES * 2):
+    for i, s in enumerate(smiles * 2):
         logs = "" if i % 5 == 1 else f"{rng.normal(-2, 1):.3f}"
         logp = "" if i % 7 == 3 else f"{rng.normal(1, 0.5):.3f}"
         rows.append(f"m{i},{s},{logs},{logp}")
@@ -108,9 +118,9 @@ def _csv_regression(tmp_path, gz: bool):
     return str(path)
 
 
-def test_custom_csv_reader_plain_and_gz(tmp_path):
-    plain = _csv_regression(tmp_path, gz=False)
-    gz = _csv_regression(tmp_path, gz=True)
+def test_custom_csv_reader_plain_and_gz(tmp_path, smiles):
+    plain = _csv_regression(tmp_path, gz=False, smiles=smiles)
+    gz = _csv_regression(tmp_path, gz=True, smiles=smiles)
     a, ra = MD.read_custom_csv(plain, smiles_column="smiles", task_columns=["logS", "logP"], task_type="regression")
     b, rb = MD.read_custom_csv(gz, smiles_column="smiles", task_columns=["logS", "logP"], task_type="regression",
                                id_column="name")
@@ -137,8 +147,8 @@ def test_from_config_checks_the_csv_keys(tmp_path):
     assert MoleculeExperiment.from_config(_mol_cfg("molecules.dataset=tox21")).dataset == "tox21"
 
 
-def test_custom_regression_with_missing_labels(tmp_path):
-    path = _csv_regression(tmp_path, gz=True)
+def test_custom_regression_with_missing_labels(tmp_path, smiles):
+    path = _csv_regression(tmp_path, gz=True, smiles=smiles)
     cfg = _mol_cfg(f"molecules.csv={path}", "molecules.task_columns=[logS,logP]", "molecules.task_type=regression",
                    "molecules.atom_hidden=5", "molecules.pair_hidden=4", "molecules.mol_hidden=6",
                    "molecules.n_weave=1")
@@ -162,9 +172,9 @@ def test_custom_regression_with_missing_labels(tmp_path):
     assert math.isfinite(m["rmse"]) and math.isfinite(m["mae"])
 
 
-def test_custom_classification_csv(tmp_path):
+def test_custom_classification_csv(tmp_path, smiles):
     rows = ["smiles,active,toxic"] + [f"{s},{i % 2},{'' if i % 3 == 0 else (i // 2) % 2}"
-                                      for i, s in enumerate(SMILES * 2)]
+                                      for i, s in enumerate(smiles * 2)]
     path = _write(tmp_path / "cls.csv", rows)
     cfg = _mol_cfg(f"molecules.csv={path}", "molecules.task_columns=[active,toxic]",
                    "molecules.atom_hidden=5", "molecules.pair_hidden=4", "molecules.mol_hidden=6")
@@ -180,12 +190,12 @@ def test_custom_classification_csv(tmp_path):
     assert list(table["model"]) == ["Weave, foldengine (ours)"]   # no Tox21 paper rows
 
 
-def test_esol_scaling_and_loss_unchanged_without_missing_labels():
+def test_esol_scaling_and_loss_unchanged_without_missing_labels(smiles):
     """ESOL (one task, every label present) keeps float scaling and the unmasked loss."""
     exp = MoleculeExperiment("esol")
     cfg = {"molecules": {"atom_hidden": 5, "pair_hidden": 4, "n_weave": 1, "gather": "sum",
                          "mol_hidden": 6, "final_pair_output": False}}
     model = exp.build_model(cfg, TargetScaling(mean=-3.0, std=2.0))
-    recs = [MolRecord(i, s, np.array([-1.0 - i], np.float32)) for i, s in enumerate(SMILES[:4])]
+    recs = [MolRecord(i, s, np.array([-1.0 - i], np.float32)) for i, s in enumerate(smiles[:4])]
     loss, stats = exp.loss(model, exp.make_batch(model, recs))
     assert stats["labelled"] == stats["count"] == 4.0

@@ -16,11 +16,21 @@ from pipelines.molecules.featurize import SmilesError, parse_smiles
 from pipelines.sst import data as SD
 from pipelines.sst.vocab import build_vocab
 
+from .helpers import sst_lines
+
 pytestmark = [pytest.mark.integration]
 
-GOOD = "(3 (2 It) (4 (2 is) (4 great)))"
-MIXED = [GOOD, "(3 (2 a) (2 b) (2 c))", "(1 (2 so) (1 (2 very) (0 bad)))", "", "(9 x)", GOOD,
-         "(3 (2 It) (4 great)))", "(2 (2 caf\u00e9) (2 8\u00a01\\/2))"]
+
+
+@pytest.fixture(scope="module")
+def mixed(data_dir):
+    """Real SST trees (the train file's line with U+00A0 inside a token among them) mixed with
+    malformed lines: a ternary node, an empty line, a bad label, an unbalanced parenthesis."""
+    good = sst_lines(data_dir, 3)
+    with open(f"{data_dir}/sst/train.txt", encoding="utf-8") as f:
+        nbsp = next(line.rstrip("\n") for line in f if "\u00a0" in line)
+    return [good[0], "(3 (2 a) (2 b) (2 c))", good[1], "", "(9 x)", good[0],
+            good[2] + ")", nbsp]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -33,23 +43,23 @@ def _ray(ray_cluster):
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 40, 1 << 20])
-def test_lines_cover_the_file_once_in_order(tmp_path, chunk):
-    text = "\n".join(MIXED) + "\n"
+def test_lines_cover_the_file_once_in_order(tmp_path, chunk, mixed):
+    text = "\n".join(mixed) + "\n"
     path = tmp_path / "t.txt"
     path.write_text(text, encoding="utf-8")
     rows = R.read_lines(str(path), chunk_bytes=chunk, rows_per_block=3).take_all()
-    assert [r["text"].decode() for r in rows] == [l + "\n" for l in MIXED]
-    assert [r["line"] for r in rows] == list(range(1, len(MIXED) + 1))
-    assert [r["idx"] for r in rows] == list(range(len(MIXED)))
+    assert [r["text"].decode() for r in rows] == [l + "\n" for l in mixed]
+    assert [r["line"] for r in rows] == list(range(1, len(mixed) + 1))
+    assert [r["idx"] for r in rows] == list(range(len(mixed)))
     # no final newline: the last line is still read once
     path.write_text(text[:-1], encoding="utf-8")
     rows = R.read_lines(str(path), chunk_bytes=chunk, rows_per_block=2).take_all()
-    assert [r["text"].decode() for r in rows] == [l + "\n" for l in MIXED[:-1]] + [MIXED[-1]]
+    assert [r["text"].decode() for r in rows] == [l + "\n" for l in mixed[:-1]] + [mixed[-1]]
 
 
 @pytest.mark.parametrize("gz", [False, True])
-def test_sst_malformed_lines_reported_as_load_file(tmp_path, gz):
-    text = "\n".join(MIXED) + "\n"
+def test_sst_malformed_lines_reported_as_load_file(tmp_path, gz, mixed):
+    text = "\n".join(mixed) + "\n"
     plain = tmp_path / "mixed.txt"
     plain.write_text(text, encoding="utf-8")
     path = plain
@@ -60,7 +70,7 @@ def test_sst_malformed_lines_reported_as_load_file(tmp_path, gz):
     data = R.read_sst_file(str(path), skip_bad=True, chunk_bytes=13, rows_per_block=2)
     assert R.parsed_records(data) == trees
     s = data.summary
-    assert (s.n_rows, s.n_ok, s.n_bad) == (len(MIXED), report.n_read, report.n_skipped)
+    assert (s.n_rows, s.n_ok, s.n_bad) == (len(mixed), report.n_read, report.n_skipped)
     assert s.first_bad == report.skipped_lines[:3]
     assert list(data.good_idx) == [0, 2, 5, 7]
     assert s.sha256 == report.sha256

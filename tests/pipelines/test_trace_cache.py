@@ -8,6 +8,8 @@ import numpy as np
 from pipelines.molecules.experiment import MoleculeExperiment, MolRecord, TargetScaling
 from pipelines.sharding import _TraceCache
 
+from .helpers import esol_smiles
+
 
 def _plan_bytes(batch) -> bytes:
     """A Batch's pickled plan and constants (its stats hold timings, so they differ)."""
@@ -15,18 +17,16 @@ def _plan_bytes(batch) -> bytes:
                          batch.outputs, batch.metrics, batch.signature))
 
 
-def _molecule_records():
-    smiles = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(O)cc1", "CCN(CC)CC", "O=C(O)c1ccccc1", "CCCCCCCC",
-              "c1ccncc1", "CC(C)Cc1ccc(C(C)C(=O)O)cc1"]
-    return [MolRecord(i, s, np.zeros(12, np.float32)) for i, s in enumerate(smiles)]
+def _molecule_records(data_dir):
+    return [MolRecord(i, s, np.zeros(12, np.float32)) for i, s in enumerate(esol_smiles(data_dir, 8))]
 
 
-def test_molecule_batches_from_cached_traces_equal_batches_from_records():
+def test_molecule_batches_from_cached_traces_equal_batches_from_records(data_dir):
     exp = MoleculeExperiment("tox21")
     cfg = {"molecules": {"atom_hidden": 5, "pair_hidden": 4, "n_weave": 2, "gather": "sum",
                          "mol_hidden": 6, "final_pair_output": False}}
     builder = exp.batch_builder(cfg, TargetScaling())
-    records = _molecule_records()
+    records = _molecule_records(data_dir)
     cache = _TraceCache(len(records))
     for idx in (np.array([3, 1, 4]), np.array([0, 1, 2, 3, 4, 5, 6, 7]), np.array([7, 3])):
         recs = [records[int(j)] for j in idx]
