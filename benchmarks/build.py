@@ -12,6 +12,10 @@ pipelines' own models:
   (batch 100; featurisation with RDKit is done once, before timing, so that the
   comparison is of the engine alone).
 
+A third column builds from traces in the ``"concat"`` row layout (``Compiler(row_layout=
+"concat")``: each input also scheduled and arranged once, when traced; a batch concatenates
+those plans), with its one-time cost per input reported beside it.
+
 Each column cycles through ``n_batches`` different batches.  Reported per workload: median
 milliseconds per batch of both columns, the median of the per-round ratios (with quartiles),
 the one-time tracing cost per input and the pickled size of a trace and of a Batch.
@@ -24,6 +28,8 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
+
+import foldengine as fe
 
 from .reporting import echo, format_table, log_to_mlflow
 from .timing import interleaved, medians, ratio_quartiles
@@ -67,13 +73,28 @@ def measure(compiler, inputs: Sequence, batch_size: int, repeats: int) -> Dict[s
     a, b = compiler.build_batch(batches[0]), compiler.build_batch_from_traces(trace_batches[0])
     if a.calls != b.calls or not (a.index_data == b.index_data).all():
         raise AssertionError("build_batch and build_batch_from_traces disagree")
+    # the "concat" row layout: each input also planned once, when traced
+    concat = fe.Compiler(compiler.root, scheduler=compiler.scheduler, row_layout="concat")
+    t0 = time.perf_counter()
+    concat_traces = concat.trace(inputs)
+    concat_trace_s = time.perf_counter() - t0
+    concat_batches = [concat_traces[i:i + batch_size] for i in range(0, len(inputs) - batch_size + 1, batch_size)]
+    c = concat.build_batch_from_traces(concat_batches[0])
+    if sum(x.n for x in c.calls) != sum(x.n for x in b.calls):
+        raise AssertionError("the concat layout's batch has other calls")
     times = interleaved({"inputs": [lambda x=x: compiler.build_batch(x) for x in batches],
-                         "traces": [lambda t=t: compiler.build_batch_from_traces(t) for t in trace_batches]},
+                         "traces": [lambda t=t: compiler.build_batch_from_traces(t) for t in trace_batches],
+                         "concat": [lambda t=t: concat.build_batch_from_traces(t) for t in concat_batches]},
                         repeats=repeats, warmup=1)
     med = medians(times)
     q1, ratio, q3 = ratio_quartiles(times["inputs"], times["traces"])
+    cq1, cratio, cq3 = ratio_quartiles(times["inputs"], times["concat"])
     return {"from_inputs_ms": 1e3 * med["inputs"], "from_traces_ms": 1e3 * med["traces"],
             "speedup": ratio, "speedup_q1": q1, "speedup_q3": q3,
+            "concat_from_traces_ms": 1e3 * med["concat"], "concat_speedup": cratio,
+            "concat_speedup_q1": cq1, "concat_speedup_q3": cq3,
+            "concat_trace_once_ms_per_input": 1e3 * concat_trace_s / len(inputs),
+            "concat_index_selects": c.stats["index_selects"], "readers_index_selects": b.stats["index_selects"],
             "trace_once_ms_per_input": 1e3 * trace_s / len(inputs),
             "trace_bytes_per_input": len(pickle.dumps(traces[:batch_size], protocol=5)) / batch_size,
             "batch_bytes": float(len(pickle.dumps(b, protocol=5))), "nodes_per_batch": b.stats["nodes"]}
@@ -97,7 +118,9 @@ def run(workloads: Sequence[str] = tuple(WORKLOADS), n_batches: int = 8, repeats
         row.update(measure(compiler, inputs, bs, repeats))
         rows.append(row)
         log(f"{name}: from inputs {row['from_inputs_ms']:.2f} ms, from traces {row['from_traces_ms']:.2f} ms "
-            f"per batch: {row['speedup']:.2f}x (quartiles {row['speedup_q1']:.2f}-{row['speedup_q3']:.2f})")
+            f"per batch: {row['speedup']:.2f}x (quartiles {row['speedup_q1']:.2f}-{row['speedup_q3']:.2f}); "
+            f"concat layout {row['concat_from_traces_ms']:.2f} ms: {row['concat_speedup']:.2f}x "
+            f"(quartiles {row['concat_speedup_q1']:.2f}-{row['concat_speedup_q3']:.2f})")
     log(format_table([{k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows]))
     if mlflow:
         metrics = {f"{r['workload']}/{k}": v for r in rows for k, v in r.items() if isinstance(v, float)}

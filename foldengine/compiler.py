@@ -40,14 +40,18 @@ from .batch import Batch, SequenceOutput
 from .blocks import Block, BlockTypeError, Pending, where
 from .closures import compile_tracer
 from .executor import execute
-from .plan import lower
+from .plan import LAYOUTS, lower
+from .plan.concat import concat_plans, input_plan, trace_graph
 from .plan.traces import InputTrace, MergedTraces, merge_traces, split_traces
 from .ops import Operation, OperationError, unflatten_value
 from .trace import BlockInputError, EagerContext, GraphTracer
 from .types import (BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType,
                     canonical_dtype, flatten_tensor_types, torch_dtype)
 
-__all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext", "evaluate_block"]
+__all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext", "evaluate_block", "ROW_LAYOUTS"]
+
+#: row layouts a Compiler knows (``row_layout``); the first is the default
+ROW_LAYOUTS = LAYOUTS + ("concat",)
 
 _RECURSION_LIMIT = 100_000
 
@@ -510,6 +514,16 @@ class Compiler(nn.Module):
             execution setting, not part of the schedule (batches do not depend on it; it may
             be changed between forwards).  On CPUs, blocks of about 1024 rows ran fastest in
             ``scripts/bench_table1.py`` (inference and training); None: no limit (GPUs).
+        row_layout: how each batch's calls order their rows. ``"readers"`` (default): from the
+            readers of the whole batch (:func:`foldengine.plan.lower`), so that gathers are
+            views wherever the graph allows; ``"concat"``: each input is scheduled and arranged
+            once, when traced (:meth:`trace` keeps an :class:`~foldengine.plan.InputPlan` in each
+            trace), and a batch concatenates its inputs' plans
+            (:mod:`foldengine.plan.concat`): much cheaper batches from traces (no sort, no
+            pass over the graph) at the price of index gathers across inputs where a reader
+            picks rows (trees); pays for graph models whose reads cover whole chunks (the
+            weave model).  ``"inputs"``: an earlier rule kept for benchmarks.  Every layout
+            computes the same values.
 
     Attributes:
         output_type: the root block's output type.
@@ -518,8 +532,7 @@ class Compiler(nn.Module):
         metrics: after a forward, name -> every value ``Metric(name)`` saw, in input order.
         random_blocks: blocks declared random (``InputTransform(fn, deterministic=False)``);
             when not empty, :meth:`trace` refuses to cache traces.
-        row_layout: how lowering orders each call's rows (``"readers"``, default;
-            ``"inputs"`` is the earlier rule, kept for benchmarks).
+        row_layout: how a batch's rows are laid out (see ``Args``).
 
     Raises:
         BlockTypeError: the block tree does not type-check (names the blocks and both types).
@@ -540,14 +553,16 @@ class Compiler(nn.Module):
     """
 
     def __init__(self, block: Block, scheduler="depth", input_type: Type = PyObjectType(),
-                 max_call_rows: Optional[int] = None):
+                 max_call_rows: Optional[int] = None, row_layout: str = "readers"):
         super().__init__()
         from .blocks import _as_block
         block = _as_block(block)
         self.root = block
         self.scheduler = get_scheduler(scheduler)
         self.max_call_rows = max_call_rows
-        self.row_layout = "readers"
+        if row_layout not in ROW_LAYOUTS:
+            raise ValueError(f"unknown row_layout {row_layout!r}; expected one of {ROW_LAYOUTS}")
+        self.row_layout = row_layout
         cc = CompileContext(self)
         self._cc = cc
         self.input_type = input_type
@@ -736,11 +751,24 @@ class Compiler(nn.Module):
         """
         if self.random_blocks:
             raise RandomBlockError(self.random_blocks)
+        return self._traces(inputs)
+
+    def _traces(self, inputs: Iterable) -> List[InputTrace]:
         tracer, roots = self._trace_together(inputs)
         merged = self._merged(tracer, roots)
         is_handle = self._output_is_handle
         per_input = [_output_arrays([r], self.output_type, []) for r in roots]
-        return split_traces(merged, tracer.input_ends, per_input, is_handle, self.signature)
+        traces = split_traces(merged, tracer.input_ends, per_input, is_handle, self.signature)
+        if self.row_layout == "concat":
+            traces = [self._with_plan(t) for t in traces]
+        return traces
+
+    def _with_plan(self, t: InputTrace) -> InputTrace:
+        """``t`` with its :class:`~foldengine.plan.InputPlan` (scheduled and arranged on its own)."""
+        graph = trace_graph(t)
+        steps = self.scheduler.assign(graph, self.op_info)
+        plan = input_plan(t, graph, self.op_info, steps, len(self.types), self._output_is_handle)
+        return dataclasses.replace(t, plan=plan)
 
     def merge_traces(self, traces: Sequence[InputTrace]) -> MergedTraces:
         """Concatenate the traces of a batch's inputs into one graph (numpy, no Python work
@@ -771,6 +799,9 @@ class Compiler(nn.Module):
             InputError: an input cannot be traced (names its index and the block).
         """
         t0 = time.perf_counter()
+        if self.row_layout == "concat":
+            traces = self._traces(inputs)
+            return self._concat_batch(traces, time.perf_counter() - t0)
         merged = self._merged(*self._trace_together(inputs))
         return self._plan(merged, time.perf_counter() - t0)
 
@@ -786,11 +817,38 @@ class Compiler(nn.Module):
         Raises:
             ValueError: a trace comes from a different compiler.
         """
+        if self.row_layout == "concat":
+            return self._concat_batch(traces, 0.0)
         t0 = time.perf_counter()
         merged = self.merge_traces(traces)
         return self._plan(merged, time.perf_counter() - t0)
 
+    def _concat_batch(self, traces: Sequence[InputTrace], trace_s: float) -> Batch:
+        """The batch of ``traces`` in the ``"concat"`` row layout (:func:`concat_plans`)."""
+        t1 = time.perf_counter()
+        for i, t in enumerate(traces):
+            if t.signature != self.signature:
+                raise ValueError(f"trace {i} was made by a different compiler (operation tables differ)")
+        plans = [t.plan if t.plan is not None else self._with_plan(t).plan for t in traces]
+        n_types = len(self.types)
+        n_consts = np.array([[len(c) for c in t.consts] for t in traces], np.int64).reshape(len(traces), n_types)
+        consts = [np.concatenate([self._empty_consts[tid]] + [t.consts[tid] for t in traces if len(t.consts[tid])])
+                  for tid in range(n_types)]
+        outputs = [np.concatenate([t.outputs[j] for t in traces]) if traces else np.zeros(0, np.int64)
+                   for j in range(len(self._output_is_handle))]
+        metric_lengths = {name: np.fromiter((len(t.metrics[m]) for t in traces), np.int64, len(traces))
+                          for m, name in enumerate(self.metric_tids)}
+        tid_of = {t: i for i, t in enumerate(self.types)}.__getitem__
+        plan = concat_plans(plans, self.op_info, n_types, n_consts, self.output_type, outputs,
+                            self._output_is_handle, self.metric_tids, tid_of)
+        stats = dict(plan.stats, trace_s=trace_s, schedule_s=time.perf_counter() - t1)
+        return Batch(size=len(traces), consts=consts, calls=plan.calls, step_bounds=plan.step_bounds,
+                     index_data=plan.index_data, outputs=plan.outputs, metrics=plan.metrics,
+                     stats=stats, signature=self.signature, metric_lengths=metric_lengths)
+
     def _plan(self, merged: MergedTraces, trace_s: float) -> Batch:
+        if self.row_layout == "concat":
+            raise ValueError("row_layout='concat' builds batches from traces (build_batch_from_traces)")
         t1 = time.perf_counter()
         steps = self.scheduler.assign(merged.graph, self.op_info)
         plan = lower(merged.graph, self.op_info, steps, self.types, self.output_type, merged.outputs,

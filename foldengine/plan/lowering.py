@@ -24,7 +24,7 @@ from .gathers import GatherBuilder
 from .records import (Call, Gather, OutputLayout, Segments, SequenceLayout, TensorLayout, TupleLayout,
                       VoidLayout)
 
-__all__ = ["LoweredSchedule", "lower", "LAYOUTS"]
+__all__ = ["LoweredSchedule", "Arrangement", "arrange", "lower", "LAYOUTS"]
 
 #: row layouts :func:`lower` knows; the first is the default
 LAYOUTS = ("readers", "inputs")
@@ -60,10 +60,9 @@ def _edge_nodes(trace: Trace) -> Tuple[np.ndarray, np.ndarray]:
     return reader, np.where(read < 0, n_nodes, read)
 
 
-def _read_groups(trace: Trace, steps: np.ndarray, reader: np.ndarray, read: np.ndarray) -> np.ndarray:
-    """Per node, ``(first, last)`` step that reads its outputs as one int64 key (sinks get a
-    sentinel).  Rows read at the same steps share a chunk, so a reader's gather (and its
-    backward, which costs the size of the chunk) touches little else."""
+def _read_steps(trace: Trace, steps: np.ndarray, reader: np.ndarray, read: np.ndarray) -> Tuple[np.ndarray, np.ndarray, int]:
+    """Per node, the first and last step that reads its outputs, and the sentinel step
+    (greater than every step) that nodes nobody reads get for both."""
     n_nodes = trace.n_nodes
     n_steps_total = int(steps.max()) + 2
     use_step = steps[reader]
@@ -73,6 +72,14 @@ def _read_groups(trace: Trace, steps: np.ndarray, reader: np.ndarray, read: np.n
     np.maximum.at(last_read, read, use_step)
     first_read, last_read = first_read[:n_nodes], last_read[:n_nodes]
     last_read[first_read == n_steps_total] = n_steps_total
+    return first_read, last_read, n_steps_total
+
+
+def _read_groups(trace: Trace, steps: np.ndarray, reader: np.ndarray, read: np.ndarray) -> np.ndarray:
+    """Per node, ``(first, last)`` step that reads its outputs as one int64 key (sinks get a
+    sentinel).  Rows read at the same steps share a chunk, so a reader's gather (and its
+    backward, which costs the size of the chunk) touches little else."""
+    first_read, last_read, n_steps_total = _read_steps(trace, steps, reader, read)
     return first_read * (n_steps_total + 1) + last_read
 
 
@@ -230,6 +237,89 @@ def _output_layout(t: Type, arrays: Sequence[np.ndarray], pos: int, next_gather)
     return VoidLayout(), pos
 
 
+@dataclass
+class Arrangement:
+    """Where every node runs and every output lives (the first half of :func:`lower`).
+
+    groups: per call, in execution order, its nodes in row order (int64).
+    edges: per call, the edge positions its gathers read (see :func:`_call_edges`).
+    splits: per call, its output chunk sizes (one per group of reading steps), or None for
+        one chunk.
+    step_bounds: ``groups[step_bounds[s]:step_bounds[s + 1]]`` form step ``s``.
+    handle_chunk, handle_row: int64 ``[H]``, the (per-type chunk, row) of every handle;
+        constants are rows of chunk 0.
+    chunk_sizes: per type id, the rows of each chunk (chunk 0: the constants).
+    first_read, last_read: int64 ``[N]``, the first and last step that reads each node's
+        outputs (both ``n_steps_total`` for nodes nobody reads).
+    n_steps_total: the sentinel step of unread nodes (greater than every step).
+    """
+    groups: List[np.ndarray]
+    edges: List[np.ndarray]
+    splits: list
+    step_bounds: List[int]
+    handle_chunk: np.ndarray
+    handle_row: np.ndarray
+    chunk_sizes: Dict[int, List[int]]
+    first_read: np.ndarray
+    last_read: np.ndarray
+    n_steps_total: int
+
+
+def arrange(trace: Trace, ops: OpInfo, steps: np.ndarray, n_types: int, layout: str = "readers") -> Arrangement:
+    """Group nodes by (step, operation) into calls, order each call's rows and place every
+    output in a chunk (see :func:`lower`, which emits the gathers of the result).
+
+    Raises:
+        ValueError: an unknown ``layout``.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown row layout {layout!r}; expected one of {LAYOUTS}")
+    n_nodes = trace.n_nodes
+    H = len(trace.handle_type)
+    handle_chunk = np.full(H, -1, np.int64)
+    handle_row = np.full(H, -1, np.int64)
+    is_const = trace.handle_node < 0
+    handle_chunk[is_const] = 0
+    handle_row[is_const] = trace.handle_index[is_const]
+    chunk_sizes: Dict[int, List[int]] = {t: [int(trace.n_consts[t])] for t in range(n_types)}
+    groups: List[np.ndarray] = []
+    edges: List[np.ndarray] = []
+    splits: list = []
+    step_bounds = [0]
+    first_read = last_read = np.zeros(0, np.int64)
+    n_steps_total = 1
+    if n_nodes:
+        steps = np.asarray(steps, np.int64)
+        reader, read = _edge_nodes(trace)
+        first_read, last_read, n_steps_total = _read_steps(trace, steps, reader, read)
+        read_group = first_read * (n_steps_total + 1) + last_read
+        key = steps * ops.n_ops + trace.node_op
+        key_max = int(key.max())
+        # a stable sort of small ints is a radix sort (much faster than the int64 merge sort)
+        small = np.uint16 if key_max < 2 ** 16 else np.uint32 if key_max < 2 ** 32 else np.int64
+        order = np.argsort(key.astype(small), kind="stable")
+        cut = np.flatnonzero(np.diff(key[order])) + 1
+        starts = np.concatenate([[0], cut])
+        ends = np.concatenate([cut, [n_nodes]])
+        call_steps = steps[order[starts]].tolist()
+        groups = [order[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+        step_bounds += [ci + 1 for ci in range(len(groups))
+                        if ci + 1 == len(groups) or call_steps[ci + 1] != call_steps[ci]]
+        if layout == "readers":
+            groups, edges = _order_by_consumers(trace, ops, groups, read_group, read)
+            splits = _place_outputs(trace, ops, groups, read_group, handle_chunk, handle_row, chunk_sizes)
+        else:   # each call's order depends on where the previous calls put their outputs
+            for ci, nodes in enumerate(groups):
+                arity = ops.arity[int(trace.node_op[nodes[0]])]
+                nodes = groups[ci] = _order_by_first_input(trace, arity, nodes, read_group,
+                                                           handle_chunk, handle_row)
+                edges.append(_call_edges(trace, arity, nodes))
+                splits += _place_outputs(trace, ops, [nodes], read_group, handle_chunk, handle_row,
+                                         chunk_sizes)
+    return Arrangement(groups, edges, splits, step_bounds, handle_chunk, handle_row, chunk_sizes,
+                       first_read, last_read, n_steps_total)
+
+
 def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, types: Sequence[TensorType],
           output_type: Type, output_arrays: Sequence[np.ndarray],
           metric_handles: Mapping[str, Tuple[int, np.ndarray]],
@@ -269,50 +359,13 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, types: Sequence[TensorTy
     (``scripts/bench_row_layout.py``): rows ordered by where their first input lives, and
     only index-based gathers (no runs).  Every layout computes the same values.
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown row layout {layout!r}; expected one of {LAYOUTS}")
-    n_nodes = trace.n_nodes
-    H = len(trace.handle_type)
-    handle_chunk = np.full(H, -1, np.int64)
-    handle_row = np.full(H, -1, np.int64)
-    is_const = trace.handle_node < 0
-    handle_chunk[is_const] = 0
-    handle_row[is_const] = trace.handle_index[is_const]
-    chunk_sizes: Dict[int, List[int]] = {t: [int(trace.n_consts[t])] for t in range(len(types))}
-    builder = GatherBuilder(chunk_sizes)
+    arr = arrange(trace, ops, steps, len(types), layout)
+    builder = GatherBuilder(arr.chunk_sizes)
     if layout == "inputs":
         builder.runs_max = 0
-    groups: List[np.ndarray] = []
-    edges: List[np.ndarray] = []
-    splits: list = []
-    step_bounds = [0]
-    if n_nodes:
-        steps = np.asarray(steps, np.int64)
-        reader, read = _edge_nodes(trace)
-        read_group = _read_groups(trace, steps, reader, read)
-        key = steps * ops.n_ops + trace.node_op
-        key_max = int(key.max())
-        # a stable sort of small ints is a radix sort (much faster than the int64 merge sort)
-        small = np.uint16 if key_max < 2 ** 16 else np.uint32 if key_max < 2 ** 32 else np.int64
-        order = np.argsort(key.astype(small), kind="stable")
-        cut = np.flatnonzero(np.diff(key[order])) + 1
-        starts = np.concatenate([[0], cut])
-        ends = np.concatenate([cut, [n_nodes]])
-        call_steps = steps[order[starts]].tolist()
-        groups = [order[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
-        step_bounds += [ci + 1 for ci in range(len(groups))
-                        if ci + 1 == len(groups) or call_steps[ci + 1] != call_steps[ci]]
-        if layout == "readers":
-            groups, edges = _order_by_consumers(trace, ops, groups, read_group, read)
-            splits = _place_outputs(trace, ops, groups, read_group, handle_chunk, handle_row, chunk_sizes)
-        else:   # each call's order depends on where the previous calls put their outputs
-            for ci, nodes in enumerate(groups):
-                arity = ops.arity[int(trace.node_op[nodes[0]])]
-                nodes = groups[ci] = _order_by_first_input(trace, arity, nodes, read_group,
-                                                           handle_chunk, handle_row)
-                edges.append(_call_edges(trace, arity, nodes))
-                splits += _place_outputs(trace, ops, [nodes], read_group, handle_chunk, handle_row,
-                                         chunk_sizes)
+    groups, edges, splits, step_bounds = arr.groups, arr.edges, arr.splits, arr.step_bounds
+    handle_chunk, handle_row = arr.handle_chunk, arr.handle_row
+    n_nodes = trace.n_nodes
     # Every gather's rows, analysed at once: the calls' input slots, then outputs, then metrics.
     call_ops = [int(trace.node_op[g[0]]) for g in groups]
     g_tids, g_lengths, handle_parts = [], [], []

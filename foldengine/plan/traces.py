@@ -11,11 +11,14 @@ as tracing them one by one and merging.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from schedulers.base import Trace
+
+if TYPE_CHECKING:   # pragma: no cover
+    from .concat import InputPlan
 
 __all__ = ["InputTrace", "MergedTraces", "merge_traces", "split_traces"]
 
@@ -49,6 +52,8 @@ class InputTrace:
         outputs: the output, flattened depth first over the output type (see
             ``foldengine.plan.lower``'s ``output_arrays``): int32 handles or lengths.
         signature: the signature of the compiler that traced it.
+        plan: the input scheduled and arranged on its own (:class:`~foldengine.plan.concat.InputPlan`),
+            made by compilers with ``row_layout="concat"``; None otherwise.
         n_nodes: the number of nodes (operation calls).
         nbytes: bytes of array data held.
 
@@ -85,6 +90,7 @@ class InputTrace:
     metrics: Tuple[np.ndarray, ...]
     outputs: Tuple[np.ndarray, ...]
     signature: str
+    plan: Optional["InputPlan"] = None
 
     @property
     def n_nodes(self) -> int:
@@ -97,7 +103,7 @@ class InputTrace:
         arrays = [self.node_op, self.node_in_ptr, self.edge_src, self.node_out, self.node_depth,
                   self.handle_type, self.handle_node, self.handle_index,
                   *self.consts, *self.metrics, *self.outputs]
-        return int(sum(a.nbytes for a in arrays))
+        return int(sum(a.nbytes for a in arrays)) + (self.plan.nbytes if self.plan is not None else 0)
 
 
 @dataclass(frozen=True)

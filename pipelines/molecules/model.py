@@ -150,9 +150,14 @@ def weave_model(n_atom: int, n_pair: int, n_out: int, *, atom_hidden: int = 50, 
     return block
 
 
-def build_compiler(n_atom: int, n_pair: int, n_out: int, **kw) -> fe.Compiler:
-    """``foldengine.Compiler`` of :func:`weave_model` (an ``nn.Module``; ``build_batch`` plans)."""
-    return fe.Compiler(weave_model(n_atom, n_pair, n_out, **kw))
+def build_compiler(n_atom: int, n_pair: int, n_out: int, row_layout: str = "concat", **kw) -> fe.Compiler:
+    """``foldengine.Compiler`` of :func:`weave_model` (an ``nn.Module``; ``build_batch`` plans).
+
+    ``row_layout="concat"`` (default): each molecule is planned once, when traced, and a batch
+    concatenates the plans (the weave model's reads cover whole chunks, so its gathers stay
+    views; ``scripts/bench_build.py`` measures the build cost); ``"readers"`` plans each batch
+    from scratch.  Both compute the same values."""
+    return fe.Compiler(weave_model(n_atom, n_pair, n_out, **kw), row_layout=row_layout)
 
 
 @dataclass
