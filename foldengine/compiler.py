@@ -780,6 +780,9 @@ class Compiler(nn.Module):
         for i, t in enumerate(traces):
             if t.signature != self.signature:
                 raise ValueError(f"trace {i} was made by a different compiler (operation tables differ)")
+            if not t.has_graph:
+                raise ValueError(f"trace {i} holds only its plan (InputTrace.without_graph): build its "
+                                 f"batches with a row_layout='concat' compiler")
         return merge_traces(traces, self.metric_tids, self._output_is_handle, self._empty_consts)
 
     def build_batch(self, inputs: Iterable) -> Batch:

@@ -10,7 +10,7 @@ as tracing them one by one and merging.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -94,8 +94,28 @@ class InputTrace:
 
     @property
     def n_nodes(self) -> int:
-        """The number of nodes (operation calls)."""
+        """The number of nodes (operation calls); 0 after :meth:`without_graph`."""
         return len(self.node_op)
+
+    @property
+    def has_graph(self) -> bool:
+        """Whether the graph arrays are here (False after :meth:`without_graph`)."""
+        return len(self.node_in_ptr) > 0
+
+    def without_graph(self) -> "InputTrace":
+        """This trace with only what a ``row_layout="concat"`` compiler builds batches from:
+        its :attr:`plan`, constants, metrics and outputs (the graph arrays emptied; about a
+        third of the bytes for the weave model).  Such a trace can only be batched by
+        ``concat`` compilers.
+
+        Raises:
+            ValueError: the trace has no plan (made by a compiler of another row layout).
+        """
+        if self.plan is None:
+            raise ValueError("without_graph() needs the trace's plan (trace with a row_layout='concat' compiler)")
+        e = np.zeros(0, _I32)
+        return replace(self, node_op=e, node_in_ptr=e, edge_src=e, node_out=e, node_depth=e,
+                       handle_type=e, handle_node=e, handle_index=e)
 
     @property
     def nbytes(self) -> int:

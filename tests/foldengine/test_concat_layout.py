@@ -132,3 +132,19 @@ def test_concat_weave_molecule_graph():
 def test_unknown_row_layout_is_refused():
     with pytest.raises(ValueError, match="unknown row_layout 'rows'"):
         fe.Compiler(fb.Scalar() >> fb.Function(torch.tanh), row_layout="rows")
+
+
+def test_plan_only_traces_batch_the_same_and_are_refused_elsewhere():
+    block = _sequence_model()
+    concat = fe.Compiler(block, row_layout="concat")
+    inputs = _sequence_inputs(10, seed=2)
+    traces = concat.trace(inputs)
+    slim = [t.without_graph() for t in traces]
+    assert not slim[0].has_graph and traces[0].has_graph and slim[0].nbytes < traces[0].nbytes
+    x, y = concat.build_batch_from_traces(slim[2:7]), concat.build_batch_from_traces(traces[2:7])
+    assert x.calls == y.calls and np.array_equal(x.index_data, y.index_data)
+    readers = fe.Compiler(block)
+    with pytest.raises(ValueError, match="trace 0 holds only its plan"):
+        readers.build_batch_from_traces(slim)
+    with pytest.raises(ValueError, match="needs the trace's plan"):
+        readers.trace(inputs)[0].without_graph()
