@@ -1770,6 +1770,9 @@ class Embedding(Function):
         name: the layer's name (default ``Embedding_<num_buckets>_<num_units_out>``).
         trainable: whether the table is learned.
         mod_inputs: take indices modulo ``num_buckets`` (TF Fold's default).
+        sparse: the table's gradient is a sparse COO tensor of the rows a batch read, so an
+            optimizer taking sparse gradients (``torch.optim.Adagrad``, ``SGD``, ``SparseAdam``)
+            updates only those rows, as DyNet's lookup parameters (default: a dense gradient).
 
     Attributes:
         weights: the ``[num_buckets, num_units_out]`` table.
@@ -1799,8 +1802,8 @@ class Embedding(Function):
     """
 
     def __init__(self, num_buckets: int, num_units_out: int, initializer=None, name=None, trainable=True,
-                 mod_inputs=True):
-        module = _layers.Embedding(num_buckets, num_units_out, mod_inputs=mod_inputs)
+                 mod_inputs=True, sparse=False):
+        module = _layers.Embedding(num_buckets, num_units_out, mod_inputs=mod_inputs, sparse=sparse)
         if initializer is None:
             _fold_init_(module.weight, 1.0)
         elif isinstance(initializer, (np.ndarray, torch.Tensor)):

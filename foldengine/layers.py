@@ -131,11 +131,15 @@ class FC(nn.Module):
 class Embedding(nn.Module):
     """An embedding table: int64 ``[B]`` -> ``[B, num_units_out]`` (TF Fold's ``Embedding``;
     the block ``foldengine.blocks.Embedding`` holds one).  With ``mod_inputs`` (TF Fold's
-    default) an index ``i`` reads row ``abs(i) % num_buckets``."""
+    default) an index ``i`` reads row ``abs(i) % num_buckets``.  With ``sparse`` the weight's
+    gradient is a sparse COO tensor of the rows read (``nn.Embedding(sparse=True)``): optimizers
+    that take sparse gradients (``torch.optim.Adagrad``, ``SGD``, ``SparseAdam``) then update only
+    those rows."""
 
-    def __init__(self, num_buckets: int, num_units_out: int, mod_inputs: bool = True):
+    def __init__(self, num_buckets: int, num_units_out: int, mod_inputs: bool = True, sparse: bool = False):
         super().__init__()
         self.num_buckets, self.num_units_out, self.mod_inputs = num_buckets, num_units_out, bool(mod_inputs)
+        self.sparse = bool(sparse)
         self.weight = nn.Parameter(torch.empty(num_buckets, num_units_out))
         nn.init.normal_(self.weight)
 
@@ -143,4 +147,4 @@ class Embedding(nn.Module):
         idx = idx.long()
         if self.mod_inputs:
             idx = idx.abs().remainder(self.num_buckets)
-        return F.embedding(idx, self.weight)
+        return F.embedding(idx, self.weight, sparse=self.sparse)

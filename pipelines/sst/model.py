@@ -104,15 +104,19 @@ class SentimentModules(nn.Module):
     ``embedding_grad_scale`` multiplies the embedding's gradient (:class:`GradScale`);
     ``forget_bias`` and ``init`` go to the cell (:class:`~foldengine.layers.BinaryTreeLSTMCell`);
     ``init="glorot"`` also draws the classifier Glorot-uniform with zero bias (TF's ``FC``).
+    ``sparse_embedding``: the embedding's gradient is a sparse COO tensor holding only the rows
+    a batch used (``nn.Embedding(sparse=True)``); the optimizer must take sparse gradients
+    (Adagrad, SGD without weight decay on the embedding).  Adagrad's update is the same either way:
+    a row without gradient gets no update and no accumulator change.
     """
 
     def __init__(self, vocab_size: int, emb_size: int, state_size: int, *, input_dropout: float = 0.0,
                  output_dropout: float = 0.0, recurrent_dropout: float = 0.0,
                  embeddings: Optional[np.ndarray] = None, embedding_grad_scale: float = 1.0,
-                 forget_bias: float = 0.0, init: str = "torch"):
+                 forget_bias: float = 0.0, init: str = "torch", sparse_embedding: bool = False):
         super().__init__()
         self.emb_size, self.state_size = emb_size, state_size
-        self.embedding = nn.Embedding(vocab_size, emb_size)
+        self.embedding = nn.Embedding(vocab_size, emb_size, sparse=bool(sparse_embedding))
         if embeddings is not None:
             if embeddings.shape != (vocab_size, emb_size):
                 raise ValueError(f"embedding matrix {embeddings.shape} != ({vocab_size}, {emb_size})")

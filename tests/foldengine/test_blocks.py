@@ -256,3 +256,23 @@ def test_vectorised_map_paths_arrays_and_multi_output_functions():
     assert out[2].values.tolist() == [0, 1, 0, 1, 2, 0]
     with pytest.raises(fe.InputError, match="input 0: Tensor.*rows of shape"):
         c.build_batch([(np.zeros((2, 4)), np.zeros((2, 2, 2)), np.arange(2))])
+
+
+def test_embedding_sparse_gradient_equals_dense_and_adagrad_updates_read_rows_only():
+    table = np.random.RandomState(0).randn(6, 3).astype(np.float32)
+    steps = {}
+    for sparse in (False, True):
+        emb = fb.Embedding(6, 3, initializer=table, sparse=sparse)
+        compiler = fe.Compiler(fb.Map(fb.Scalar("int64") >> emb) >> fb.Sum())
+        opt = torch.optim.Adagrad(compiler.parameters(), lr=0.1)
+        batch = compiler.build_batch([[1, 7, 1], [3]])      # 7 reads row 1 (mod_inputs)
+        (compiler(batch) ** 2).sum().backward()
+        g = emb.weights.grad
+        assert g.is_sparse is sparse
+        opt.step()
+        steps[sparse] = (g.to_dense() if sparse else g.clone(), emb.weights.detach().clone())
+    torch.testing.assert_close(steps[True][0], steps[False][0])
+    torch.testing.assert_close(steps[True][1], steps[False][1])
+    unread = [0, 2, 4, 5]
+    torch.testing.assert_close(steps[True][1][unread], torch.from_numpy(table)[unread], rtol=0, atol=0)
+    assert not torch.equal(steps[True][1][[1, 3]], torch.from_numpy(table)[[1, 3]])

@@ -1,0 +1,336 @@
+"""Peers benchmark (issue 16, engine step speed): foldengine's SST training step against a
+hand-written level-wise PyTorch loop (and DGL's Tree-LSTM when ``dgl`` is importable).
+
+Workload: the SST Tai preset (``conf/sst_tai2015.yaml``): the pipeline's
+:class:`~pipelines.sst.model.SentimentModules` (embeddings 50 over the train+dev+test
+vocabulary, state 150, output dropout 0.5, a 5-class classifier and cross-entropy at every
+node, summed per tree and averaged over the trees of a step), Adagrad with the preset's
+parameter groups (:meth:`pipelines.sst.experiment.SSTExperiment.param_groups`: embeddings at
+``lr x embedding_lr_scale`` without weight decay, the rest with ``weight_decay``), on the
+first ``trees`` SST training trees in batches of ``batch`` prebuilt before timing.  One
+*epoch* (a pass over those batches: zero_grad, forward, backward, optimizer step per batch)
+is one timed call; the variants run in interleaved rounds (:mod:`benchmarks.timing`), each
+training its own copy of the same initial modules.
+
+Variants: ``foldengine/<scheduler>`` (the compiled model of :func:`pipelines.sst.model.build_compiler`)
+and ``hand-written`` (:class:`LevelWiseTreeLSTM`: nodes grouped by height, one cell call per
+level on index-selected children, the classifier once over all nodes).  Both compute the same
+function from the same modules: :func:`check_equal` compares loss and every parameter's
+gradient on one batch (dropout off) before anything is timed.
+
+Reported per (threads, batch, variant): trees/s (median epoch), the forward / backward /
+optimizer seconds per epoch (medians), and the speed ratio against the hand-written loop
+(median over rounds of ``t_hand / t_variant``; > 1 is faster than hand-written).  With
+``sst.sparse_embedding`` on, every variant (the hand-written loop too) gets sparse embedding
+gradients; ``hand-written/dense-emb`` is then also run (the loop over a plain ``nn.Embedding``,
+every row updated each step, as PyTorch code usually is) and ``vs_hand_dense`` is the ratio
+against it.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import statistics
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .reporting import REPO_ROOT, echo, format_table, log_to_mlflow
+from .timing import interleaved, median_ratio, ratio_quartiles
+
+__all__ = ["LevelBatch", "level_batch", "LevelWiseTreeLSTM", "Trainer", "tai_preset", "check_equal", "run"]
+
+TAI_CONFIG = os.path.join(REPO_ROOT, "conf", "sst_tai2015.yaml")
+#: the hand-written loop over a plain ``nn.Embedding`` (dense gradient, every row updated), run
+#: besides ``hand-written`` when the preset's ``sst.sparse_embedding`` is on
+DENSE_HAND = "hand-written/dense-emb"
+
+
+# --------------------------------------------------------------------------- hand-written baseline
+
+class LevelBatch:
+    """A batch of SST trees laid out for :class:`LevelWiseTreeLSTM` (built once, before timing).
+
+    Nodes are numbered by level (height: a leaf is 0, an inner node 1 + its higher child),
+    leaves first; within a level in tree order.
+
+    Attributes:
+      trees: how many trees (int).
+      words: int64 ``[L]`` vocabulary ids of the leaves (positions ``0..L-1``).
+      levels: per level ``>= 1``, ``(left, right)``: int64 ``[n_level]`` positions of each
+        node's children (all on lower levels, so already computed).
+      labels: int64 ``[N]`` gold label of every node, in position order.
+    """
+
+    __slots__ = ("trees", "words", "levels", "labels")
+
+    def __init__(self, trees: int, words: torch.Tensor, levels: List, labels: torch.Tensor):
+        self.trees, self.words, self.levels, self.labels = trees, words, levels, labels
+
+
+def level_batch(trees: Sequence, stoi, unk_index: int = 0) -> LevelBatch:
+    """:class:`LevelBatch` of raw SST tuple trees (leaf ``(label, word)``, inner
+    ``(label, left, right)``)."""
+    nodes = []   # (level, label, word or None, left node id, right node id)
+
+    def visit(node):
+        if len(node) == 2:
+            nodes.append((0, int(node[0]), stoi.get(node[1], unk_index), -1, -1))
+        else:
+            left, right = visit(node[1]), visit(node[2])
+            nodes.append((1 + max(nodes[left][0], nodes[right][0]), int(node[0]), None, left, right))
+        return len(nodes) - 1
+
+    for t in trees:
+        visit(t)
+    level = np.array([n[0] for n in nodes])
+    order = np.argsort(level, kind="stable")
+    pos = np.empty(len(nodes), np.int64)
+    pos[order] = np.arange(len(nodes))
+    n_leaves = int((level == 0).sum())
+    words = torch.tensor([nodes[i][2] for i in order[:n_leaves]], dtype=torch.int64)
+    levels, start = [], n_leaves
+    for lv in range(1, int(level.max()) + 1 if len(nodes) else 1):
+        ids = order[start:start + int((level == lv).sum())]
+        levels.append((torch.from_numpy(pos[[nodes[i][3] for i in ids]]),
+                       torch.from_numpy(pos[[nodes[i][4] for i in ids]])))
+        start += len(ids)
+    labels = torch.tensor([nodes[i][1] for i in order], dtype=torch.int64)
+    return LevelBatch(len(trees), words, levels, labels)
+
+
+class LevelWiseTreeLSTM:
+    """The hand-written level-wise training loss over :class:`~pipelines.sst.model.SentimentModules`:
+    what a PyTorch user writes for this model without a dynamic-batching library.
+
+    ``loss(lb) -> scalar``: leaves (``modules.word`` then ``modules.tree_lstm(x)``) in one call,
+    then one ``modules.tree_lstm(left, right)`` call per level on children gathered with
+    ``index_select`` from the states computed so far, then ``modules.classifier`` once over every
+    node; cross-entropy summed over the nodes, divided by the number of trees (the Tai preset's
+    ``loss_reduction: mean``).  The same function as the foldengine model of
+    :func:`pipelines.sst.model.build_compiler` (checked by :func:`check_equal`).
+    """
+
+    def __init__(self, modules):
+        self.modules = modules
+
+    def loss(self, lb: LevelBatch) -> torch.Tensor:
+        m = self.modules
+        h, c = m.tree_lstm(m.word(lb.words))
+        hs, cs = [h], [c]
+        for left, right in lb.levels:
+            H, C = (hs[0], cs[0]) if len(hs) == 1 else (torch.cat(hs), torch.cat(cs))
+            h, c = m.tree_lstm((H.index_select(0, left), C.index_select(0, left)),
+                               (H.index_select(0, right), C.index_select(0, right)))
+            hs.append(h)
+            cs.append(c)
+        logits = m.classifier(torch.cat(hs))
+        return F.cross_entropy(logits, lb.labels, reduction="sum") / lb.trees
+
+
+def foldengine_loss(compiler, batch, trees: int) -> torch.Tensor:
+    """The pipeline's training loss of ``batch`` (:meth:`SSTExperiment.loss`: cross-entropy
+    summed over every node) divided by ``trees`` (``loss_reduction: mean``)."""
+    from pipelines.sst.model import node_outputs
+    compiler(batch)
+    logits, labels, _ = node_outputs(compiler)
+    return F.cross_entropy(logits, labels, reduction="sum") / trees
+
+
+# --------------------------------------------------------------------------- workload
+
+def tai_preset(overrides: Sequence[str] = ()) -> dict:
+    """The validated config of ``conf/sst_tai2015.yaml`` (plus ``overrides``, ``key=value``)."""
+    from pipelines.config import load_config, merged_schema
+    from pipelines.sst.experiment import SCHEMA
+    return load_config(TAI_CONFIG, overrides, merged_schema(SCHEMA))
+
+
+def make_modules(cfg: dict, vocab_size: int, emb: int = 50, seed: int = 0):
+    """The preset's :class:`SentimentModules` (random embeddings of size ``emb``), seeded."""
+    from pipelines.sst.model import SentimentModules
+    sc = cfg["sst"]
+    torch.manual_seed(seed)
+    return SentimentModules(vocab_size, emb, sc["state_size"], input_dropout=sc["input_dropout"],
+                            output_dropout=sc["output_dropout"], recurrent_dropout=sc["recurrent_dropout"],
+                            embedding_grad_scale=sc["embedding_grad_scale"], forget_bias=sc["forget_bias"],
+                            init=sc["init"], sparse_embedding=sc["sparse_embedding"])
+
+
+def make_optimizer(cfg: dict, modules) -> torch.optim.Optimizer:
+    """The preset's optimizer over the preset's parameter groups of ``modules``."""
+    from pipelines.optim import make_optimizer as make
+    from pipelines.sst.experiment import SSTExperiment
+    return make(SSTExperiment().param_groups(modules, cfg), cfg)
+
+
+class Trainer:
+    """One variant's training epoch over prebuilt batches, timed by phase.
+
+    ``loss_of(batch) -> scalar`` is the forward; each :meth:`epoch` call runs zero_grad +
+    forward, backward, optimizer step per batch and appends ``(forward_s, backward_s,
+    optimizer_s)`` summed over the epoch to :attr:`splits` (``zero_grad`` counts as optimizer).
+    """
+
+    def __init__(self, loss_of: Callable, batches: List, optimizer: torch.optim.Optimizer):
+        self.loss_of, self.batches, self.optimizer = loss_of, batches, optimizer
+        self.splits: List[tuple] = []
+
+    def epoch(self) -> None:
+        fwd = bwd = opt = 0.0
+        clock = time.perf_counter
+        for b in self.batches:
+            t0 = clock()
+            self.optimizer.zero_grad(set_to_none=True)
+            t1 = clock()
+            loss = self.loss_of(b)
+            t2 = clock()
+            loss.backward()
+            t3 = clock()
+            self.optimizer.step()
+            t4 = clock()
+            fwd, bwd, opt = fwd + (t2 - t1), bwd + (t3 - t2), opt + (t1 - t0) + (t4 - t3)
+        self.splits.append((fwd, bwd, opt))
+
+
+def _grads(params) -> List[torch.Tensor]:
+    return [torch.zeros_like(p) if p.grad is None else
+            (p.grad.to_dense() if p.grad.is_sparse else p.grad).clone() for p in params]
+
+
+def check_equal(modules, trees: Sequence, stoi, scheduler: str = "coalesce", atol: float = 1e-4) -> Dict[str, float]:
+    """Loss and every parameter gradient of one batch, foldengine vs hand-written, on copies of
+    ``modules`` in eval mode (dropout off).  Raises AssertionError when they differ; returns
+    ``{"loss": ..., "max_grad_diff": ...}``."""
+    from pipelines.sst.model import build_compiler
+    fold_m, hand_m = copy.deepcopy(modules).eval(), copy.deepcopy(modules).eval()
+    compiler = build_compiler(fold_m, stoi, scheduler)
+    loss_f = foldengine_loss(compiler, compiler.build_batch(trees), len(trees))
+    loss_f.backward()
+    loss_h = LevelWiseTreeLSTM(hand_m).loss(level_batch(trees, stoi))
+    loss_h.backward()
+    loss_f, loss_h = loss_f.detach(), loss_h.detach()
+    assert abs(float(loss_f) - float(loss_h)) <= atol * max(1.0, abs(float(loss_h))), (float(loss_f), float(loss_h))
+    diff = 0.0
+    for (name, _), gf, gh in zip(fold_m.named_parameters(), _grads(fold_m.parameters()), _grads(hand_m.parameters())):
+        d = float((gf - gh).abs().max()) if gf.numel() else 0.0
+        assert d <= atol * max(1.0, float(gh.abs().max())), (name, d)
+        diff = max(diff, d)
+    return {"loss": float(loss_h), "max_grad_diff": diff}
+
+
+def _dgl_available(log) -> bool:
+    try:
+        import dgl  # noqa: F401
+    except ImportError as err:
+        log(f"DGL: skipped (import dgl failed: {err})")
+        return False
+    log("DGL: importable, but no DGL Tree-LSTM variant is implemented in this benchmark yet: skipped")
+    return False
+
+
+def _plot(rows: List[Dict[str, object]]):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    threads = sorted({r["threads"] for r in rows})
+    fig, axes = plt.subplots(1, len(threads), figsize=(6 * len(threads), 4.2), squeeze=False)
+    for ax, t in zip(axes[0], threads):
+        sel = [r for r in rows if r["threads"] == t]
+        labels = [f"b{r['batch']}\n{r['variant'].replace('foldengine/', 'fe/')}" for r in sel]
+        x = np.arange(len(sel))
+        bottom = np.zeros(len(sel))
+        for key, color in (("forward_s", "C0"), ("backward_s", "C1"), ("optimizer_s", "C2")):
+            v = np.array([r[key] / r["trees"] * 1000 for r in sel])
+            ax.bar(x, v, bottom=bottom, color=color, label=key.replace("_s", ""))
+            bottom += v
+        for xi, r, b in zip(x, sel, bottom):
+            ax.text(xi, b, f"{r['trees_per_s']:.0f}/s", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_ylabel("ms per tree (training step)")
+        ax.set_title(f"SST Tai preset, {t} thread(s)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence[int] = (1, 2),
+        schedulers: Sequence[str] = ("coalesce", "depth"), repeats: int = 3, warmup: int = 1,
+        emb: int = 50, overrides: Sequence[str] = (), seed: int = 0, data_dir: Optional[str] = None,
+        mlflow: bool = True, log: Callable[[str], None] = echo) -> Dict[str, float]:
+    """Measure, print, log to MLflow (experiment ``bench_peers``, with a plot) unless
+    ``mlflow=False``; returns the metrics (``t1.b25.foldengine_coalesce.vs_hand``, ...).
+    ``overrides``: ``key=value`` changes to the Tai preset (e.g. ``sst.state_size=8``)."""
+    from pipelines.sst.data import load_split
+    from pipelines.sst.model import build_compiler
+    from pipelines.sst.vocab import build_vocab
+
+    cfg = tai_preset(overrides)
+    params = {"trees": trees, "batches": list(batches), "threads": list(threads), "schedulers": list(schedulers),
+              "repeats": repeats, "warmup": warmup, "emb": emb, "overrides": list(overrides), "seed": seed,
+              "state": cfg["sst"]["state_size"], "sparse_embedding": cfg["sst"]["sparse_embedding"],
+              "optimizer": cfg["optimizer"]["name"]}
+    splits = {s: load_split(s, data_dir=data_dir)[0] for s in ("train", "dev", "test")}
+    vocab = build_vocab(*(splits[s] for s in cfg["sst"]["vocab_splits"]))
+    train = splits["train"][:trees]
+    modules = make_modules(cfg, len(vocab.itos), emb, seed)
+    check = check_equal(modules, train[:max(batches)], vocab.stoi, schedulers[0] if schedulers else "coalesce")
+    log(f"check: foldengine and hand-written agree on one batch of {max(batches)} "
+        f"(loss {check['loss']:.4f}, max gradient difference {check['max_grad_diff']:.2e})")
+    _dgl_available(log)
+
+    rows, metrics = [], {"check_max_grad_diff": check["max_grad_diff"]}
+    for t in threads:
+        torch.set_num_threads(t)
+        for B in batches:
+            chunks = [train[i:i + B] for i in range(0, len(train), B)]
+            trainers = {}
+            for s in schedulers:
+                m = copy.deepcopy(modules).train()
+                c = build_compiler(m, vocab.stoi, s)
+                prebuilt = [(c.build_batch(ch), len(ch)) for ch in chunks]
+                trainers[f"foldengine/{s}"] = Trainer(lambda b, c=c: foldengine_loss(c, b[0], b[1]), prebuilt,
+                                                      make_optimizer(cfg, m))
+            lbs = [level_batch(ch, vocab.stoi) for ch in chunks]
+            m = copy.deepcopy(modules).train()
+            trainers["hand-written"] = Trainer(LevelWiseTreeLSTM(m).loss, lbs, make_optimizer(cfg, m))
+            if modules.embedding.sparse:   # also as a plain nn.Embedding (dense gradient): the issue's baseline
+                m = copy.deepcopy(modules).train()
+                m.embedding.sparse = False
+                trainers[DENSE_HAND] = Trainer(LevelWiseTreeLSTM(m).loss, lbs, make_optimizer(cfg, m))
+            times = interleaved({k: tr.epoch for k, tr in trainers.items()}, repeats, warmup)
+            for k, tr in trainers.items():
+                sp = tr.splits[warmup:]
+                med = statistics.median(times[k])
+                q1, r, q3 = ratio_quartiles(times["hand-written"], times[k])
+                row = {"threads": t, "batch": B, "variant": k, "trees": len(train), "epoch_s": med,
+                       "trees_per_s": len(train) / med,
+                       "forward_s": statistics.median(x[0] for x in sp),
+                       "backward_s": statistics.median(x[1] for x in sp),
+                       "optimizer_s": statistics.median(x[2] for x in sp),
+                       "vs_hand": median_ratio(times["hand-written"], times[k]), "vs_hand_q1": q1, "vs_hand_q3": q3}
+                if DENSE_HAND in times:
+                    row["vs_hand_dense"] = median_ratio(times[DENSE_HAND], times[k])
+                rows.append(row)
+                key = f"t{t}.b{B}.{k.replace('/', '_').replace('-', '_')}"
+                metrics.update({f"{key}.trees_per_s": row["trees_per_s"], f"{key}.vs_hand": row["vs_hand"],
+                                f"{key}.forward_s": row["forward_s"], f"{key}.backward_s": row["backward_s"],
+                                f"{key}.optimizer_s": row["optimizer_s"]})
+                if "vs_hand_dense" in row:
+                    metrics[f"{key}.vs_hand_dense"] = row["vs_hand_dense"]
+            log(f"threads {t}, batch {B}: " + ", ".join(f"{r['variant']} {r['trees_per_s']:.0f} trees/s "
+                                                         f"({r['vs_hand']:.2f}x)" for r in rows[-len(trainers):]))
+    log(format_table(rows, ["threads", "batch", "variant", "trees_per_s", "forward_s", "backward_s",
+                            "optimizer_s", "vs_hand", "vs_hand_q1", "vs_hand_q3"]
+                     + (["vs_hand_dense"] if any("vs_hand_dense" in r for r in rows) else [])))
+    torch.set_num_threads(threads[0] if threads else 1)
+    if mlflow:
+        fig = _plot(rows)
+        run_id = log_to_mlflow("bench_peers", params, {"peers": rows}, metrics, figures=[("peers", fig)])
+        log(f"MLflow run {run_id}")
+    return metrics
