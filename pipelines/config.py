@@ -111,14 +111,25 @@ BASE_SCHEMA: dict[str, Field] = {
                                           "later batches from the cached traces (same batches)"),
     "data.progress_bars": F(bool, False, doc="Ray Data progress bars"),
     "data.blocks_per_epoch": F(int, 16, min=1, doc="Ray Data blocks (parallel tasks) per epoch"),
+    "data.streaming": F(bool, True, doc="read, parse and trace the files in Ray Data tasks and keep the records "
+                                        "as Ray Data blocks (pipelines.streaming; experiments with read_splits); "
+                                        "false: the driver loads every split (load_splits, pipelines.sharding)"),
     "ray.address": F(str, None, nullable=True, doc="default: $RAY_ADDRESS or a local Ray"),
     "ray.num_workers": F(int, 2, min=1),
     "ray.use_gpu": F(bool, False),
     "ray.cpus_per_worker": F(float, None, min=0.01, nullable=True,
                              doc="default: sized so Ray Data keeps >= 1 CPU"),
+    "ray.placement_strategy": F(str, "PACK", choices=("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+                                doc="placement group of the training workers: PACK (default) packs "
+                                    "them onto few nodes; STRICT_SPREAD puts each on its own node"),
+    "ray.worker_resources": F(dict, {}, doc="extra Ray resources each training worker reserves, "
+                                            "e.g. {node_slot: 1} for a custom resource the nodes "
+                                            "offer (numbers; CPU/GPU come from cpus_per_worker/use_gpu)"),
     "ray.max_failures": F(int, 0, min=-1, doc="worker-group restarts (-1 = unlimited)"),
     "ray.no_progress_timeout_s": F(float, 600.0, min=1.0, doc="Ray Data stall -> error"),
-    "ray.storage_path": F(str, None, nullable=True, doc="checkpoints; default ./ray_results"),
+    "ray.storage_path": F(str, None, nullable=True,
+                          doc="checkpoints; default ./ray_results. On a multi-node cluster every node "
+                              "must reach it: a shared filesystem path or a URI such as s3://..."),
     "ray.run_name": F(str, None, nullable=True),
     "ray.num_to_keep": F(int, 2, min=1, doc="checkpoints kept (each holds the best model)"),
     "tracking.mode": F(str, "required", choices=("required", "optional", "off"),

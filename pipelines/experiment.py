@@ -4,7 +4,7 @@
 The glue owns Ray Data, Ray Train (DDP), checkpoints and MLflow; an experiment owns its data,
 model, batch building and metrics.  Where things run:
 
-* driver:            ``load_splits``, ``results_table``, ``plots``
+* driver:            ``load_splits`` (or ``read_splits``: Ray Data reads), ``results_table``, ``plots``
 * Ray Data tasks:    ``batch_builder`` (cached per worker process) and ``make_batch``
 * Ray Train workers: ``build_model``, ``param_groups``, ``loss``, ``eval_stats``, ``summarize``
 
@@ -102,6 +102,15 @@ class Experiment(abc.ABC):
         for the dev split)."""
 
     # ------------------------------------------------------------------ optional
+    def read_splits(self, config: dict):
+        """The streaming counterpart of :meth:`load_splits` (``data.streaming``, the default):
+        a :class:`pipelines.streaming.StreamSplits` whose splits are Ray Data datasets read and
+        parsed in Ray Data tasks (:mod:`pipelines.reading`), the same records, positions, skip
+        counts, context and params as ``load_splits`` without bringing the records to the
+        driver.  Runs on the driver with Ray up.  Default: None (not supported: the glue falls
+        back to ``load_splits``)."""
+        return None
+
     def batch_builder(self, config: dict, context: Any) -> Any:
         """What ``make_batch`` needs in Ray Data tasks; built once per worker process and config.
         Default: ``build_model(config, context)`` (e.g. a ``foldengine.Compiler``)."""

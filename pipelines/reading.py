@@ -229,8 +229,9 @@ def _finish(parsed, path: str, sha256: str) -> ParsedData:
     summary.first_bad = sorted(firsts)[:3]
     summary.n_ok = summary.n_rows - summary.n_bad
     good = parsed.map_batches(_good_rows, batch_format="pyarrow", batch_size=None).materialize()
-    idx = [np.asarray(b["idx"], np.int64) for b in good.iter_batches(batch_size=65536, batch_format="numpy",
-                                                                    prefetch_batches=0)]
+    # only the idx column travels to the driver (projected in the tasks, not after fetching blocks)
+    idx = [np.asarray(b["idx"], np.int64) for b in good.select_columns(["idx"]).iter_batches(
+        batch_size=65536, batch_format="numpy", prefetch_batches=0)]
     good_idx = np.concatenate(idx) if idx else np.zeros(0, np.int64)
     return ParsedData(good, good_idx, summary)
 

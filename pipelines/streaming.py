@@ -11,9 +11,13 @@ record), read and parsed in Ray Data tasks (:mod:`pipelines.reading`).  Then:
 * each ``train_e<epoch>_r<rank>`` dataset only maps every record to its place in the epoch
   (``perm`` from ``(seed, epoch)`` as in :mod:`pipelines.sharding`: step ``i`` takes positions
   ``perm[i*B:(i+1)*B]``, rank ``r`` the ``r``-th of ``world`` near-equal parts, in that order),
-  groups the rows by step (``groupby("step").map_groups``: the group's rows sorted by their
-  place, ``experiment.make_batch`` from their traces, seeded from ``(seed, epoch, step, rank)``)
-  and sorts the steps: the same batches, in the same order, as :func:`pipelines.sharding.build_rows`;
+  keeps this rank's rows, sorts them by step (``sort("step")``: a range-partitioning shuffle, so
+  the blocks come out in step order) and builds each
+  block's steps (:func:`_build_steps`: the step's rows in their place order,
+  ``experiment.make_batch`` from their traces, seeded from ``(seed, epoch, step, rank)``; a step
+  whose rows span two blocks is joined and built in the trainer, :func:`assemble_steps`): the
+  same batches, in the same order, as
+  :func:`pipelines.sharding.build_rows`;
 * eval datasets group consecutive positions (group ``g`` on rank ``g % world``) the same way and
   are materialised once (``data.cache_eval``).
 
@@ -21,21 +25,32 @@ So which records form which step on which rank is a pure function of (config, se
 resumed / restarted runs reproduce uninterrupted ones.  Each process holds one block or one step's
 records at a time, plus the epoch permutation (8 bytes per record).
 
-Status: tested against :func:`pipelines.sharding.declare_datasets` (identical rows and batches,
-``tests/pipelines/test_reading.py``) but NOT yet wired into :func:`pipelines.train.run`: inside a
-``TorchTrainer`` run the ``groupby("step")`` hash shuffle (Ray 2.60 ``SHUFFLE_V2``) failed
-concatenating a block without columns (an empty block) with typed ones ("Schema at index 1 was
-different"); to fix before wiring (e.g. a fixed output schema for empty inputs, or the sort-based
-shuffle strategy for these datasets).
+Why a sort and not ``groupby("step").map_groups``: under Ray 2.60 the groupby's hash shuffle
+(``SHUFFLE_V2``) failed inside ``TorchTrainer`` runs concatenating an empty block without
+columns with typed ones (pyarrow "Schema at index 1 was different"); the sort needs no hash
+shuffle, needs no second ``sort`` for the step order, and every function here returns its full
+typed schema also for empty input.
+
+Used by :func:`pipelines.train.run` by default (``data.streaming``) for experiments that
+implement ``read_splits`` (SST, molecules, the tests' toy); ``data.streaming: false`` keeps the
+old driver path (:mod:`pipelines.sharding`) for comparison (``scripts/bench_input_scale.py
+--modes streaming,driver``).  Tested against it: identical rows and batches
+(``tests/pipelines/test_reading.py``) and identical training runs (``tests/pipelines/test_train.py``).
+
+Known cost: an epoch's first step needs every record of the split parsed and traced (steps are
+drawn from a permutation of the whole split) and the rank's rows sorted, so the time to the
+first step grows with the data (see the benchmark).
 """
 from __future__ import annotations
 
 import dataclasses
 import pickle
+import random
 import time
 from typing import Any, Optional
 
 import numpy as np
+import torch
 
 from .config import ConfigError
 from .experiment import Experiment
@@ -43,7 +58,7 @@ from .seeding import derived_seed, seed_all
 from .sharding import (EVAL_SPLITS, DataPlan, DeclaredData, _cached, _cfg_key, eval_dataset_name,
                        eval_groups, train_dataset_name, train_steps_per_epoch)
 
-__all__ = ["SplitSource", "StreamSplits", "with_positions", "declare_streaming"]
+__all__ = ["SplitSource", "StreamSplits", "with_positions", "declare_streaming", "assemble_steps"]
 
 
 @dataclasses.dataclass
@@ -151,13 +166,14 @@ def _assign_eval(table, rank, world, batch_size):
             .append_column("denom", pa.array(np.zeros(len(gk), np.int64)))
 
 
-def _build_group(table, experiment, cfg, context, epoch, rank, use_traces):
-    """One step's rows (any order) -> one row: the pickled batch, as ``sharding.build_rows``."""
-    import pyarrow as pa
+def _expected_train_rows(step: int, rank: int, world: int, batch_size: int, n: int) -> int:
+    step_len = min(batch_size, n - step * batch_size)
+    return step_len // world + (1 if rank < step_len % world else 0)
 
+
+def _build_one(table, experiment, cfg, context, epoch, rank, use_traces):
+    """One step's rows (sorted by ``j``) -> ``(blob, n, denom, build_s, step)`` as ``sharding.build_rows``."""
     builder = _builder(experiment, cfg, context)
-    order = np.argsort(np.asarray(table.column("j")), kind="stable")
-    table = table.take(pa.array(order))
     i = int(table.column("step")[0].as_py())
     recs = [pickle.loads(b) for b in table.column("rec").to_pylist()]
     denom = int(table.column("denom")[0].as_py()) or len(recs)
@@ -169,10 +185,110 @@ def _build_group(table, experiment, cfg, context, epoch, rank, use_traces):
     else:
         batch = experiment.make_batch(builder, recs)
     blob = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
-    return pa.table({"batch": pa.array([blob], pa.binary()), "n": pa.array([len(recs)], pa.int64()),
-                     "denom": pa.array([denom], pa.int64()),
-                     "build_s": pa.array([time.perf_counter() - t0], pa.float64()),
-                     "step": pa.array([i], pa.int64())})
+    return blob, len(recs), denom, time.perf_counter() - t0, i
+
+
+def _build_steps(table, experiment, cfg, context, epoch, rank, use_traces, expected):
+    """Ray Data task over one block of the step-sorted rows: every complete step in the block
+    -> one row (the pickled batch, as ``sharding.build_rows``).
+
+    The sort keeps the steps in order, but a step's rows can span two blocks (the sort's
+    output blocks are split when larger than Ray Data's target block size: Tox21 traces are
+    ~240 kB each).  ``expected(step)`` (rows of a complete step) tells: the rows of an
+    incomplete step go out unbuilt, pickled in ``part`` (``batch`` empty), and
+    :func:`assemble_steps` in the trainer joins the parts of the step (consecutive rows: the
+    order is preserved) and builds it exactly as here.
+
+    Always returns the full typed schema (``batch``/``part`` binary, ``n``/``denom``/``step``
+    int64, ``build_s`` float64), also for an empty block."""
+    import pyarrow as pa
+
+    out: list = [[], [], [], [], [], []]
+    if table.num_rows:
+        order = np.lexsort((np.asarray(table.column("j")), np.asarray(table.column("step"))))
+        table = table.take(pa.array(order))
+        steps = np.asarray(table.column("step"))
+        cuts = np.flatnonzero(np.diff(steps)) + 1
+        for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(steps)]):
+            step_rows = table.slice(int(a), int(b - a))
+            want = expected(int(steps[a]))
+            if b - a > want:
+                raise RuntimeError(f"streaming: step {int(steps[a])} (epoch {epoch}, rank {rank}) has "
+                                   f"{b - a} rows, more than its {want}")
+            if b - a < want:
+                row = (b"", int(b - a), int(step_rows.column("denom")[0].as_py()), 0.0, int(steps[a]),
+                       pickle.dumps(_part_of(step_rows), protocol=pickle.HIGHEST_PROTOCOL))
+            else:
+                row = _build_one(step_rows, experiment, cfg, context, epoch, rank, use_traces) + (b"",)
+            for col, v in zip(out, row):
+                col.append(v)
+    return pa.table({"batch": pa.array(out[0], pa.binary()), "n": pa.array(out[1], pa.int64()),
+                     "denom": pa.array(out[2], pa.int64()), "build_s": pa.array(out[3], pa.float64()),
+                     "step": pa.array(out[4], pa.int64()), "part": pa.array(out[5], pa.binary())})
+
+
+def _part_of(table) -> dict:
+    """The columns :func:`_build_one` reads, as Python lists (one incomplete step's rows)."""
+    cols = ("step", "j", "rec", "denom") + (("trace",) if "trace" in table.column_names else ())
+    return {c: table.column(c).to_pylist() for c in cols}
+
+
+def assemble_steps(rows, experiment: Experiment, cfg: dict, context: Any, epoch: int, rank: int, use_traces: bool):
+    """The rows of a step dataset with every step built: rows :func:`_build_steps` built pass
+    through; the parts of a step that spanned blocks (consecutive rows) are joined and built here,
+    as :func:`_build_one` builds in the Ray Data task (the same seed), keeping the caller's RNG
+    state (the training loop's dropout draws do not move).  Rows of the driver path
+    (:mod:`pipelines.sharding`, no ``part`` column) pass through."""
+    import pyarrow as pa
+
+    pending: list = []
+
+    def flush():
+        merged = {k: [v for p in pending for v in p[k]] for k in pending[0]}
+        table = pa.table({k: (pa.array(v, pa.binary()) if k in ("rec", "trace") else pa.array(v, pa.int64()))
+                          for k, v in merged.items()})
+        table = table.take(pa.array(np.argsort(np.asarray(table.column("j")), kind="stable")))
+        state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+        try:
+            blob, n, denom, build_s, step = _build_one(table, experiment, cfg, context, epoch, rank, use_traces)
+        finally:
+            random.setstate(state[0])
+            np.random.set_state(state[1])
+            torch.set_rng_state(state[2])
+        pending.clear()
+        return {"batch": blob, "n": n, "denom": denom, "build_s": build_s, "step": step}
+
+    for row in rows:
+        part = row["part"] if "part" in row else b""
+        if part:
+            piece = pickle.loads(part)
+            if pending and pending[0]["step"][0] != piece["step"][0]:
+                yield flush()
+            pending.append(piece)
+            continue
+        if pending:
+            yield flush()
+        yield row
+    if pending:
+        yield flush()
+
+
+class _TrainExpected:
+    def __init__(self, rank, world, batch_size, n):
+        self.args = (rank, world, batch_size, n)
+
+    def __call__(self, step):
+        return _expected_train_rows(step, *self.args)
+
+
+class _EvalExpected:
+    def __init__(self, rank, world, batch_size, n):
+        self.args = (rank, world, batch_size, n)
+
+    def __call__(self, step):
+        rank, world, bs, n = self.args
+        g = step * world + rank
+        return min(bs, n - g * bs)
 
 
 # ---------------------------------------------------------------------------- driver
@@ -197,9 +313,11 @@ def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, w
             ds = traced.map_batches(_assign_train, batch_format="pyarrow", batch_size=None,
                                     fn_kwargs=dict(seed=seed, epoch=epoch, rank=r, world=world, batch_size=bs,
                                                    n=train.n, steps=steps))
-            ds = ds.groupby("step").map_groups(_build_group, batch_format="pyarrow",
-                                               fn_kwargs=dict(build_kw, epoch=epoch, rank=r, use_traces=True))
-            datasets[train_dataset_name(epoch, r)] = ds.sort("step")
+            ds = ds.sort("step").map_batches(
+                _build_steps, batch_format="pyarrow", batch_size=None,
+                fn_kwargs=dict(build_kw, epoch=epoch, rank=r, use_traces=True,
+                               expected=_TrainExpected(r, world, bs, train.n)))
+            datasets[train_dataset_name(epoch, r)] = ds
     eval_splits = []
     for split in EVAL_SPLITS:
         src = splits.sources.get(split)
@@ -211,9 +329,10 @@ def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, w
                 continue
             ds = src.dataset.map_batches(_assign_eval, batch_format="pyarrow", batch_size=None,
                                          fn_kwargs=dict(rank=r, world=world, batch_size=ebs))
-            ds = ds.groupby("step").map_groups(_build_group, batch_format="pyarrow",
-                                               fn_kwargs=dict(build_kw, epoch=0, rank=r, use_traces=False))
-            ds = ds.sort("step")
+            ds = ds.sort("step").map_batches(
+                _build_steps, batch_format="pyarrow", batch_size=None,
+                fn_kwargs=dict(build_kw, epoch=0, rank=r, use_traces=False,
+                               expected=_EvalExpected(r, world, ebs, src.n)))
             if cfg["data"]["cache_eval"]:
                 ds = ds.materialize()
             datasets[eval_dataset_name(split, r)] = ds

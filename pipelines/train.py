@@ -6,8 +6,11 @@
    tracking store is unreachable (unless ``tracking.mode`` is ``optional``/``off``);
 2. connects to Ray (``ray.address`` / ``$RAY_ADDRESS`` / an already initialised Ray) or starts a
    local one; sizes workers with fractional CPUs so Ray Data keeps >= 1 CPU to build batches;
-3. loads the splits on the driver (``experiment.load_splits`` -> ``Splits``: records, skip
-   counts and the experiment's loaded ``context``) and declares one lazy Ray Data dataset per
+3. reads the splits in Ray Data tasks (``data.streaming``, the default, for experiments with
+   ``read_splits``: ``pipelines.reading`` / ``pipelines.streaming``; the records stay Ray Data
+   blocks, the training split is traced once) or loads them on the driver
+   (``experiment.load_splits`` -> ``Splits``: records, skip counts and the experiment's loaded
+   ``context``) and declares one lazy Ray Data dataset per
    (epoch, rank) for training and per (split, rank) for evaluation (``pipelines.sharding``: which
    records form which step on which rank is a pure function of the config, so resuming /
    restarting reproduces an uninterrupted run exactly);
@@ -43,6 +46,7 @@ from .experiment import Experiment, Splits
 from .metrics import prefixed
 from .seeding import seed_all
 from .sharding import DeclaredData, declare_datasets
+from .streaming import StreamSplits, declare_streaming
 from .worker import TrainPlan, train_loop
 
 __all__ = ["run", "main", "RunResult", "STATE_FILE", "BEST_FILE"]
@@ -125,6 +129,20 @@ def _worker_resources(cfg: dict) -> dict:
     return out
 
 
+def _extra_worker_resources(cfg: dict) -> dict[str, float]:
+    """``ray.worker_resources`` checked: resource name -> amount (a number >= 0) each training
+    worker reserves besides its CPU/GPU (e.g. a custom resource that only some nodes offer)."""
+    out: dict[str, float] = {}
+    for name, amount in (cfg["ray"]["worker_resources"] or {}).items():
+        if name in ("CPU", "GPU"):
+            raise ConfigError(f"set {name} with ray.cpus_per_worker / ray.use_gpu, not here",
+                              f"ray.worker_resources.{name}")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+            raise ConfigError(f"expected a number >= 0, got {amount!r}", f"ray.worker_resources.{name}")
+        out[str(name)] = float(amount)
+    return out
+
+
 def _setup_tracking(experiment: Experiment, cfg: dict) -> trk.Tracker:
     mode = cfg["tracking"]["mode"]
     if mode == "off":
@@ -164,17 +182,47 @@ def _load_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> Spl
     return splits
 
 
-def _declare_data(experiment: Experiment, cfg: dict, splits: Splits, world: int,
-                  tracker: trk.Tracker) -> DeclaredData:
-    """Configure Ray Data (ordered, reproducible execution) and declare the datasets."""
+def _configure_ray_data(cfg: dict) -> None:
+    """Ordered, reproducible Ray Data execution (set before any dataset is created)."""
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
     ctx.execution_no_progress_timeout_s = cfg["ray"]["no_progress_timeout_s"]
     ctx.execution_options.preserve_order = True  # step order must be reproducible
     ctx.enable_progress_bars = cfg["data"]["progress_bars"]
+
+
+def _read_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> Optional[StreamSplits]:
+    """``experiment.read_splits`` (``data.streaming``): the splits read and parsed in Ray Data
+    tasks; logged like :func:`_load_splits`.  None when streaming is off or unsupported."""
+    if not cfg["data"]["streaming"]:
+        return None
     t0 = time.perf_counter()
-    declared = declare_datasets(experiment, cfg, splits, world)
+    seed_all(int(cfg["seed"]))
+    splits = experiment.read_splits(cfg)
+    if splits is None:
+        return None
+    load_s = time.perf_counter() - t0
+    counts = {f"data/{k}_records": int(v.n) for k, v in splits.sources.items()}
+    tracker.metrics({**counts, **{f"skipped/{k}": v for k, v in (splits.skipped or {}).items()},
+                     "time/load_s": load_s}, step=0)
+    if splits.params:
+        tracker.params({str(k): str(v) for k, v in splits.params.items()})
+    logger.info("read %s in Ray Data in %.1fs; skipped %s", counts, load_s, dict(splits.skipped or {}))
+    return splits
+
+
+def _declare_data(experiment: Experiment, cfg: dict, splits, world: int,
+                  tracker: trk.Tracker) -> DeclaredData:
+    """Declare the datasets: :func:`pipelines.streaming.declare_streaming` for
+    :class:`StreamSplits` (traces the training split now, in Ray Data tasks), else
+    :func:`pipelines.sharding.declare_datasets`."""
+    _configure_ray_data(cfg)
+    t0 = time.perf_counter()
+    if isinstance(splits, StreamSplits):
+        declared = declare_streaming(experiment, cfg, splits, world)
+    else:
+        declared = declare_datasets(experiment, cfg, splits, world)
     tracker.metrics({"time/eval_materialize_s": time.perf_counter() - t0,
                      "data/steps_per_epoch": declared.plan.steps}, step=0)
     return declared
@@ -198,10 +246,13 @@ def _fit(plan: TrainPlan, declared: DeclaredData, resources: dict, tracker: trk.
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"plan": plan},
-        scaling_config=ray.train.ScalingConfig(num_workers=world, use_gpu=cfg["ray"]["use_gpu"],
-                                               resources_per_worker=resources),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=world, use_gpu=cfg["ray"]["use_gpu"],
+            resources_per_worker={**resources, **_extra_worker_resources(cfg)},
+            placement_strategy=cfg["ray"]["placement_strategy"]),
         run_config=ray.train.RunConfig(
-            name=run_name, storage_path=os.path.abspath(storage),
+            # A URI (s3://, gs://, ...) stays as it is; a path becomes absolute.
+            name=run_name, storage_path=storage if "://" in storage else os.path.abspath(storage),
             failure_config=ray.train.FailureConfig(max_failures=cfg["ray"]["max_failures"]),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg["ray"]["num_to_keep"]),
             callbacks=callbacks),
@@ -264,13 +315,15 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
     ``train/<m>``, ``train/objective`` (loss per record), ``dev/<m>``, ``test/<m>``,
     ``best/<split>/<m>`` + ``best/epoch`` (all splits at the best-so-far dev epoch by
     ``experiment.selection_metric``), ``time/*`` (epoch_s, records_per_s, build_s, compute_s,
-    data_wait_s, build_share), ``params/consistent`` (1.0 iff all DDP ranks hold identical
+    data_wait_s, first_wait_s, first_step_unix (wall clock of the first step), steady_wait_share
+    (data wait / (wait + compute) after the first batch, largest rank), build_share), ``params/consistent`` (1.0 iff all DDP ranks hold identical
     parameters).  ``RunResult.metrics`` holds the ``best/*`` metrics after the last epoch plus
     ``time/mean_epoch_s`` and ``time/mean_records_per_s``.
     """
     import ray
 
     cfg = validate(dict(config), merged_schema(experiment.config_schema), source="run() config")
+    _extra_worker_resources(cfg)  # a bad ray.worker_resources fails here, before any work
     if cfg["resume_from"] and not os.path.exists(os.path.join(cfg["resume_from"], STATE_FILE)):
         raise ConfigError(f"no {STATE_FILE} in {cfg['resume_from']}", "resume_from")
     seed_all(int(cfg["seed"]))
@@ -286,7 +339,8 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
                         "sys.cpus_per_worker": str(resources["CPU"])})
         tracker.tags({"mlflow.note.content": f"{experiment.name} via pipelines.train.run"})
 
-        splits = _load_splits(experiment, cfg, tracker)
+        _configure_ray_data(cfg)
+        splits = _read_splits(experiment, cfg, tracker) or _load_splits(experiment, cfg, tracker)
         declared = _declare_data(experiment, cfg, splits, world, tracker)
         plan = TrainPlan(experiment=experiment, config=cfg, context=splits.context, data=declared.plan)
         result, fit_s = _fit(plan, declared, resources, tracker)

@@ -35,6 +35,7 @@ from .metrics import better, prefixed, sum_into
 from .optim import make_optimizer
 from .seeding import derived_seed, param_hash, rng_state, seed_all, set_rng_state
 from .sharding import DataPlan, eval_dataset_name, train_dataset_name
+from .streaming import assemble_steps
 
 __all__ = ["TrainPlan", "Worker", "RunState", "EpochTotals", "train_loop", "setup", "restore",
            "train_epoch", "evaluate", "run_epoch", "report_epoch", "gather"]
@@ -92,18 +93,25 @@ class EpochTotals:
     build_s: float = 0.0    #: batch-building seconds in the Ray Data tasks
     compute_s: float = 0.0  #: forward + backward + step seconds
     wait_s: float = 0.0     #: seconds waiting for the next batch
+    first_wait_s: float = 0.0     #: of which waiting for the first batch (pipeline start-up)
+    first_step_unix: float = 0.0  #: wall-clock time (``time.time()``) the first step ended
+    #: data wait / (data wait + compute) after the first batch (the steady state); combined: the largest rank's
+    steady_wait_share: float = 0.0
     stats: dict[str, float] = dataclasses.field(default_factory=dict)  #: ``loss`` stats, summed
 
     @classmethod
     def combine(cls, parts: Sequence["EpochTotals"]) -> "EpochTotals":
-        """Sums over ranks (in rank order), except ``wait_s``: the slowest rank's."""
+        """Sums over ranks (in rank order), except ``wait_s``, ``first_wait_s``,
+        ``first_step_unix`` and ``steady_wait_share``: the largest rank's."""
         stats: dict[str, float] = {}
         for p in parts:
             sum_into(stats, p.stats)
         return cls(loss=sum(p.loss for p in parts), n=sum(p.n for p in parts),
                    steps=sum(p.steps for p in parts), build_s=sum(p.build_s for p in parts),
                    compute_s=sum(p.compute_s for p in parts), wait_s=max(p.wait_s for p in parts),
-                   stats=stats)
+                   first_wait_s=max(p.first_wait_s for p in parts),
+                   first_step_unix=max(p.first_step_unix for p in parts),
+                   steady_wait_share=max(p.steady_wait_share for p in parts), stats=stats)
 
 
 class _LossModule(torch.nn.Module):
@@ -206,9 +214,11 @@ def train_epoch(plan: TrainPlan, w: Worker, epoch: int) -> EpochTotals:
     tot = EpochTotals()
     it = ray.train.get_dataset_shard(train_dataset_name(epoch, w.rank))
     t_wait = time.perf_counter()
-    for row in it.iter_rows():
+    for row in assemble_steps(it.iter_rows(), plan.experiment, cfg, plan.context, epoch, w.rank, True):
         t0 = time.perf_counter()
         tot.wait_s += t0 - t_wait
+        if not tot.steps:
+            tot.first_wait_s = t0 - t_wait
         batch = pickle.loads(row["batch"])
         w.optimizer.zero_grad(set_to_none=True)
         loss_sum, stats = w.wrapped(batch)
@@ -223,12 +233,16 @@ def train_epoch(plan: TrainPlan, w: Worker, epoch: int) -> EpochTotals:
         tot.steps += 1
         sum_into(tot.stats, stats)
         tot.compute_s += time.perf_counter() - t0
+        if tot.steps == 1:
+            tot.first_step_unix = time.time()
         if log_every and w.rank == 0 and tot.steps % log_every == 0:
             w.log.info("epoch %d step %d/%d loss/record %.4f", epoch, tot.steps, plan.data.steps,
                        tot.loss / max(tot.n, 1))
         t_wait = time.perf_counter()
     if tot.steps != plan.data.steps:
         raise RuntimeError(f"rank {w.rank} ran {tot.steps} steps, expected {plan.data.steps}")
+    steady = tot.wait_s - tot.first_wait_s
+    tot.steady_wait_share = steady / max(steady + tot.compute_s, 1e-9)
     return tot
 
 
@@ -245,7 +259,8 @@ def evaluate(plan: TrainPlan, w: Worker) -> dict[str, float]:
             sums: dict[str, float] = {}
             name = eval_dataset_name(split, w.rank)
             if plan.data.has(name):
-                for row in ray.train.get_dataset_shard(name).iter_rows():
+                rows = ray.train.get_dataset_shard(name).iter_rows()
+                for row in assemble_steps(rows, experiment, plan.config, plan.context, 0, w.rank, False):
                     sum_into(sums, experiment.eval_stats(w.model, pickle.loads(row["batch"])))
             total: dict[str, float] = {}
             for part in gather(sums):
@@ -275,7 +290,8 @@ def run_epoch(plan: TrainPlan, w: Worker, state: RunState, epoch: int) -> tuple[
         "time/epoch_s": epoch_s, "time/train_s": train_s, "time/eval_s": eval_s,
         "time/records_per_s": tot.n / max(train_s, 1e-9),
         "time/build_s": tot.build_s, "time/compute_s": tot.compute_s,
-        "time/data_wait_s": tot.wait_s,
+        "time/data_wait_s": tot.wait_s, "time/first_wait_s": tot.first_wait_s,
+        "time/first_step_unix": tot.first_step_unix, "time/steady_wait_share": tot.steady_wait_share,
         "time/build_share": tot.build_s / max(tot.build_s + tot.compute_s, 1e-9),
     })
 

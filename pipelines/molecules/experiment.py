@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+import pickle
 import time
 from typing import Mapping, NamedTuple, Optional, Sequence
 
@@ -85,10 +86,10 @@ SCHEMA: dict[str, Field] = {
     "molecules.gather": F(str, "sum", choices=("sum", "gaussian")),
     "molecules.mol_hidden": F(int, 128, min=1),
     "molecules.final_pair_output": F(bool, False, doc="compute the (unread) p_y of the last layer"),
-}
     "molecules.row_layout": F(str, "concat", choices=("concat", "readers"),
                               doc="foldengine row layout: 'concat' plans each molecule once when traced "
                                   "(batches ~3x cheaper to build, scripts/bench_build.py); 'readers' plans per batch"),
+}
 del F
 
 # Featurised molecules per worker process: smiles -> CompactMolGraph (uint8 pairs).
@@ -102,6 +103,63 @@ def featurize_cached(smiles: str):
 
         g = _FEATURE_CACHE[smiles] = featurize(smiles).to_compact()
     return g
+
+
+def _check_block(table, good_ref, limit, scaffold):
+    """Ray Data task: parsed CSV rows -> ``rank`` (among the good CSV rows), ``ok`` (RDKit parses
+    the SMILES), ``scaffold`` (its Murcko scaffold, with ``scaffold``), ``rec`` (only where not
+    ``ok``: for the error); rows of rank >= ``limit`` left out."""
+    import pyarrow as pa
+
+    import ray
+
+    from pipelines.sharding import _cached
+
+    from .featurize import SmilesError, parse_smiles
+    from .splits import murcko_scaffold
+
+    good = _cached(("good_idx", good_ref[0].hex()), lambda: ray.get(good_ref[0]))
+    rank = np.searchsorted(good, np.asarray(table.column("idx")))
+    keep = rank < limit
+    table = table.filter(pa.array(keep))
+    ok, keys = [], []
+    for blob in table.column("rec").to_pylist():
+        rec = pickle.loads(blob)
+        try:
+            parse_smiles(rec.smiles, mol_id=rec.mol_id, where=rec.where)
+            ok.append(True)
+            keys.append(murcko_scaffold(rec.smiles) if scaffold else "")
+        except SmilesError:
+            ok.append(False)
+            keys.append("")
+    recs = table.column("rec").to_pylist()   # only the unparsable records go to the driver
+    return pa.table({"rank": pa.array(rank[keep], pa.int64()), "ok": pa.array(ok, pa.bool_()),
+                     "scaffold": pa.array(keys, pa.string()),
+                     "rec": pa.array([None if g else r for g, r in zip(ok, recs)], pa.binary())})
+
+
+def _split_block(table, good_ref, assign_ref, split):
+    """Ray Data task: parsed CSV rows -> this split's rows ``pos`` / ``rec`` (a pickled
+    :class:`MolRecord` with ``id`` = ``pos``), as :meth:`MoleculeExperiment.load_splits` makes them."""
+    import pyarrow as pa
+
+    import ray
+
+    from pipelines.sharding import _cached
+
+    good = _cached(("good_idx", good_ref[0].hex()), lambda: ray.get(good_ref[0]))
+    split_of, pos_of = _cached(("assign", assign_ref[0].hex()), lambda: ray.get(assign_ref[0]))
+    rank = np.searchsorted(good, np.asarray(table.column("idx")))
+    inside = rank < len(split_of)
+    mine = np.zeros(len(rank), bool)
+    mine[inside] = split_of[rank[inside]] == split
+    pos = pos_of[rank[mine]]
+    recs = []
+    for p, blob in zip(pos.tolist(), table.column("rec").filter(pa.array(mine)).to_pylist()):
+        r = pickle.loads(blob)
+        recs.append(pickle.dumps(MolRecord(int(p), r.smiles, np.asarray(r.labels, np.float32)),
+                                 protocol=pickle.HIGHEST_PROTOCOL))
+    return pa.table({"pos": pa.array(pos, pa.int64()), "rec": pa.array(recs, pa.binary())})
 
 
 class MoleculeExperiment(Experiment):
@@ -227,6 +285,117 @@ class MoleculeExperiment(Experiment):
                            else TargetScaling(tuple(mean), tuple(std)))
         return Splits(out, skipped, scaling, params)
 
+    def read_splits(self, config: dict):
+        """:meth:`load_splits` in Ray Data tasks (``data.streaming``): the CSV read and parsed in
+        Ray Data tasks (:func:`pipelines.reading.read_molecule_csv_ds`), each SMILES checked
+        with RDKit (and, for a scaffold split, its scaffold computed) in Ray Data tasks, the
+        splits' :class:`MolRecord` s made there and kept as Ray Data blocks, the regression
+        target statistics by a Ray Data aggregation (:func:`pipelines.reading.label_stats`).
+        The driver holds per-record arrays of a few bytes (which rows are kept, which split and
+        position each goes to; the scaffold keys for a scaffold split), never the records.
+        Same records, splits, skip counts (``all/bad_rows``, ``all/unparsable_smiles``), errors
+        (without ``data.skip_bad``) and params as :meth:`load_splits`."""
+        import os
+
+        import ray
+
+        from pipelines.reading import label_stats, read_molecule_csv_ds
+        from pipelines.streaming import SplitSource, StreamSplits
+
+        from . import data as D
+        from .featurize import parse_smiles
+        from .splits import random_split, scaffold_split_keys
+
+        mc = config["molecules"]
+        if mc["dataset"] != self.dataset:
+            raise ValueError(f"config molecules.dataset={mc['dataset']!r} but this experiment is {self.dataset!r}")
+        skip_bad = bool(config["data"]["skip_bad"])
+        if self.dataset == "csv":
+            if tuple(mc["task_columns"]) != self.tasks:
+                raise ValueError(f"config molecules.task_columns={mc['task_columns']!r} but this experiment "
+                                 f"has tasks {list(self.tasks)}")
+            path = os.path.abspath(os.path.expanduser(mc["csv"]))
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"molecules.csv: no such file {path}")
+            cols = dict(id_column=mc["id_column"], smiles_column=mc["smiles_column"], label_columns=self.tasks,
+                        parse_label=D._parse_binary if self.classification else D._parse_real)
+            expected = None
+        elif self.classification:
+            path = str(D.resolve_data_file(D.TOX21_RELPATH, url=D.TOX21_URL))
+            cols = dict(id_column=D.TOX21_ID_COLUMN, smiles_column=D.TOX21_SMILES_COLUMN,
+                        label_columns=D.TOX21_TASKS, parse_label=D._parse_binary)
+            expected = D.TOX21_CSV_SHA256
+        else:
+            path = str(D.resolve_data_file(D.ESOL_RELPATH, url=D.ESOL_URL, sha256=D.ESOL_SHA256))
+            cols = dict(id_column=D.ESOL_ID_COLUMN, smiles_column=D.ESOL_SMILES_COLUMN,
+                        label_columns=D.ESOL_TASKS, parse_label=D._parse_real)
+            expected = D.ESOL_SHA256
+        data = read_molecule_csv_ds(path, check_rdkit=False, **cols)
+        s = data.summary
+        if s.n_bad and not skip_bad:
+            raise D.DataFormatError(s.error())
+        if expected is not None and s.sha256 != expected:
+            raise D.DataIntegrityError(
+                f"{path}: content sha256 {s.sha256} differs from the known release {expected}; this is "
+                "another version of the dataset (see data README). Pass verify=False to load it anyway.")
+        params = {"data.csv.file": path, "data.csv.sha256": s.sha256,
+                  "data.csv.canonical": "true" if s.sha256 in (D.TOX21_CSV_SHA256, D.ESOL_SHA256) else "false"}
+        skipped = {"all/bad_rows": int(s.n_bad)}
+        if s.n_bad:
+            log.warning("%s: skipped %d bad row(s), first: %s", path, s.n_bad, s.first_bad)
+        n_rows = len(data.good_idx) if not mc["limit"] else min(mc["limit"], len(data.good_idx))
+        good_ref = [ray.put(data.good_idx)]
+        scaffold = mc["split"] == "scaffold"
+        # RDKit check (and scaffold keys) in Ray Data tasks; the driver gets 1 byte per row
+        ok = np.zeros(n_rows, bool)
+        keys = [None] * n_rows if scaffold else None
+        first_bad = None
+        checked = data.dataset.map_batches(_check_block, batch_format="pyarrow", batch_size=None,
+                                           fn_kwargs=dict(good_ref=good_ref, limit=n_rows, scaffold=scaffold))
+        for b in checked.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0):
+            rank = np.asarray(b.column("rank"))
+            good = np.asarray(b.column("ok"))
+            ok[rank] = good
+            if scaffold:
+                for r, k in zip(rank.tolist(), b.column("scaffold").to_pylist()):
+                    keys[r] = k
+            bad = np.flatnonzero(~good)
+            if len(bad):
+                k = int(bad[np.argmin(rank[bad])])
+                if first_bad is None or rank[k] < first_bad[0]:
+                    first_bad = (int(rank[k]), b.column("rec")[k].as_py())
+        if first_bad is not None and not skip_bad:   # the same error load_splits raises
+            rec = pickle.loads(first_bad[1])
+            parse_smiles(rec.smiles, mol_id=rec.mol_id, where=rec.where)
+        skipped["all/unparsable_smiles"] = int((~ok).sum())
+        kept_rank = np.flatnonzero(ok)                       # kept[k] = good row kept_rank[k]
+        fr = tuple(float(x) for x in mc["fractions"])
+        if mc["split"] == "random":
+            parts = random_split(len(kept_rank), fr, seed=mc["split_seed"])
+        else:
+            parts = scaffold_split_keys([keys[int(r)] for r in kept_rank], fr)
+            keys = None
+        split_of = np.full(n_rows, -1, np.int8)              # by good-row rank
+        pos_of = np.full(n_rows, -1, np.int64)
+        for si, idx in enumerate(parts):
+            rows = kept_rank[np.asarray(idx, np.int64)]
+            split_of[rows] = si
+            pos_of[rows] = np.arange(len(rows))
+        assign_ref = [ray.put((split_of, pos_of))]
+        sources = {}
+        for si, name in enumerate(("train", "dev", "test")):
+            ds = data.dataset.map_batches(_split_block, batch_format="pyarrow", batch_size=None,
+                                          fn_kwargs=dict(good_ref=good_ref, assign_ref=assign_ref, split=si))
+            sources[name] = SplitSource(ds, len(parts[si]))
+        scaling = TargetScaling()
+        if not self.classification:
+            n, mean, std = label_stats(sources["train"].dataset, len(self.tasks))
+            if len(self.tasks) == 1:
+                scaling = TargetScaling(float(mean[0]), float(std[0]))
+            else:
+                scaling = TargetScaling(tuple(float(x) for x in mean), tuple(float(x) for x in std))
+        return StreamSplits(sources, skipped, scaling, params)
+
     # ------------------------------------------------------------------ model / batches
     def build_model(self, config: dict, context: TargetScaling) -> torch.nn.Module:
         """The compiled weave model, with ``context`` attached as ``model.target_scaling``."""
@@ -252,8 +421,13 @@ class MoleculeExperiment(Experiment):
                         np.asarray([r.id for r in records], np.int64), time.perf_counter() - t0)
 
     def trace_records(self, builder, records: Sequence[MolRecord]) -> Optional[list]:
-        """Featurise (RDKit) and trace each molecule once: later epochs reuse both."""
-        return builder.trace([featurize_cached(r.smiles).model_input() for r in records])
+        """Featurise (RDKit) and trace each molecule once: later epochs reuse both.  With the
+        ``concat`` row layout only the plans are kept (``InputTrace.without_graph``: a third of
+        the bytes the streaming path shuffles every epoch)."""
+        traces = builder.trace([featurize_cached(r.smiles).model_input() for r in records])
+        if getattr(builder, "row_layout", None) == "concat":
+            traces = [t.without_graph() for t in traces]
+        return traces
 
     # ------------------------------------------------------------------ loss / metrics
     def _forward(self, model, batch: MolBatch):

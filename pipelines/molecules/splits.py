@@ -79,13 +79,22 @@ def scaffold_split(smiles_list: Sequence[str], fractions: Sequence[float] = (0.8
     ``(f_train + f_valid) * n``; otherwise to test.  All SMILES must parse (featurise first
     and split the kept molecules), else :class:`SmilesError`.
     """
+    return scaffold_split_keys([murcko_scaffold(s, include_chirality) for s in smiles_list], fractions)
+
+
+def scaffold_split_keys(scaffolds: Sequence[str], fractions: Sequence[float] = (0.8, 0.1, 0.1)) -> Split:
+    """:func:`scaffold_split` from each molecule's scaffold key (:func:`murcko_scaffold`),
+    computed elsewhere (e.g. in Ray Data tasks): the same split."""
     f_train, f_valid, _ = _check_fractions(fractions)
-    n = len(smiles_list)
+    groups: dict = {}
+    for i, key in enumerate(scaffolds):
+        groups.setdefault(key, []).append(i)
+    n = len(scaffolds)
     train_cut, valid_cut = f_train * n, (f_train + f_valid) * n
     train: list[int] = []
     valid: list[int] = []
     test: list[int] = []
-    for group in scaffold_sets(smiles_list, include_chirality):
+    for group in sorted(groups.values(), key=lambda g: (len(g), g[0]), reverse=True):
         if len(train) + len(group) > train_cut:
             if len(train) + len(valid) + len(group) > valid_cut:
                 test += group

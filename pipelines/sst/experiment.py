@@ -3,7 +3,9 @@ for :func:`pipelines.train.run` (paper Table 2).
 
 Where things run (see ``pipelines/experiment.py``):
 
-* driver (``load_splits``): parse the three SST splits, or the user's own PTB-format files
+* driver (``load_splits``, or with ``data.streaming`` (the default) ``read_splits``: the files
+  read and parsed in Ray Data tasks, the trees kept as Ray Data blocks, the vocabulary counted by
+  a Ray Data aggregation): parse the three SST splits, or the user's own PTB-format files
   (``sst.train_file`` / ``sst.dev_file`` / ``sst.test_file``; only the canonical files are
   checksummed; which file each split came from, its SHA-256 and whether it is canonical are
   logged as MLflow params ``data.<split>.file`` / ``.sha256`` / ``.canonical``)
@@ -78,6 +80,10 @@ SCHEMA: dict[str, Field] = {
                                    doc="embedding gradients x this (TF Fold's EMBEDDING_LEARNING_RATE_FACTOR "
                                        "scales the gradient; under Adagrad that is not an LR scale)"),
     "sst.forget_bias": F_(float, 0.0, doc="added to the forget gates (TF Fold's cell: 1.0)"),
+    "sst.sparse_embedding": F_(bool, False,
+                               doc="sparse embedding gradients (only the rows a batch used; Adagrad / SGD "
+                                   "update only those rows: the same result, less work per step); needs an "
+                                   "optimizer taking sparse gradients and grad_clip 0"),
     "sst.init": F_(str, "torch", choices=("torch", "glorot"),
                    doc="cell and classifier init: nn.Linear default or Glorot uniform, zero bias (TF)"),
     "sst.limit_train": F_(int, None, min=1, nullable=True, doc="first N train trees (tests, smoke runs)"),
@@ -164,6 +170,57 @@ class SSTExperiment(Experiment):
                              embedding_stats=stats)
         return Splits(trees, skipped, context, params)
 
+    def read_splits(self, config: dict):
+        """:meth:`load_splits` with the files read and parsed in Ray Data tasks
+        (:func:`pipelines.reading.read_sst_file`) and the vocabulary counted by a Ray Data
+        aggregation (:func:`pipelines.reading.vocab_from_datasets`): the same trees (as Ray Data
+        blocks, never on the driver), skip counts, vocabulary, embeddings and params."""
+        import os
+
+        import ray
+
+        from pipelines.reading import read_sst_file, vocab_from_datasets
+        from pipelines.streaming import StreamSplits, with_positions
+
+        from .data import SPLITS, SST_SHA256, resolve_split_path
+
+        sc = config["sst"]
+        skip_bad = bool(config["data"]["skip_bad"])
+        for split in sc["vocab_splits"]:
+            if split not in SPLITS:
+                raise ValueError(f"sst.vocab_splits: unknown split {split!r}")
+        parsed, skipped, params = {}, {}, {}
+        for split in SPLITS:
+            path = sc[f"{split}_file"]
+            if path == "":
+                if split == "train":
+                    raise ValueError("sst.train_file: empty path (null = the canonical SST train split)")
+                params[f"data.{split}.file"] = "none"
+                continue
+            if path is None:
+                path, expected = str(resolve_split_path(split, sc["data_dir"])), SST_SHA256[split]
+            else:
+                path, expected = os.path.abspath(os.path.expanduser(str(path))), None
+                if not os.path.isfile(path):
+                    raise FileNotFoundError(f"sst.{split}_file: no such file {path}")
+            data = read_sst_file(path, skip_bad=skip_bad, expected_sha256=expected)
+            s = data.summary
+            canonical = s.sha256 == SST_SHA256[split]
+            skipped[f"{split}/malformed"] = int(s.n_bad)
+            if s.n_bad:
+                log.warning("%s: skipped %d malformed line(s), first: %s", path, s.n_bad, s.first_bad)
+            if not canonical:
+                log.info("%s: %s split from a non-canonical file (%d trees, sha256 %s)", path, split, s.n_ok, s.sha256)
+            params.update({f"data.{split}.file": path, f"data.{split}.sha256": s.sha256,
+                           f"data.{split}.canonical": "true" if canonical else "false"})
+            parsed[split] = data
+        vocab = vocab_from_datasets([parsed[s].dataset for s in sc["vocab_splits"] if s in parsed])
+        matrix, stats = _load_embeddings(config, vocab)
+        context = SSTContext(vocab=vocab, emb_dim=int(matrix.shape[1]), embeddings=ray.put(matrix),
+                             embedding_stats=stats)
+        sources = {split: with_positions(data, sc[f"limit_{split}"]) for split, data in parsed.items()}
+        return StreamSplits(sources, skipped, context, params)
+
     # ------------------------------------------------------------------ model / batches
     def _compiler(self, config: dict, context: SSTContext, embeddings: Optional[np.ndarray]):
         sc = config["sst"]
@@ -171,7 +228,7 @@ class SSTExperiment(Experiment):
             len(context.vocab), context.emb_dim, sc["state_size"], input_dropout=sc["input_dropout"],
             output_dropout=sc["output_dropout"], recurrent_dropout=sc["recurrent_dropout"],
             embeddings=embeddings, embedding_grad_scale=sc["embedding_grad_scale"],
-            forget_bias=sc["forget_bias"], init=sc["init"])
+            forget_bias=sc["forget_bias"], init=sc["init"], sparse_embedding=sc.get("sparse_embedding", False))
         return build_compiler(modules, context.vocab.stoi, scheduler=config["scheduler"])
 
     def build_model(self, config: dict, context: SSTContext) -> torch.nn.Module:

@@ -84,3 +84,30 @@ def test_rng_state_round_trip_and_derived_seeds():
     with torch.no_grad():
         m.weight[0, 0] += 1
     assert param_hash(m) != before
+
+
+def test_placement_keys_are_checked_before_any_work():
+    """``ray.placement_strategy`` takes Ray's four strategies; ``ray.worker_resources`` numbers
+    >= 0 other than CPU/GPU, checked by ``run`` before it touches tracking or Ray."""
+    import pytest
+    import ray
+
+    from pipelines.config import ConfigError, load_config, merged_schema
+    from pipelines.train import _extra_worker_resources, run
+    from tests.pipelines.toy_experiment import ToyExperiment
+
+    schema = merged_schema(ToyExperiment.config_schema)
+    cfg = load_config(None, ["ray.placement_strategy=STRICT_SPREAD", "ray.worker_resources={train_slot: 1}"],
+                      schema)
+    assert cfg["ray"]["placement_strategy"] == "STRICT_SPREAD"
+    assert _extra_worker_resources(cfg) == {"train_slot": 1.0}
+    assert load_config(None, [], schema)["ray"]["placement_strategy"] == "PACK"
+    with pytest.raises(ConfigError, match="ray.placement_strategy"):
+        load_config(None, ["ray.placement_strategy=SPREAD_THIN"], schema)
+    for bad, key in (("{CPU: 2}", "ray.worker_resources.CPU"), ("{slot: many}", "ray.worker_resources.slot"),
+                     ("{slot: -1}", "ray.worker_resources.slot"), ("{slot: true}", "ray.worker_resources.slot")):
+        cfg = load_config(None, ["tracking.mode=off", f"ray.worker_resources={bad}"], schema)
+        was_running = ray.is_initialized()
+        with pytest.raises(ConfigError, match=key):
+            run(ToyExperiment(), cfg)
+        assert ray.is_initialized() == was_running  # failed before connecting to Ray

@@ -169,12 +169,19 @@ def _plan_bytes(batch) -> bytes:
                          batch.outputs, batch.metrics, batch.signature))
 
 
-def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, cache_env):
+@pytest.mark.parametrize("block_bytes", [None, 8_000])
+def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, cache_env, block_bytes):
     """``pipelines.streaming.declare_streaming`` (records as Ray Data blocks, traced once,
     grouped per step) yields, for every (epoch, rank) and eval split, exactly the rows and batches
-    of ``pipelines.sharding.declare_datasets`` over the same records held on the driver."""
+    of ``pipelines.sharding.declare_datasets`` over the same records held on the driver.  With
+    ``block_bytes``, Ray Data splits the sorted blocks so that steps span blocks (as Tox21's
+    large traces do): ``assemble_steps`` (the trainer's side) joins and builds them."""
     import os
     import pickle
+
+    import ray
+
+    from pipelines.streaming import assemble_steps
 
     from pipelines.config import load_config, merged_schema
     from pipelines.experiment import Splits
@@ -191,15 +198,29 @@ def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, c
     legacy = exp.load_splits(cfg)
     world = 2
     old = declare_datasets(exp, cfg, Splits(legacy.records, {}, legacy.context), world)
-    sources = {"train": with_positions(R.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=30_000,
-                                                       rows_per_block=40), 113),
-               "dev": with_positions(R.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=50_000,
-                                                     rows_per_block=30), 47)}
-    new = declare_streaming(exp, cfg, StreamSplits(sources, {}, legacy.context), world)
+    ctx = ray.data.DataContext.get_current()
+    saved = ctx.target_max_block_size
+    if block_bytes:
+        ctx.target_max_block_size = block_bytes
+    try:
+        sources = {"train": with_positions(R.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=30_000,
+                                                           rows_per_block=40), 113),
+                   "dev": with_positions(R.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=50_000,
+                                                         rows_per_block=30), 47)}
+        new = declare_streaming(exp, cfg, StreamSplits(sources, {}, legacy.context), world)
+        parts = {name: new.datasets[name].take_all() for name in old.plan.datasets}
+    finally:
+        ctx.target_max_block_size = saved
     assert new.plan == old.plan
+    n_parts = 0
     for name in old.plan.datasets:
         a = old.datasets[name].take_all()
-        b = new.datasets[name].take_all()
+        n_parts += sum(bool(r["part"]) for r in parts[name])
+        is_train = name.startswith("train_e")
+        epoch = int(name.split("_e")[1].split("_")[0]) if is_train else 0
+        rank = int(name.rsplit("_r", 1)[1])
+        b = list(assemble_steps(iter(parts[name]), exp, cfg, legacy.context, epoch, rank, is_train))
         assert [(r["step"], r["n"], r["denom"]) for r in a] == [(r["step"], r["n"], r["denom"]) for r in b], name
         for x, y in zip(a, b):
             assert _plan_bytes(pickle.loads(x["batch"])) == _plan_bytes(pickle.loads(y["batch"])), name
+    assert (n_parts > 0) == bool(block_bytes)

@@ -3,11 +3,16 @@
 Records are dicts ``{"x": [8 floats], "y": int, "kind": 0|1}``; kind-1 records go through an
 extra layer, so a sub-batch without kind-1 records leaves parameters unused (what dynamic
 batching does to DDP).  The "batch" is a picklable dict of numpy arrays built in Ray Data.
-``toy.fail_at_call``/``toy.fail_marker`` make one training worker ``os._exit`` once.
+``toy.fail_at_call``/``toy.fail_marker`` make one training worker ``os._exit`` once;
+``toy.pause_at_call``/``toy.pause_marker`` make one training worker stop (sleep ``toy.pause_s``) once,
+mid-step, so a test can kill its node at a known point; ``toy.trace_dir`` makes every training
+worker record its pid, rank and Ray node id there (one ``<pid>.json`` each).
 """
 from __future__ import annotations
 
+import json
 import os
+import time
 
 import numpy as np
 import pandas as pd
@@ -31,6 +36,32 @@ def make_records(n: int, seed: int, bad_every: int = 0) -> list:
             rec = {"x": None, "y": y, "kind": 0}  # unparsable
         out.append(rec)
     return out
+
+
+def _whereami() -> dict:
+    """This training worker's pid, world rank and Ray node id."""
+    import ray
+    import ray.train
+
+    return {"pid": os.getpid(), "rank": ray.train.get_context().get_world_rank(),
+            "node_id": ray.get_runtime_context().get_node_id()}
+
+
+def _toy_rows(table, n, seed, bad_every):
+    """Ray Data task: ids -> ``pos`` (rank among the good records) and ``rec`` (pickled)."""
+    import pickle
+
+    import pyarrow as pa
+
+    recs = make_records(n, seed, bad_every)
+    ids = np.asarray(table.column("id"), np.int64)
+    if bad_every:
+        ids = ids[ids % bad_every != bad_every - 1]
+        pos = ids - (ids + 1) // bad_every
+    else:
+        pos = ids
+    return pa.table({"pos": pa.array(pos, pa.int64()),
+                     "rec": pa.array([pickle.dumps(recs[int(i)]) for i in ids], pa.binary())})
 
 
 class ToyNet(torch.nn.Module):
@@ -62,11 +93,16 @@ class ToyExperiment(Experiment):
         "toy.embed_lr_scale": Field(float, 1.0, min=0.0),
         "toy.fail_at_call": Field(int, 0, min=0, doc="os._exit at this loss() call (0 = never)"),
         "toy.fail_marker": Field(str, None, nullable=True, doc="file guarding the single failure"),
+        "toy.pause_at_call": Field(int, 0, min=0, doc="sleep at this loss() call (0 = never)"),
+        "toy.pause_marker": Field(str, None, nullable=True, doc="file guarding the single pause"),
+        "toy.pause_s": Field(float, 600.0, min=0.0, doc="how long the pause lasts"),
+        "toy.trace_dir": Field(str, None, nullable=True, doc="training workers record pid/rank/node"),
     }
 
     def __init__(self):
         self._calls = 0
         self._fail = (0, None)
+        self._pause = (0, None, 0.0)
 
     def load_splits(self, config):
         t = config["toy"]
@@ -83,8 +119,31 @@ class ToyExperiment(Experiment):
         return Splits({"train": train, "dev": make_records(t["n_dev"], seed + 1),
                        "test": make_records(t["n_test"], seed + 2)}, {"train/unparsable": bad})
 
+    def read_splits(self, config):
+        """The same splits as :meth:`load_splits`, made in Ray Data tasks (``data.streaming``):
+        rows ``pos`` / ``rec`` (pickled), the driver holds no record."""
+        import ray.data
+
+        from pipelines.streaming import SplitSource, StreamSplits
+
+        t = config["toy"]
+        seed = config["seed"]
+        bad_every = t["bad_every"]
+        bad = t["n_train"] // bad_every if bad_every else 0
+        if bad and not config["data"]["skip_bad"]:
+            raise ValueError("unparsable toy record (use data.skip_bad=true)")
+        sources = {}
+        for split, n, s, be in (("train", t["n_train"], seed, bad_every), ("dev", t["n_dev"], seed + 1, 0),
+                                ("test", t["n_test"], seed + 2, 0)):
+            ds = ray.data.range(n, override_num_blocks=min(max(n, 1), 4)).map_batches(
+                _toy_rows, batch_format="pyarrow", batch_size=None, fn_kwargs=dict(n=n, seed=s, bad_every=be))
+            sources[split] = SplitSource(ds, n - (n // be if be else 0))
+        return StreamSplits(sources, {"train/unparsable": bad})
+
     def build_model(self, config, context):
         self._fail = (config["toy"]["fail_at_call"], config["toy"]["fail_marker"])
+        self._pause = (config["toy"]["pause_at_call"], config["toy"]["pause_marker"],
+                       config["toy"]["pause_s"])
         torch.manual_seed(config["seed"])
         return ToyNet(config["toy"]["hidden"])
 
@@ -105,6 +164,17 @@ class ToyExperiment(Experiment):
             os.close(fd)
             os._exit(3)
 
+    def _maybe_pause(self):
+        at, marker, seconds = self._pause
+        if at and marker and self._calls == at:
+            try:
+                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return
+            os.write(fd, json.dumps(_whereami()).encode())
+            os.close(fd)
+            time.sleep(seconds)
+
     def _forward(self, model, batch):
         logits = model(batch)
         y = torch.from_numpy(batch["y"])
@@ -114,6 +184,7 @@ class ToyExperiment(Experiment):
 
     def loss(self, model, batch):
         self._maybe_fail()
+        self._maybe_pause()
         return self._forward(model, batch)
 
     def eval_stats(self, model, batch):
@@ -123,7 +194,11 @@ class ToyExperiment(Experiment):
         n = max(sums.get("count", 0.0), 1.0)
         return {"accuracy": sums.get("correct", 0.0) / n, "loss": sums.get("loss_sum", 0.0) / n}
 
-    def param_groups(self, model, config):
+    def param_groups(self, model, config):  # called once per training worker (pipelines.worker.setup)
+        if config["toy"]["trace_dir"]:
+            me = _whereami()
+            with open(os.path.join(config["toy"]["trace_dir"], f"{me['pid']}.json"), "w") as f:
+                json.dump(me, f)
         o = config["optimizer"]
         return [{"params": list(model.embed.parameters()),
                  "lr": o["lr"] * config["toy"]["embed_lr_scale"], "weight_decay": 0.0},
