@@ -10,7 +10,7 @@ import sys
 import pytest
 
 SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
-NAMES = ["bench_engine", "bench_schedulers", "bench_table1", "bench_row_blocking", "bench_row_layout",
+NAMES = ["bench_engine", "bench_schedulers", "bench_table1", "bench_row_blocking", "bench_row_layout", "ab_build_vs_commit",
          "summarize_reproduction"]
 
 
