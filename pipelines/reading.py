@@ -33,8 +33,6 @@ import csv
 import dataclasses
 import gzip
 import hashlib
-import io
-import math
 import os
 import pickle
 from typing import Any, Callable, Iterable, Optional, Sequence

@@ -172,14 +172,20 @@ def _load_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> Spl
     splits = experiment.load_splits(cfg)
     if not isinstance(splits, Splits):
         splits = Splits(*splits)
-    load_s = time.perf_counter() - t0
-    counts = {f"data/{k}_records": len(v) for k, v in splits.records.items()}
-    tracker.metrics({**counts, **{f"skipped/{k}": v for k, v in (splits.skipped or {}).items()},
-                     "time/load_s": load_s}, step=0)
-    if splits.params:
-        tracker.params({str(k): str(v) for k, v in splits.params.items()})
-    logger.info("loaded %s in %.1fs; skipped %s", counts, load_s, dict(splits.skipped or {}))
+    _log_loaded(tracker, {k: len(v) for k, v in splits.records.items()}, splits.skipped, splits.params,
+                time.perf_counter() - t0, "loaded")
     return splits
+
+
+def _log_loaded(tracker: trk.Tracker, counts: dict, skipped, params, load_s: float, verb: str) -> None:
+    """Record counts per split, skip counts (``skipped/*``) and load time at step 0; the
+    splits' params; one log line."""
+    counts = {f"data/{k}_records": int(v) for k, v in counts.items()}
+    tracker.metrics({**counts, **{f"skipped/{k}": v for k, v in (skipped or {}).items()},
+                     "time/load_s": load_s}, step=0)
+    if params:
+        tracker.params({str(k): str(v) for k, v in params.items()})
+    logger.info("%s %s in %.1fs; skipped %s", verb, counts, load_s, dict(skipped or {}))
 
 
 def _configure_ray_data(cfg: dict) -> None:
@@ -202,13 +208,8 @@ def _read_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> Opt
     splits = experiment.read_splits(cfg)
     if splits is None:
         return None
-    load_s = time.perf_counter() - t0
-    counts = {f"data/{k}_records": int(v.n) for k, v in splits.sources.items()}
-    tracker.metrics({**counts, **{f"skipped/{k}": v for k, v in (splits.skipped or {}).items()},
-                     "time/load_s": load_s}, step=0)
-    if splits.params:
-        tracker.params({str(k): str(v) for k, v in splits.params.items()})
-    logger.info("read %s in Ray Data in %.1fs; skipped %s", counts, load_s, dict(splits.skipped or {}))
+    _log_loaded(tracker, {k: v.n for k, v in splits.sources.items()}, splits.skipped, splits.params,
+                time.perf_counter() - t0, "read in Ray Data")
     return splits
 
 

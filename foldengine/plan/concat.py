@@ -227,11 +227,23 @@ def input_plan(trace, graph: Trace, ops: OpInfo, steps: np.ndarray, n_types: int
         metric_row=tuple(metric_row))
 
 
+def _starts(sizes: np.ndarray) -> np.ndarray:
+    """Exclusive prefix sums: where each of consecutive pieces of ``sizes`` starts."""
+    return np.cumsum(sizes) - sizes
+
+
+def _starts_within(sizes: np.ndarray, new: np.ndarray, gid: np.ndarray) -> np.ndarray:
+    """Where each piece starts within its group: consecutive pieces, ``new`` marking each
+    group's first, ``gid`` each piece's group number."""
+    start = _starts(sizes)
+    return start - start[np.flatnonzero(new)][gid]
+
+
 def _within_group_offsets(keys: Sequence[np.ndarray], sizes: np.ndarray, inputs: np.ndarray):
     """Entries keyed by ``keys`` (most significant first), one per (input, key): sort by
-    (key, input); returns ``(order, new_group, offset)``: the sort order, whether each sorted
-    entry starts a new key, and each sorted entry's offset within its key's total (inputs in
-    order)."""
+    (key, input); returns ``(order, new, offset, gid)``: the sort order, whether each sorted
+    entry starts a new key, each sorted entry's offset within its key's total (inputs in
+    order), and its key's number (0, 1, ... in sorted order)."""
     order = np.lexsort((inputs,) + tuple(reversed(keys)))
     n = len(order)
     new = np.ones(n, bool)
@@ -241,12 +253,8 @@ def _within_group_offsets(keys: Sequence[np.ndarray], sizes: np.ndarray, inputs:
             ks = k[order]
             diff |= ks[1:] != ks[:-1]
         new[1:] = diff
-    s = sizes[order]
-    csum = np.cumsum(s) - s
-    start_idx = np.flatnonzero(new)
     gid = np.cumsum(new) - 1
-    offset = csum - csum[start_idx][gid]
-    return order, new, offset, gid
+    return order, new, _starts_within(sizes[order], new, gid), gid
 
 
 def concat_plans(plans: Sequence[InputPlan], ops: OpInfo, n_types: int, n_consts: np.ndarray,
@@ -274,7 +282,7 @@ def concat_plans(plans: Sequence[InputPlan], ops: OpInfo, n_types: int, n_consts
     const_off = np.cumsum(n_consts, axis=0) - n_consts                     # [B, T]
     n_chunks = np.fromiter((len(p.chunk_tid) for p in plans), np.int64, B)
     ref_size = n_chunks + n_types
-    ref_base = np.cumsum(ref_size) - ref_size
+    ref_base = _starts(ref_size)
 
     # -- output chunks: merged by (type, call, slot, group); inputs in order inside each
     c_inp = np.repeat(np.arange(B, dtype=np.int64), n_chunks)
@@ -291,7 +299,7 @@ def concat_plans(plans: Sequence[InputPlan], ops: OpInfo, n_types: int, n_consts
     m_number = np.arange(len(m_tid), dtype=np.int64) - tid_first[m_tid] + 1
     ref_chunk = np.zeros(int(ref_size.sum()), np.int64)
     ref_rowoff = np.zeros(int(ref_size.sum()), np.int64)
-    local_ref = np.arange(len(c_inp), dtype=np.int64) - np.repeat(np.cumsum(n_chunks) - n_chunks, n_chunks)
+    local_ref = np.arange(len(c_inp), dtype=np.int64) - np.repeat(_starts(n_chunks), n_chunks)
     slot_of = ref_base[c_inp[order]] + local_ref[order]
     ref_chunk[slot_of] = m_number[gid]
     ref_rowoff[slot_of] = offset
@@ -309,8 +317,7 @@ def concat_plans(plans: Sequence[InputPlan], ops: OpInfo, n_types: int, n_consts
     s_rows = np.concatenate([p.seg_rows for p in plans])
     s_edges = np.concatenate([p.seg_edges for p in plans])
     order, new, row_off, sgid = _within_group_offsets([s_key, s_group], s_rows, s_inp)
-    edge_off = np.cumsum(s_edges[order]) - s_edges[order]
-    edge_off = edge_off - edge_off[np.flatnonzero(new)][sgid]
+    edge_off = _starts_within(s_edges[order], new, sgid)
     ms_key = s_key[order][new]
     ms_rows = np.bincount(sgid, weights=s_rows[order], minlength=len(ms_key)).astype(np.int64)
     ms_edges = np.bincount(sgid, weights=s_edges[order], minlength=len(ms_key)).astype(np.int64)
@@ -319,10 +326,8 @@ def concat_plans(plans: Sequence[InputPlan], ops: OpInfo, n_types: int, n_consts
     call_of_ms = np.cumsum(call_new) - 1
     call_key = ms_key[call_new]
     n_calls = len(call_key)
-    ms_row_start = np.cumsum(ms_rows) - ms_rows
-    ms_row_start -= ms_row_start[np.flatnonzero(call_new)][call_of_ms]
-    ms_edge_start = np.cumsum(ms_edges) - ms_edges
-    ms_edge_start -= ms_edge_start[np.flatnonzero(call_new)][call_of_ms]
+    ms_row_start = _starts_within(ms_rows, call_new, call_of_ms)
+    ms_edge_start = _starts_within(ms_edges, call_new, call_of_ms)
     # per input segment (in concatenated order): its rows' / edges' start within its call
     seg_row_base = np.empty(len(s_key), np.int64)
     seg_edge_base = np.empty(len(s_key), np.int64)
@@ -346,12 +351,12 @@ def concat_plans(plans: Sequence[InputPlan], ops: OpInfo, n_types: int, n_consts
         g_len += [call_rows[c]] * arity[c] if arity[c] >= 0 else [int(call_edges[c])]
     g_len = np.asarray(g_len, np.int64)
     n_call_gathers = len(g_len)
-    g_start = np.cumsum(g_len) - g_len
+    g_start = _starts(g_len)
     g_tid = np.zeros(n_call_gathers, np.int64)
 
     # -- gather blocks: where each input's block goes
     n_blks = np.fromiter((len(p.blk_seg) for p in plans), np.int64, B)
-    seg_base = np.cumsum(n_segs) - n_segs
+    seg_base = _starts(n_segs)
     b_seg = np.concatenate([p.blk_seg for p in plans]) + np.repeat(seg_base, n_blks)
     b_slot = np.concatenate([p.blk_slot for p in plans])
     b_len = np.concatenate([p.blk_len for p in plans])
@@ -363,7 +368,7 @@ def concat_plans(plans: Sequence[InputPlan], ops: OpInfo, n_types: int, n_consts
     dest = g_start[b_gather] + np.where(b_red, seg_edge_base[b_seg], seg_row_base[b_seg])
     E_i = np.fromiter((len(p.edge_ref) for p in plans), np.int64, B)
     T = int(E_i.sum())
-    src_start = np.cumsum(b_len) - b_len
+    src_start = _starts(b_len)
     pos = np.repeat(dest - src_start, b_len) + np.arange(T, dtype=np.int64)
     ref = np.concatenate([p.edge_ref for p in plans]).astype(np.int64) + np.repeat(ref_base, E_i)
     chunks = np.empty(T, np.int64)
@@ -375,7 +380,7 @@ def concat_plans(plans: Sequence[InputPlan], ops: OpInfo, n_types: int, n_consts
     red_rows = np.concatenate([p.red_row for p in plans]).astype(np.int64)
     seg_ids = np.empty(T, np.int64)
     if len(red_len):
-        red_src = np.cumsum(red_len) - red_len
+        red_src = _starts(red_len)
         red_pos = np.repeat(dest[b_red] - red_src, red_len) + np.arange(int(red_len.sum()), dtype=np.int64)
         seg_ids[red_pos] = red_rows + np.repeat(seg_row_base[b_seg[b_red]], red_len)
     for c in range(n_calls):
@@ -405,7 +410,7 @@ def concat_plans(plans: Sequence[InputPlan], ops: OpInfo, n_types: int, n_consts
         g_lengths.append(len(ch))
     builder = GatherBuilder(chunk_sizes)
     lengths = np.asarray(g_lengths, np.int64)
-    prepared = builder.prepare(g_tids, np.cumsum(lengths) - lengths, lengths,
+    prepared = builder.prepare(g_tids, _starts(lengths), lengths,
                                np.concatenate(chunk_parts), np.concatenate(row_parts))
     emit = builder.emit
     calls: List[Call] = []

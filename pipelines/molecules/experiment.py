@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import pickle
 import time
 from typing import Mapping, NamedTuple, Optional, Sequence
@@ -212,20 +213,28 @@ class MoleculeExperiment(Experiment):
         return cls(mc["dataset"])
 
     # ------------------------------------------------------------------ driver
+    def _csv_path(self, mc: dict) -> str:
+        """The absolute path of ``molecules.csv``, checked against this experiment's tasks.
+
+        Raises:
+            ValueError: ``molecules.task_columns`` differ from the tasks this experiment was made with.
+            FileNotFoundError: no such file.
+        """
+        if tuple(mc["task_columns"]) != self.tasks:
+            raise ValueError(f"config molecules.task_columns={mc['task_columns']!r} but this experiment "
+                             f"has tasks {list(self.tasks)}")
+        path = os.path.abspath(os.path.expanduser(mc["csv"]))
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"molecules.csv: no such file {path}")
+        return path
+
     def _read(self, config: dict, skip_bad: bool):
         from .data import is_canonical, load_esol, load_tox21, read_custom_csv
 
         mc = config["molecules"]
         on_bad_row = "skip" if skip_bad else "raise"
         if self.dataset == "csv":
-            if tuple(mc["task_columns"]) != self.tasks:
-                raise ValueError(f"config molecules.task_columns={mc['task_columns']!r} but this experiment "
-                                 f"has tasks {list(self.tasks)}")
-            import os
-
-            path = os.path.abspath(os.path.expanduser(mc["csv"]))
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"molecules.csv: no such file {path}")
+            path = self._csv_path(mc)
             rows, report = read_custom_csv(path, smiles_column=mc["smiles_column"], task_columns=self.tasks,
                                            task_type="classification" if self.classification else "regression",
                                            id_column=mc["id_column"], on_bad_row=on_bad_row)
@@ -295,8 +304,6 @@ class MoleculeExperiment(Experiment):
         position each goes to; the scaffold keys for a scaffold split), never the records.
         Same records, splits, skip counts (``all/bad_rows``, ``all/unparsable_smiles``), errors
         (without ``data.skip_bad``) and params as :meth:`load_splits`."""
-        import os
-
         import ray
 
         from pipelines.reading import label_stats, read_molecule_csv_ds
@@ -311,12 +318,7 @@ class MoleculeExperiment(Experiment):
             raise ValueError(f"config molecules.dataset={mc['dataset']!r} but this experiment is {self.dataset!r}")
         skip_bad = bool(config["data"]["skip_bad"])
         if self.dataset == "csv":
-            if tuple(mc["task_columns"]) != self.tasks:
-                raise ValueError(f"config molecules.task_columns={mc['task_columns']!r} but this experiment "
-                                 f"has tasks {list(self.tasks)}")
-            path = os.path.abspath(os.path.expanduser(mc["csv"]))
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"molecules.csv: no such file {path}")
+            path = self._csv_path(mc)
             cols = dict(id_column=mc["id_column"], smiles_column=mc["smiles_column"], label_columns=self.tasks,
                         parse_label=D._parse_binary if self.classification else D._parse_real)
             expected = None

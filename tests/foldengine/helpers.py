@@ -96,3 +96,22 @@ def tree_depth(t):
         if isinstance(node, tuple):
             stack.extend((c, d + 1) for c in node)
     return best
+
+
+def pair_tree_compiler(d: int = 5, **compiler_kw):
+    """The recursive pair model on binary trees (``random_tree``): a leaf is an int word id
+    embedded (``nn.Embedding(20, d)``), an inner node ``tanh(Linear(2d, d)([left, right]))``;
+    parameters drawn after ``torch.manual_seed(0)``.  ``compiler_kw`` go to ``fe.Compiler``."""
+    import foldengine as fe
+    from foldengine import blocks as fb
+    from foldengine.types import PyObjectType, TensorType
+    from torch import nn
+
+    torch.manual_seed(0)
+    emb, pair = nn.Embedding(20, d), nn.Linear(2 * d, d)
+    expr = fb.ForwardDeclaration(PyObjectType(), TensorType(d))
+    leaf = fb.Scalar("int64") >> fb.Function(emb)
+    inner = fb.Record([(0, expr()), (1, expr())]) >> fb.Function(
+        lambda a, b: torch.tanh(pair(torch.cat([a, b], 1))), name="pair")
+    expr.resolve_to(fb.OneOf(lambda t: isinstance(t, tuple), {False: leaf, True: inner}))
+    return fe.Compiler(expr(), **compiler_kw)

@@ -12,10 +12,9 @@ from torch import nn
 import foldengine as fe
 from foldengine import blocks as fb
 from foldengine.plan import InputPlan
-from foldengine.types import PyObjectType, TensorType
 from schedulers import SCHEDULERS
 
-from .helpers import assert_batched_matches_reference, flat_tensors, random_tree, weighted_sum
+from .helpers import assert_batched_matches_reference, flat_tensors, pair_tree_compiler, random_tree, weighted_sum
 from .test_traces import MODELS, _sequence_inputs, _sequence_model
 
 D = 4
@@ -82,14 +81,7 @@ def test_concat_plans_ride_in_traces_and_pickle():
 
 def test_concat_batches_of_any_subset_and_order():
     """Slices, reorderings and repeats of the traces: each batch matches the reference."""
-    torch.manual_seed(0)
-    emb, pair = nn.Embedding(20, D), nn.Linear(2 * D, D)
-    expr = fb.ForwardDeclaration(PyObjectType(), TensorType(D))
-    leaf = fb.Scalar("int64") >> fb.Function(emb)
-    inner = fb.Record([(0, expr()), (1, expr())]) >> fb.Function(
-        lambda a, b: torch.tanh(pair(torch.cat([a, b], 1))), name="pair")
-    expr.resolve_to(fb.OneOf(lambda t: isinstance(t, tuple), {False: leaf, True: inner}))
-    compiler = fe.Compiler(expr(), row_layout="concat", max_call_rows=7)
+    compiler = pair_tree_compiler(D, row_layout="concat", max_call_rows=7)
     rng = random.Random(5)
     trees = [random_tree(rng, rng.randint(1, 20)) for _ in range(12)]
     traces = compiler.trace(trees)

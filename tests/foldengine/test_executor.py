@@ -8,7 +8,7 @@ import torch
 
 from foldengine.executor import _BlockedIndexSelect
 
-from .helpers import assert_batched_matches_reference, random_tree
+from .helpers import assert_batched_matches_reference, pair_tree_compiler, random_tree
 
 
 @pytest.mark.parametrize("rows", [1, 3, 7, 50])
@@ -58,19 +58,7 @@ def test_row_blocked_execution_matches_reference(rows):
 
 
 def _pair_model(d=5):
-    import foldengine as fe
-    from foldengine import blocks as fb
-    from foldengine.types import PyObjectType, TensorType
-    from torch import nn
-
-    torch.manual_seed(0)
-    emb, pair = nn.Embedding(20, d), nn.Linear(2 * d, d)
-    expr = fb.ForwardDeclaration(PyObjectType(), TensorType(d))
-    leaf = fb.Scalar("int64") >> fb.Function(emb)
-    inner = fb.Record([(0, expr()), (1, expr())]) >> fb.Function(
-        lambda a, b: torch.tanh(pair(torch.cat([a, b], 1))), name="pair")
-    expr.resolve_to(fb.OneOf(lambda t: isinstance(t, tuple), {False: leaf, True: inner}))
-    return fe.Compiler(expr())
+    return pair_tree_compiler(d)
 
 
 def _same_shape_trees(n_trees, n_leaves, seed):

@@ -13,10 +13,9 @@ import foldengine as fe
 from foldengine import blocks as fb
 from foldengine.compiler import RandomBlockError
 from foldengine.plan import InputTrace
-from foldengine.types import PyObjectType, TensorType
 from schedulers import SCHEDULERS
 
-from .helpers import assert_batched_matches_reference, random_tree
+from .helpers import assert_batched_matches_reference, pair_tree_compiler, random_tree
 from .test_closures import _record_inputs, _record_model, _tree_inputs, _tree_model
 
 D = 4
@@ -132,14 +131,7 @@ def test_bad_input_in_trace_names_the_input():
 
 def test_recursive_tree_from_traces_with_row_blocks():
     """Random binary trees, traced once, executed in row blocks: values and gradients match."""
-    torch.manual_seed(0)
-    emb, pair = nn.Embedding(20, D), nn.Linear(2 * D, D)
-    expr = fb.ForwardDeclaration(PyObjectType(), TensorType(D))
-    leaf = fb.Scalar("int64") >> fb.Function(emb)
-    inner = fb.Record([(0, expr()), (1, expr())]) >> fb.Function(
-        lambda a, b: torch.tanh(pair(torch.cat([a, b], 1))), name="pair")
-    expr.resolve_to(fb.OneOf(lambda t: isinstance(t, tuple), {False: leaf, True: inner}))
-    compiler = fe.Compiler(expr(), max_call_rows=5)
+    compiler = pair_tree_compiler(D, max_call_rows=5)
     rng = random.Random(1)
     assert_batched_matches_reference(compiler, [random_tree(rng, rng.randint(1, 20)) for _ in range(15)],
                                      from_traces=True)

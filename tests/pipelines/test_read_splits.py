@@ -8,7 +8,6 @@ import pickle
 
 import numpy as np
 import pytest
-import ray.data
 
 from pipelines.config import load_config, merged_schema
 from pipelines.molecules import data as MD
@@ -25,11 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _ray(ray_cluster):
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_no_progress_timeout_s = 120
-    ctx.execution_options.preserve_order = True
-    ctx.enable_progress_bars = False
+def _ray(ray_data_ordered):
     yield
 
 

@@ -8,7 +8,6 @@ import math
 
 import numpy as np
 import pytest
-import ray.data
 
 from pipelines import reading as R
 from pipelines.molecules import data as MD
@@ -34,11 +33,7 @@ def mixed(data_dir):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _ray(ray_cluster):
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_no_progress_timeout_s = 120
-    ctx.execution_options.preserve_order = True
-    ctx.enable_progress_bars = False
+def _ray(ray_data_ordered):
     yield
 
 

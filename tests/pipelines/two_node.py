@@ -14,31 +14,15 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Optional
 
+from ..ports import free_ports
+
 RAY_BIN = str(pathlib.Path(sys.executable).with_name("ray"))
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on this machine now (away from Ray's defaults)."""
-    socks, ports = [], []
-    try:
-        while len(ports) < n:
-            s = socket.socket()
-            s.bind(("", 0))
-            socks.append(s)
-            port = s.getsockname()[1]
-            if port not in ports and port not in (6379, 8265, 10001, 52365):
-                ports.append(port)
-    finally:
-        for s in socks:
-            s.close()
-    return ports
 
 
 def _cmdline(pid: int) -> list[str]:

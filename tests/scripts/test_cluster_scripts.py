@@ -19,27 +19,12 @@ import urllib.request
 
 import pytest
 
+from ..ports import free_ports
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
-
-
-def _free_ports(n: int) -> list[int]:
-    """n distinct currently free TCP ports on 127.0.0.1 (away from the services' defaults)."""
-    socks, ports = [], []
-    try:
-        while len(ports) < n:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-            socks.append(s)
-            if port not in ports and port not in (5000, 6379, 8265, 10001, 52365):
-                ports.append(port)
-    finally:
-        for s in socks:
-            s.close()
-    return ports
 
 
 def _listening(port: int) -> bool:
@@ -84,7 +69,7 @@ def _pids_naming(marker: str) -> list[int]:
 
 @pytest.fixture
 def cluster_env(tmp_path):
-    ray_port, dash_port, client_port, agent_port, mlflow_port = _free_ports(5)
+    ray_port, dash_port, client_port, agent_port, mlflow_port = free_ports(5)
     state = tmp_path / "state"
     env = dict(os.environ)
     # The Python running the tests has the project installed: use its ray/mlflow.
