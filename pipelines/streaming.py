@@ -12,7 +12,8 @@ record), read and parsed in Ray Data tasks (:mod:`pipelines.reading`).  Then:
   (``perm`` from ``(seed, epoch)`` as in :mod:`pipelines.sharding`: step ``i`` takes positions
   ``perm[i*B:(i+1)*B]``, rank ``r`` the ``r``-th of ``world`` near-equal parts, in that order),
   keeps this rank's rows, sorts them by step (``sort("step")``: a range-partitioning shuffle, so
-  the blocks come out in step order) and builds each
+  the blocks come out in step order; partitioned at :func:`step_boundaries`, so no sampling
+  pass) and builds each
   block's steps (:func:`_build_steps`: the step's rows in their place order,
   ``experiment.make_batch`` from their traces, seeded from ``(seed, epoch, step, rank)``; a step
   whose rows span two blocks is joined and built in the trainer, :func:`assemble_steps`): the
@@ -58,7 +59,7 @@ from .seeding import derived_seed, seed_all
 from .sharding import (EVAL_SPLITS, DataPlan, DeclaredData, _cached, _cfg_key, eval_dataset_name,
                        eval_groups, train_dataset_name, train_steps_per_epoch)
 
-__all__ = ["SplitSource", "StreamSplits", "with_positions", "declare_streaming", "assemble_steps"]
+__all__ = ["SplitSource", "StreamSplits", "with_positions", "declare_streaming", "assemble_steps", "step_boundaries"]
 
 
 @dataclasses.dataclass
@@ -188,43 +189,54 @@ def _build_one(table, experiment, cfg, context, epoch, rank, use_traces):
     return blob, len(recs), denom, time.perf_counter() - t0, i
 
 
+def _step_table(rows: list):
+    """Rows ``(batch, n, denom, build_s, step, part)`` as a typed table (also for no rows)."""
+    import pyarrow as pa
+
+    cols = list(zip(*rows)) if rows else [()] * 6
+    return pa.table({"batch": pa.array(cols[0], pa.binary()), "n": pa.array(cols[1], pa.int64()),
+                     "denom": pa.array(cols[2], pa.int64()), "build_s": pa.array(cols[3], pa.float64()),
+                     "step": pa.array(cols[4], pa.int64()), "part": pa.array(cols[5], pa.binary())})
+
+
 def _build_steps(table, experiment, cfg, context, epoch, rank, use_traces, expected):
     """Ray Data task over one block of the step-sorted rows: every complete step in the block
-    -> one row (the pickled batch, as ``sharding.build_rows``).
+    -> one row (the pickled batch, as ``sharding.build_rows``), yielded as soon as it is built.
+
+    A generator: Ray Data streams each yielded table downstream while the task goes on, so the
+    trainer can start on a block's first step instead of waiting for all of its steps (a sorted
+    block holds tens of steps at scale).
 
     The sort keeps the steps in order, but a step's rows can span two blocks (the sort's
     output blocks are split when larger than Ray Data's target block size: Tox21 traces are
-    ~240 kB each).  ``expected(step)`` (rows of a complete step) tells: the rows of an
+    ~100 kB each).  ``expected(step)`` (rows of a complete step) tells: the rows of an
     incomplete step go out unbuilt, pickled in ``part`` (``batch`` empty), and
     :func:`assemble_steps` in the trainer joins the parts of the step (consecutive rows: the
     order is preserved) and builds it exactly as here.
 
-    Always returns the full typed schema (``batch``/``part`` binary, ``n``/``denom``/``step``
-    int64, ``build_s`` float64), also for an empty block."""
+    Every yielded table has the full typed schema (``batch``/``part`` binary, ``n``/``denom``/
+    ``step`` int64, ``build_s`` float64); an empty block yields one empty table."""
     import pyarrow as pa
 
-    out: list = [[], [], [], [], [], []]
-    if table.num_rows:
-        order = np.lexsort((np.asarray(table.column("j")), np.asarray(table.column("step"))))
-        table = table.take(pa.array(order))
-        steps = np.asarray(table.column("step"))
-        cuts = np.flatnonzero(np.diff(steps)) + 1
-        for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(steps)]):
-            step_rows = table.slice(int(a), int(b - a))
-            want = expected(int(steps[a]))
-            if b - a > want:
-                raise RuntimeError(f"streaming: step {int(steps[a])} (epoch {epoch}, rank {rank}) has "
-                                   f"{b - a} rows, more than its {want}")
-            if b - a < want:
-                row = (b"", int(b - a), int(step_rows.column("denom")[0].as_py()), 0.0, int(steps[a]),
-                       pickle.dumps(_part_of(step_rows), protocol=pickle.HIGHEST_PROTOCOL))
-            else:
-                row = _build_one(step_rows, experiment, cfg, context, epoch, rank, use_traces) + (b"",)
-            for col, v in zip(out, row):
-                col.append(v)
-    return pa.table({"batch": pa.array(out[0], pa.binary()), "n": pa.array(out[1], pa.int64()),
-                     "denom": pa.array(out[2], pa.int64()), "build_s": pa.array(out[3], pa.float64()),
-                     "step": pa.array(out[4], pa.int64()), "part": pa.array(out[5], pa.binary())})
+    if not table.num_rows:
+        yield _step_table([])
+        return
+    order = np.lexsort((np.asarray(table.column("j")), np.asarray(table.column("step"))))
+    table = table.take(pa.array(order))
+    steps = np.asarray(table.column("step"))
+    cuts = np.flatnonzero(np.diff(steps)) + 1
+    for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(steps)]):
+        step_rows = table.slice(int(a), int(b - a))
+        want = expected(int(steps[a]))
+        if b - a > want:
+            raise RuntimeError(f"streaming: step {int(steps[a])} (epoch {epoch}, rank {rank}) has "
+                               f"{b - a} rows, more than its {want}")
+        if b - a < want:
+            row = (b"", int(b - a), int(step_rows.column("denom")[0].as_py()), 0.0, int(steps[a]),
+                   pickle.dumps(_part_of(step_rows), protocol=pickle.HIGHEST_PROTOCOL))
+        else:
+            row = _build_one(step_rows, experiment, cfg, context, epoch, rank, use_traces) + (b"",)
+        yield _step_table([row])
 
 
 def _part_of(table) -> dict:
@@ -293,6 +305,22 @@ class _EvalExpected:
 
 # ---------------------------------------------------------------------------- driver
 
+#: rows per block of a step-sorted dataset (whole steps; see :func:`step_boundaries`)
+SORTED_BLOCK_ROWS = 1024
+
+
+def step_boundaries(steps: int, rows_per_step: float, block_rows: int = SORTED_BLOCK_ROWS) -> list:
+    """Range-partition boundaries of ``sort("step")`` for a dataset of ``steps`` steps of about
+    ``rows_per_step`` rows: every ``g`` steps, ``g`` the most whole steps in ``block_rows`` rows
+    (at least 1).  Given boundaries, the sort needs no sampling pass over the data (Ray Data
+    otherwise reads every block once to sample the keys), and its output blocks hold about
+    ``block_rows`` rows however many input blocks there are: the default (one output block per
+    input block) gave mostly empty blocks, one task each, when few steps are taken from a large
+    split.  Always at least one boundary (an empty list would mean "sample")."""
+    g = max(1, int(block_rows // max(rows_per_step, 1.0)))
+    return list(range(g, steps, g)) or [max(steps, 1)]
+
+
 def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, world: int) -> DeclaredData:
     """The datasets of :func:`pipelines.sharding.declare_datasets` (same names, rows and batches)
     from ``splits.sources`` without bringing records to the driver (see the module docstring)."""
@@ -313,7 +341,7 @@ def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, w
             ds = traced.map_batches(_assign_train, batch_format="pyarrow", batch_size=None,
                                     fn_kwargs=dict(seed=seed, epoch=epoch, rank=r, world=world, batch_size=bs,
                                                    n=train.n, steps=steps))
-            ds = ds.sort("step").map_batches(
+            ds = ds.sort("step", boundaries=step_boundaries(steps, bs / world)).map_batches(
                 _build_steps, batch_format="pyarrow", batch_size=None,
                 fn_kwargs=dict(build_kw, epoch=epoch, rank=r, use_traces=True,
                                expected=_TrainExpected(r, world, bs, train.n)))
@@ -329,7 +357,7 @@ def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, w
                 continue
             ds = src.dataset.map_batches(_assign_eval, batch_format="pyarrow", batch_size=None,
                                          fn_kwargs=dict(rank=r, world=world, batch_size=ebs))
-            ds = ds.sort("step").map_batches(
+            ds = ds.sort("step", boundaries=step_boundaries(eval_groups(src.n, ebs, world, r), ebs)).map_batches(
                 _build_steps, batch_format="pyarrow", batch_size=None,
                 fn_kwargs=dict(build_kw, epoch=0, rank=r, use_traces=False,
                                expected=_EvalExpected(r, world, ebs, src.n)))

@@ -37,6 +37,7 @@ from schedulers.base import OpInfo, Trace
 from ..types import Type
 from .gathers import GatherBuilder
 from .lowering import LoweredSchedule, _output_layout, _output_reads, arrange
+from .packing import pack_arrays, unpack_arrays
 from .records import Call, Segments
 
 __all__ = ["InputPlan", "trace_graph", "input_plan", "concat_plans"]
@@ -97,11 +98,32 @@ class InputPlan:
     @property
     def nbytes(self) -> int:
         """Bytes of array data held."""
-        arrays = [getattr(self, f) for f in ("chunk_tid", "chunk_key", "chunk_slot", "chunk_group", "chunk_size",
-                                             "seg_key", "seg_group", "seg_rows", "seg_edges", "blk_seg",
-                                             "blk_slot", "blk_len", "blk_tid", "edge_ref", "edge_row", "red_row")]
+        arrays = [getattr(self, f) for f in _PLAN_ARRAYS]
         arrays += [a for a in self.out_ref + self.out_row + self.metric_ref + self.metric_row if a is not None]
         return int(sum(a.nbytes for a in arrays))
+
+    def __reduce__(self):
+        # one buffer for all arrays (foldengine.plan.packing): ~5x faster to unpickle
+        tuples = (self.out_ref, self.out_row, self.metric_ref, self.metric_row)
+        buf, meta = pack_arrays([getattr(self, f) for f in _PLAN_ARRAYS] + [a for t in tuples for a in t])
+        return _unpack_plan, (self.n_nodes, tuple(len(t) for t in tuples), buf, meta)
+
+
+_PLAN_ARRAYS = ("chunk_tid", "chunk_key", "chunk_slot", "chunk_group", "chunk_size", "seg_key", "seg_group",
+                "seg_rows", "seg_edges", "blk_seg", "blk_slot", "blk_len", "blk_tid", "edge_ref", "edge_row",
+                "red_row")
+
+
+def _unpack_plan(n_nodes: int, lengths: Tuple[int, ...], buf: bytes, meta) -> InputPlan:
+    arrays = unpack_arrays(buf, meta)
+    k = len(_PLAN_ARRAYS)
+    fields = dict(zip(_PLAN_ARRAYS, arrays[:k]))
+    tuples = []
+    for n in lengths:
+        tuples.append(tuple(arrays[k:k + n]))
+        k += n
+    return InputPlan(n_nodes, **fields, out_ref=tuples[0], out_row=tuples[1], metric_ref=tuples[2],
+                     metric_row=tuples[3])
 
 
 def _i64(a) -> np.ndarray:

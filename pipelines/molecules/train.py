@@ -66,6 +66,64 @@ def predict(experiment: MoleculeExperiment, cfg: dict, context: TargetScaling, s
     return torch.cat(outs).numpy()
 
 
+def _predict_block(table, experiment, cfg, context, state_ref, batch_size):
+    """Ray Data task: the test records of one block (rows ``pos``, ``rec``) -> ``pos``, ``id``,
+    ``smiles``, ``labels`` and ``probs`` (float64 lists, one entry per task)."""
+    import pickle
+
+    import pyarrow as pa
+    import ray
+
+    from pipelines.sharding import _cached
+
+    recs = [pickle.loads(b) for b in table.column("rec").to_pylist()]
+    state = _cached(("best_state", state_ref[0].hex()), lambda: ray.get(state_ref[0]))
+    probs = predict(experiment, cfg, context, state, recs, batch_size) if recs else np.zeros((0, len(experiment.tasks)))
+    labels = np.stack([r.labels for r in recs]) if recs else np.zeros((0, len(experiment.tasks)))
+    lists = pa.list_(pa.float64())
+    return pa.table({"pos": table.column("pos"), "id": pa.array([r.id for r in recs], pa.int64()),
+                     "smiles": pa.array([r.smiles for r in recs], pa.string()),
+                     "labels": pa.array(labels.astype(np.float64).tolist(), lists),
+                     "probs": pa.array(np.asarray(probs, np.float64).tolist(), lists)})
+
+
+def predict_test_split(experiment: MoleculeExperiment, cfg: dict, state_dict, context: Optional[TargetScaling] = None):
+    """``(ids, smiles, labels [n, T], probs [n, T])`` of the best model on the test split, in
+    test-split order; None when there is no test split.
+
+    With ``data.streaming`` (the default) the test records are read, featurised and predicted in
+    Ray Data tasks (:meth:`MoleculeExperiment.read_splits`, then one model per task process);
+    only these four columns reach the driver.  Otherwise the driver loads the splits
+    (:meth:`MoleculeExperiment.load_splits`) and predicts, as the driver data path does.
+    ``context``: the run's target scaling (``RunResult.context``; read again when None)."""
+    if not cfg["data"]["streaming"]:
+        splits = experiment.load_splits(cfg)
+        test = splits.records.get("test") or []
+        if not test:
+            return None
+        probs = predict(experiment, cfg, context or splits.context, state_dict, test)
+        return ([r.id for r in test], [r.smiles for r in test], np.stack([r.labels for r in test]), probs)
+    import ray
+
+    from pipelines.train import _connect_ray
+
+    started = _connect_ray(cfg)
+    try:
+        splits = experiment.read_splits(cfg)
+        src = splits.sources.get("test")
+        if src is None or not src.n:
+            return None
+        ref = [ray.put(state_dict)]
+        out = src.dataset.map_batches(_predict_block, batch_format="pyarrow", batch_size=None, fn_kwargs=dict(
+            experiment=experiment, cfg=cfg, context=context or splits.context, state_ref=ref, batch_size=128))
+        rows = sorted(out.iter_rows(), key=lambda r: r["pos"])
+    finally:
+        if started:
+            ray.shutdown()
+    return ([r["id"] for r in rows], [r["smiles"] for r in rows], np.array([r["labels"] for r in rows], np.float64),
+            np.array([r["probs"] for r in rows], np.float64))
+
+
 def roc_figure(labels: np.ndarray, probs: np.ndarray, tasks: Sequence[str]):
     import matplotlib
 
@@ -111,14 +169,11 @@ def after_run(experiment: MoleculeExperiment, cfg: dict, res: RunResult) -> dict
     if experiment.classification and res.checkpoint_path:
         best_path = os.path.join(res.checkpoint_path, BEST_FILE)
         if os.path.exists(best_path):
-            splits = experiment.load_splits(cfg)
-            test = splits.records.get("test") or []
-            if test:
-                probs = predict(experiment, cfg, splits.context, torch.load(best_path, map_location="cpu"),
-                                test)
-                labels = np.stack([r.labels for r in test])
+            pred = predict_test_split(experiment, cfg, torch.load(best_path, map_location="cpu"), res.context)
+            if pred is not None:
+                ids, smiles, labels, probs = pred
                 tracker.figures([("roc_curves", roc_figure(labels, probs, experiment.tasks))])
-                df = pd.DataFrame({"id": [r.id for r in test], "smiles": [r.smiles for r in test]})
+                df = pd.DataFrame({"id": ids, "smiles": smiles})
                 for t, name in enumerate(experiment.tasks):
                     df[f"label {name}"] = labels[:, t]
                     df[f"prob {name}"] = probs[:, t]

@@ -34,6 +34,7 @@ import hashlib
 import os
 import pathlib
 import pickle
+import re
 import sys
 import tempfile
 from collections import Counter
@@ -131,6 +132,64 @@ def _convert(t, intern=sys.intern) -> Node:
     raise ValueError(f"node labelled {label} has {n} {kind} (expected a word or 2 subtrees)")
 
 
+_STRICT_TOKEN = re.compile(r"[()]|[^ \t\n\r\f\v()]+")
+#: deeper trees go through nltk (whose recursive conversion gives "tree too deep")
+_STRICT_MAX_DEPTH = 200
+
+
+def _parse_strict(s: str, intern=sys.intern) -> Optional[Node]:
+    """The tree of ``s`` when it is exactly a well-formed binarized sentiment tree, else None.
+
+    A one-pass, stack-based parser of the strict grammar ``node := "(" label word ")" |
+    "(" label node node ")"`` (``label`` in 0..4, tokens as in nltk's parse with ``_TOKEN``).
+    It accepts only what :func:`parse_line`'s nltk path turns into the same tuples; everything
+    else (malformed lines, odd spacing inside a label) returns None, and the nltk path decides
+    and words the error.  About 4x faster than ``nltk.Tree.fromstring`` plus conversion
+    (``tests/pipelines/sst/test_data.py`` checks identical trees on every SST line).
+    """
+    toks = _STRICT_TOKEN.findall(s)
+    n = len(toks)
+    stack: list = []          # open inner nodes: [label, children]
+    root = None
+    i = 0
+    while i < n:
+        t = toks[i]
+        if t == "(":
+            if root is not None or i + 2 >= n:
+                return None
+            label = _LABEL_OF.get(toks[i + 1])
+            if label is None:
+                return None
+            w = toks[i + 2]
+            if w != "(" and w != ")":
+                if i + 3 >= n or toks[i + 3] != ")":
+                    return None
+                node, i = (label, intern(w)), i + 4
+            else:
+                if len(stack) >= _STRICT_MAX_DEPTH:
+                    return None
+                stack.append((label, []))
+                i += 2
+                continue
+        elif t == ")":
+            if not stack:
+                return None
+            label, kids = stack.pop()
+            if len(kids) != 2:
+                return None
+            node, i = (label, kids[0], kids[1]), i + 1
+        else:
+            return None
+        if stack:
+            kids = stack[-1][1]
+            if len(kids) == 2:
+                return None
+            kids.append(node)
+        else:
+            root = node
+    return root if not stack else None
+
+
 def parse_line(line: str) -> Node:
     """Parse one SST line (no trailing newline needed) into the tuple encoding.
 
@@ -141,6 +200,13 @@ def parse_line(line: str) -> Node:
     s = line.rstrip("\r\n")
     if not s.strip(" \t\r\f\v"):
         raise ValueError("empty line")
+    fast = _parse_strict(s)
+    return fast if fast is not None else _parse_nltk(s)
+
+
+def _parse_nltk(s: str) -> Node:
+    """:func:`parse_line` by ``nltk.Tree.fromstring`` and :func:`_convert` (the reference, and
+    the path that words the errors)."""
     try:
         t = Tree.fromstring(s, node_pattern=_TOKEN, leaf_pattern=_TOKEN)
     except ValueError as err:

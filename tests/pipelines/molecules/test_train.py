@@ -11,8 +11,8 @@ from mlflow.tracking import MlflowClient
 from pipelines.config import load_config, merged_schema
 from pipelines.molecules.data import TOX21_TASKS
 from pipelines.molecules.experiment import MoleculeExperiment
-from pipelines.molecules.train import after_run
-from pipelines.train import run
+from pipelines.molecules.train import after_run, predict_test_split
+from pipelines.train import BEST_FILE, run
 from tests.pipelines.helpers import finished_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -72,3 +72,15 @@ def test_tox21_slice_two_workers_logs_complete_mlflow_run(ray_cluster, data_dir,
     assert abs(df["test mean ROC-AUC"][0] - m["best/test/auc"]) < 1e-9
     assert list(df["test mean ROC-AUC"][1:3]) == [0.820, 0.829]
     assert all(f"test {t}" in df.columns for t in TOX21_TASKS)
+
+    # the ROC plot's predictions were made in Ray Data tasks (streaming): the same as the driver's
+    import numpy as np
+    import torch
+
+    state = torch.load(os.path.join(res.checkpoint_path, BEST_FILE), map_location="cpu")
+    ids, smiles, labels, probs = predict_test_split(exp, cfg, state, res.context)
+    driver_cfg = dict(cfg, data=dict(cfg["data"], streaming=False))
+    d_ids, d_smiles, d_labels, d_probs = predict_test_split(exp, driver_cfg, state, res.context)
+    assert len(ids) == 15 and ids == d_ids and smiles == d_smiles
+    np.testing.assert_array_equal(labels, d_labels)
+    np.testing.assert_allclose(probs, d_probs, rtol=1e-5, atol=1e-6)

@@ -1,5 +1,6 @@
 """SST parsing/loading and vocabulary, on the real files in $FOLD_DATA_DIR (no mocks)."""
 import pickle
+import re
 
 import pytest
 
@@ -100,6 +101,45 @@ def test_malformed_line_names_file_and_line(tmp_path, bad, why):
     with pytest.raises(D.SSTFormatError) as err:
         D.load_file(path)
     assert f"{path}:2:" in str(err.value) and why in str(err.value)
+
+
+@pytest.mark.parametrize("split", D.SPLITS)
+def test_strict_parser_gives_nltk_trees_on_every_line(cache_env, split):
+    """The fast strict parser takes every SST line and gives exactly the nltk path's tuples
+    (interned words included)."""
+    path = D.resolve_split_path(split)
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    lines = [ln for ln in lines if ln]
+    for no, line in enumerate(lines, 1):
+        fast = D._parse_strict(line)
+        assert fast is not None, f"{split}:{no}"
+        assert fast == D._parse_nltk(line), f"{split}:{no}"
+    assert D.parse_line(lines[0]) == D._parse_nltk(lines[0])
+
+
+@pytest.mark.parametrize("line", list(BAD_LINES) + [
+    "(3 (2 It) (4 great)) (2 more)", "(3 (2 It) (4 great)) x", "x (3 (2 It) (4 great))", "(2 a))",
+    "((2 a) (2 b))", "(3)", "(3 (2 a) (2 b) )x", "(\u00a03 (2 a) (2 b))", "(3 (2 a)\u00a0(2 b))"])
+def test_strict_parser_leaves_anything_else_to_nltk(line):
+    """Malformed or unusual lines: the strict parser declines (None) and parse_line gives the
+    nltk path's result or error."""
+    assert D._parse_strict(line) is None or D._parse_strict(line) == D._parse_nltk(line)
+    if line.strip(" \t\r\f\v") and D._parse_strict(line) is None:
+        try:
+            expected = D._parse_nltk(line)
+        except ValueError as err:
+            with pytest.raises(ValueError, match=re.escape(str(err))):
+                D.parse_line(line)
+        else:
+            assert D.parse_line(line) == expected
+
+
+def test_deep_trees_go_through_nltk():
+    line = "(2 a)"
+    for _ in range(D._STRICT_MAX_DEPTH + 5):
+        line = f"(2 {line} (2 b))"
+    assert D._parse_strict(line) is None
 
 
 def test_skip_bad_counts(tmp_path):
