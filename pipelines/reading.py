@@ -18,8 +18,10 @@ which record is which is a pure function of the file, never of task scheduling.
 * :func:`read_sst_file`: SST / PTB-format trees parsed with nltk in Ray Data tasks
   (:func:`pipelines.sst.data.parse_line`), the same trees, errors and skip counts as
   :func:`pipelines.sst.data.load_file`.
-* :func:`vocab_from_datasets`: the SST vocabulary by a Ray Data aggregation (word counts per
-  block, then a ``groupby("word").sum()``), equal to :func:`pipelines.sst.vocab.build_vocab`.
+* :func:`vocab_from_counts`: the SST vocabulary from the word counts the parse tasks make (one
+  count per parse block, merged when the file's summary is read: no second pass over the trees);
+  :func:`vocab_from_datasets` the same by a Ray Data aggregation over parsed trees (word counts per
+  block, then a ``groupby("word").sum()``); both equal :func:`pipelines.sst.vocab.build_vocab`.
 * :class:`CsvSource` / :func:`read_molecule_csv_ds`: a molecule CSV (plain or ``.gz``) streamed
   by one read task (CSV rows may span lines), RDKit parsing in Ray Data tasks; the same rows,
   errors and counts as :func:`pipelines.molecules.data.read_molecule_csv` followed by
@@ -40,7 +42,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 
 __all__ = ["LineSource", "CsvSource", "ReadSummary", "ParsedData", "read_lines", "read_sst_file",
-           "vocab_from_datasets", "read_molecule_csv_ds", "label_stats", "content_sha256",
+           "vocab_from_datasets", "vocab_from_counts", "read_molecule_csv_ds", "label_stats", "content_sha256",
            "parsed_records"]
 
 ROWS_PER_BLOCK = 2000
@@ -179,6 +181,8 @@ class ReadSummary:
     n_bad: int = 0                  #: malformed records
     first_bad: list = dataclasses.field(default_factory=list)   #: up to 3 ``(line, reason)``, by line
     sha256: str = ""                #: of the (uncompressed) content
+    #: SST files: word -> occurrences over the good trees' leaves (counted in the parse tasks)
+    word_counts: Optional[dict] = None
 
     def error(self) -> str:
         """``path:line: reason`` of the first malformed record."""
@@ -205,8 +209,15 @@ def _summarize_block(table):
     err = table.column("error").to_pylist()
     lines = table.column("line").to_pylist()
     bad = [(ln, e) for ln, e in zip(lines, err) if e is not None]
-    return pa.table({"n": pa.array([len(err)], pa.int64()), "n_bad": pa.array([len(bad)], pa.int64()),
-                     "first": pa.array([pickle.dumps(bad[:3])], pa.binary())})
+    out = {"n": pa.array([len(err)], pa.int64()), "n_bad": pa.array([len(bad)], pa.int64()),
+           "first": pa.array([pickle.dumps(bad[:3])], pa.binary())}
+    if "words" in table.column_names:   # the parse tasks' word counts (one blob per parse block)
+        counts: dict = {}
+        for blob in table.column("words").to_pylist():
+            for w, c in (pickle.loads(blob).items() if blob is not None else ()):
+                counts[w] = counts.get(w, 0) + c
+        out["words"] = pa.array([pickle.dumps(counts)], pa.binary())
+    return pa.table(out)
 
 
 def _good_rows(table):
@@ -224,6 +235,11 @@ def _finish(parsed, path: str, sha256: str) -> ParsedData:
         summary.n_rows += int(row["n"])
         summary.n_bad += int(row["n_bad"])
         firsts += pickle.loads(row["first"])
+        if row.get("words") is not None:
+            counts = summary.word_counts if summary.word_counts is not None else {}
+            for w, c in pickle.loads(row["words"]).items():
+                counts[w] = counts.get(w, 0) + c
+            summary.word_counts = counts
     summary.first_bad = sorted(firsts)[:3]
     summary.n_ok = summary.n_rows - summary.n_bad
     good = parsed.map_batches(_good_rows, batch_format="pyarrow", batch_size=None).materialize()
@@ -252,9 +268,10 @@ def _parse_sst_block(table, first_line_bom: bool = True):
     """Ray Data task: raw lines -> ``idx``, ``line``, ``rec`` (pickled tuple tree), ``error``."""
     import pyarrow as pa
 
-    from pipelines.sst.data import parse_line
+    from pipelines.sst.data import leaves, parse_line
 
     recs, errs = [], []
+    counts: dict = {}
     for no, raw in zip(table.column("line").to_pylist(), table.column("text").to_pylist()):
         try:
             text = raw.decode("utf-8")
@@ -267,13 +284,20 @@ def _parse_sst_block(table, first_line_bom: bool = True):
         if text.endswith("\n"):
             text = text[:-1]
         try:
-            recs.append(pickle.dumps(parse_line(text), protocol=pickle.HIGHEST_PROTOCOL))
-            errs.append(None)
+            tree = parse_line(text)
         except (ValueError, RecursionError) as err:
             recs.append(None)
             errs.append(str(err) if isinstance(err, ValueError) else "tree too deep")
+            continue
+        recs.append(pickle.dumps(tree, protocol=pickle.HIGHEST_PROTOCOL))
+        errs.append(None)
+        for w in leaves(tree):
+            counts[w] = counts.get(w, 0) + 1
+    # the block's word counts ride in the first row (the vocabulary needs no second pass)
+    words = [pickle.dumps(counts)] + [None] * (len(recs) - 1) if recs else []
     return pa.table({"idx": table.column("idx"), "line": table.column("line"),
-                     "rec": pa.array(recs, pa.binary()), "error": pa.array(errs, pa.string())})
+                     "rec": pa.array(recs, pa.binary()), "error": pa.array(errs, pa.string()),
+                     "words": pa.array(words, pa.binary())})
 
 
 def read_sst_file(path: str, skip_bad: bool = False, expected_sha256: Optional[str] = None,
@@ -320,6 +344,28 @@ def _count_words_block(table):
                      "count": pa.array(list(counts.values()), pa.int64())})
 
 
+#: hash partitions of the vocabulary aggregation (Ray Data's default, 200, is 200 reduce tasks for
+#: a few tens of thousands of distinct words)
+AGGREGATE_PARTITIONS = 8
+
+
+def vocab_from_counts(counts: Sequence[Optional[dict]], min_freq: int = 1):
+    """:func:`pipelines.sst.vocab.build_vocab` from word counts (``ReadSummary.word_counts`` of
+    the SST files, counted in the parse tasks): the same vocabulary as
+    :func:`vocab_from_datasets` without another pass over the trees."""
+    from pipelines.sst.vocab import UNK, Vocab
+
+    total: dict = {}
+    for c in counts:
+        if c is None:
+            raise ValueError("vocab_from_counts: a file was read without word counts (not an SST file?)")
+        for w, n in c.items():
+            total[w] = total.get(w, 0) + n
+    total.pop(UNK, None)
+    words = sorted((w for w, c in total.items() if c >= min_freq), key=lambda w: (-total[w], w))
+    return Vocab(words, {w: total[w] for w in words})
+
+
 def vocab_from_datasets(datasets: Sequence[Any], min_freq: int = 1):
     """:func:`pipelines.sst.vocab.build_vocab` of the trees in ``datasets`` (``ParsedData.dataset``
     of SST files), computed by a Ray Data aggregation: word counts per block, summed per word."""
@@ -330,7 +376,7 @@ def vocab_from_datasets(datasets: Sequence[Any], min_freq: int = 1):
     parts = [d.map_batches(_count_words_block, batch_format="pyarrow", batch_size=None) for d in datasets]
     ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
     counts = {}
-    for row in ds.groupby("word").sum("count").iter_rows():
+    for row in ds.groupby("word", num_partitions=AGGREGATE_PARTITIONS).sum("count").iter_rows():
         counts[row["word"]] = int(row["sum(count)"])
     counts.pop(UNK, None)
     words = sorted((w for w, c in counts.items() if c >= min_freq), key=lambda w: (-counts[w], w))
@@ -492,7 +538,7 @@ def label_stats(dataset, n_tasks: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     s = np.zeros(n_tasks)
     s2 = np.zeros(n_tasks)
     agg = dataset.map_batches(_label_sums_block, batch_format="pyarrow", batch_size=None,
-                              fn_kwargs={"n_tasks": n_tasks}).groupby("task").sum(["n", "s", "s2"])
+                              fn_kwargs={"n_tasks": n_tasks}).groupby("task", num_partitions=1).sum(["n", "s", "s2"])
     for row in agg.iter_rows():
         t = int(row["task"])
         n[t], s[t], s2[t] = row["sum(n)"], row["sum(s)"], row["sum(s2)"]

@@ -9,6 +9,10 @@ is scored like one model's softmax output (fine-grained = argmax, binary = p(3)+
 p(0)+p(1) on non-neutral nodes), on the root nodes for the paper's metrics.  Members must agree
 on what defines the data and vocabulary (``sst.vocab_splits``, ``sst.embeddings``, ``sst.limit_*``,
 ``data.skip_bad``); the data directory comes from ``FOLD_DATA_DIR`` (or each run's ``sst.data_dir``).
+With the members' ``data.streaming`` (the default) the split is read, parsed and evaluated in Ray
+Data tasks (:func:`evaluate_ensemble_streaming`: count sums per block reach the driver, not the
+trees; Ray is started locally or reached at ``ray.address`` / ``RAY_ADDRESS``); with
+``data.streaming: false`` the driver loads the splits (:func:`evaluate_ensemble`).
 
 The store is ``MLFLOW_TRACKING_URI`` (default ``sqlite:///mlflow.db``); the result is logged there as
 a run of experiment ``sst-ensemble`` (params: the member run ids; metrics ``<split>/fine`` etc. for
@@ -27,7 +31,7 @@ from pipelines.metrics import sum_into
 from pipelines.sst.experiment import PAPER_TABLE2, SSTContext, SSTExperiment
 from pipelines.sst.model import count_stats, node_outputs, summarize_counts
 
-__all__ = ["load_member", "evaluate_ensemble", "main"]
+__all__ = ["load_member", "evaluate_ensemble", "evaluate_ensemble_streaming", "main"]
 
 #: Config keys that decide the trees, the vocabulary and the embedding size: every member must agree
 #: on them (seeds may differ: the logged state holds the trained embedding rows).
@@ -57,6 +61,12 @@ def evaluate_ensemble(experiment: SSTExperiment, context: SSTContext, configs: S
     """``(ensemble metrics, [member metrics])`` over ``trees`` (keys of
     :func:`pipelines.sst.model.summarize_counts`).  ``context``: what ``experiment.load_splits``
     loaded (vocabulary, embedding matrix) for the members' shared data config."""
+    ens_sums, member_sums = _ensemble_sums(experiment, context, configs, states, trees, batch_size)
+    return summarize_counts(ens_sums), [summarize_counts(s) for s in member_sums]
+
+
+def _ensemble_sums(experiment, context, configs, states, trees, batch_size):
+    """``(ensemble count sums, [member count sums])`` (``count_stats`` summed) over ``trees``."""
     models = []
     for cfg, state in zip(configs, states):
         model = experiment.build_model(cfg, context)
@@ -83,7 +93,58 @@ def evaluate_ensemble(experiment: SSTExperiment, context: SSTContext, configs: S
             probs /= len(models)
             # log of the mean probability: its softmax is that mean, so count_stats scores it
             sum_into(ens_sums, count_stats(probs.log(), labels, is_root))
-    return summarize_counts(ens_sums), [summarize_counts(s) for s in member_sums]
+    return ens_sums, member_sums
+
+
+def _ensemble_block(table, experiment, configs, state_refs, context, batch_size):
+    """Ray Data task: one block of trees (rows ``pos``, ``rec``) -> one row, the pickled
+    ``(ensemble sums, [member sums])`` of :func:`evaluate_ensemble` over it (count sums add up
+    over blocks)."""
+    import pickle
+
+    import pyarrow as pa
+    import ray
+
+    from pipelines.sharding import _cached
+
+    trees = [pickle.loads(b) for b in table.column("rec").to_pylist()]
+    states = [_cached(("member_state", r.hex()), lambda r=r: ray.get(r)) for r in state_refs]
+    sums = _ensemble_sums(experiment, context, configs, states, trees, batch_size) if trees else ({}, [])
+    return pa.table({"sums": pa.array([pickle.dumps(sums)], pa.binary())})
+
+
+def evaluate_ensemble_streaming(experiment: SSTExperiment, configs: Sequence[dict], states: Sequence[dict],
+                                split: str, batch_size: int = 250) -> tuple[dict, list[dict]]:
+    """:func:`evaluate_ensemble` on ``split`` with the trees read, parsed and evaluated in Ray Data
+    tasks (:meth:`SSTExperiment.read_splits` of the first member's config): only per-block count
+    sums reach the driver, never the trees.  Connects to (or starts) Ray as the training run does."""
+    import pickle
+
+    import ray
+
+    from pipelines.train import _connect_ray
+
+    started = _connect_ray(configs[0])
+    try:
+        splits = experiment.read_splits(configs[0])
+        src = splits.sources.get(split)
+        if src is None or not src.n:
+            raise ValueError(f"split {split!r} has no trees")
+        refs = [ray.put(s) for s in states]
+        out = src.dataset.map_batches(_ensemble_block, batch_format="pyarrow", batch_size=None, fn_kwargs=dict(
+            experiment=experiment, configs=list(configs), state_refs=refs, context=splits.context,
+            batch_size=batch_size))
+        ens_sums: dict[str, float] = {}
+        member_sums: list[dict[str, float]] = [{} for _ in states]
+        for row in out.iter_rows():
+            ens, members = pickle.loads(row["sums"])
+            sum_into(ens_sums, ens)
+            for acc, m in zip(member_sums, members):
+                sum_into(acc, m)
+    finally:
+        if started:
+            ray.shutdown()
+    return summarize_counts(ens_sums), [summarize_counts(m) for m in member_sums]
 
 
 def results_table(run_ids: Sequence[str], ensemble: Mapping[str, float], members: Sequence[Mapping[str, float]]):
@@ -125,10 +186,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         states.append(state)
 
     experiment = SSTExperiment()
-    splits = experiment.load_splits(configs[0])
-    trees = splits.records[args.split]
-    print(f"ensemble of {len(configs)} on {args.split} ({len(trees)} trees)", flush=True)
-    ens, members = evaluate_ensemble(experiment, splits.context, configs, states, trees, args.batch_size)
+    print(f"ensemble of {len(configs)} on {args.split}", flush=True)
+    if _get(configs[0], ("data", "streaming")) is False:   # the members' driver data path
+        splits = experiment.load_splits(configs[0])
+        ens, members = evaluate_ensemble(experiment, splits.context, configs, states, splits.records[args.split],
+                                         args.batch_size)
+    else:   # trees read and evaluated in Ray Data tasks
+        ens, members = evaluate_ensemble_streaming(experiment, configs, states, args.split, args.batch_size)
     table = results_table(args.run_ids, ens, members)
     print(table.to_string(index=False))
     out = {"ensemble": ens, "members": members, "run_id": None}

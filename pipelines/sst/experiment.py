@@ -173,13 +173,13 @@ class SSTExperiment(Experiment):
     def read_splits(self, config: dict):
         """:meth:`load_splits` with the files read and parsed in Ray Data tasks
         (:func:`pipelines.reading.read_sst_file`) and the vocabulary counted by a Ray Data
-        aggregation (:func:`pipelines.reading.vocab_from_datasets`): the same trees (as Ray Data
+        streaming pass (word counts made in the parse tasks, :func:`pipelines.reading.vocab_from_counts`): the same trees (as Ray Data
         blocks, never on the driver), skip counts, vocabulary, embeddings and params."""
         import os
 
         import ray
 
-        from pipelines.reading import read_sst_file, vocab_from_datasets
+        from pipelines.reading import read_sst_file, vocab_from_counts
         from pipelines.streaming import StreamSplits, with_positions
 
         from .data import SPLITS, SST_SHA256, resolve_split_path
@@ -214,7 +214,7 @@ class SSTExperiment(Experiment):
             params.update({f"data.{split}.file": path, f"data.{split}.sha256": s.sha256,
                            f"data.{split}.canonical": "true" if canonical else "false"})
             parsed[split] = data
-        vocab = vocab_from_datasets([parsed[s].dataset for s in sc["vocab_splits"] if s in parsed])
+        vocab = vocab_from_counts([parsed[s].summary.word_counts for s in sc["vocab_splits"] if s in parsed])
         matrix, stats = _load_embeddings(config, vocab)
         context = SSTContext(vocab=vocab, emb_dim=int(matrix.shape[1]), embeddings=ray.put(matrix),
                              embedding_stats=stats)

@@ -79,7 +79,7 @@ def test_sst_malformed_lines_reported_as_load_file(tmp_path, gz, mixed):
 
 
 def test_sst_files_and_streaming_vocabulary_equal_the_loaders(data_dir, cache_env):
-    datasets, trees = [], []
+    datasets, trees, counts = [], [], []
     for split in SD.SPLITS:
         want, _ = SD.load_split(split)
         data = R.read_sst_file(str(data_dir / "sst" / f"{split}.txt"), expected_sha256=SD.SST_SHA256[split],
@@ -91,9 +91,14 @@ def test_sst_files_and_streaming_vocabulary_equal_the_loaders(data_dir, cache_en
             assert R.parsed_records(data, [0, 5, 1100]) == [want[0], want[5], want[1100]]
         datasets.append(data.dataset)
         trees.append(want)
+        counts.append(data.summary.word_counts)
     vocab = R.vocab_from_datasets(datasets)
     assert vocab == build_vocab(*trees) and vocab.counts == build_vocab(*trees).counts
     assert R.vocab_from_datasets(datasets[:1]) == build_vocab(trees[0])
+    # the word counts made in the parse tasks give the same vocabulary (read_splits uses them)
+    from_counts = R.vocab_from_counts(counts)
+    assert from_counts == vocab and from_counts.counts == vocab.counts
+    assert R.vocab_from_counts(counts[:1]) == build_vocab(trees[0])
 
 
 @pytest.fixture
