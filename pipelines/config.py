@@ -110,6 +110,8 @@ BASE_SCHEMA: dict[str, Field] = {
     "data.cache_traces": F(bool, True, doc="trace each record once per Ray Data worker process and build "
                                           "later batches from the cached traces (same batches)"),
     "data.progress_bars": F(bool, False, doc="Ray Data progress bars"),
+    "data.prefetch_next_epoch": F(bool, True, doc="each worker starts reading the next epoch's steps half way "
+                                  "through an epoch (its sort and first builds overlap this epoch's training)"),
     "data.blocks_per_epoch": F(int, 16, min=1, doc="Ray Data blocks (parallel tasks) per epoch"),
     "data.streaming": F(bool, True, doc="read, parse and trace the files in Ray Data tasks and keep the records "
                                         "as Ray Data blocks (pipelines.streaming; experiments with read_splits); "
