@@ -38,8 +38,9 @@ old driver path (:mod:`pipelines.sharding`) for comparison (``scripts/bench_inpu
 --modes streaming,driver``).  Tested against it: identical rows and batches
 (``tests/pipelines/test_reading.py``) and identical training runs (``tests/pipelines/test_train.py``).
 
-Built steps stream: :func:`_build_steps` yields each step as soon as it is built, so the trainer
-waits for one step, not for a sorted block's tens of steps.
+Built steps stream: :func:`_build_steps` yields each step as soon as it is built (Ray Data passes
+them on in blocks of at least 1 MiB), and the step sort is cut at known step boundaries
+(:func:`step_boundaries`).
 
 Known cost: an epoch's first step needs every record of the split parsed and traced (steps are
 drawn from a permutation of the whole split) and the rank's rows sorted, so the time to the
@@ -208,9 +209,9 @@ def _build_steps(table, experiment, cfg, context, epoch, rank, use_traces, expec
     """Ray Data task over one block of the step-sorted rows: every complete step in the block
     -> one row (the pickled batch, as ``sharding.build_rows``), yielded as soon as it is built.
 
-    A generator: Ray Data streams each yielded table downstream while the task goes on, so the
-    trainer can start on a block's first step instead of waiting for all of its steps (a sorted
-    block holds tens of steps at scale).
+    A generator: Ray Data hands its yields downstream while the task goes on, gathered into blocks
+    of at least ``DataContext.target_min_block_size`` (1 MiB: about 40 SST steps), so the trainer
+    can start before a sorted block's last step is built.
 
     The sort keeps the steps in order, but a step's rows can span two blocks (the sort's
     output blocks are split when larger than Ray Data's target block size: Tox21 traces are
