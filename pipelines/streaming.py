@@ -210,7 +210,7 @@ def _build_steps(table, experiment, cfg, context, epoch, rank, use_traces, expec
     -> one row (the pickled batch, as ``sharding.build_rows``), yielded as soon as it is built.
 
     A generator: Ray Data hands its yields downstream while the task goes on, gathered into blocks
-    of at least ``DataContext.target_min_block_size`` (1 MiB: about 40 SST steps), so the trainer
+    of at least ``DataContext.target_min_block_size`` (1 MiB: tens of SST steps), so the trainer
     can start before a sorted block's last step is built.
 
     The sort keeps the steps in order, but a step's rows can span two blocks (the sort's
