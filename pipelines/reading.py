@@ -202,6 +202,13 @@ class ParsedData:
     summary: ReadSummary
 
 
+def _add_counts(total: dict, counts: dict) -> dict:
+    """Add the word counts ``counts`` into ``total`` (in place); returns ``total``."""
+    for w, c in counts.items():
+        total[w] = total.get(w, 0) + c
+    return total
+
+
 def _summarize_block(table):
     """One row per block: counts and the block's first 3 errors."""
     import pyarrow as pa
@@ -214,8 +221,8 @@ def _summarize_block(table):
     if "words" in table.column_names:   # the parse tasks' word counts (one blob per parse block)
         counts: dict = {}
         for blob in table.column("words").to_pylist():
-            for w, c in (pickle.loads(blob).items() if blob is not None else ()):
-                counts[w] = counts.get(w, 0) + c
+            if blob is not None:
+                _add_counts(counts, pickle.loads(blob))
         out["words"] = pa.array([pickle.dumps(counts)], pa.binary())
     return pa.table(out)
 
@@ -236,10 +243,7 @@ def _finish(parsed, path: str, sha256: str) -> ParsedData:
         summary.n_bad += int(row["n_bad"])
         firsts += pickle.loads(row["first"])
         if row.get("words") is not None:
-            counts = summary.word_counts if summary.word_counts is not None else {}
-            for w, c in pickle.loads(row["words"]).items():
-                counts[w] = counts.get(w, 0) + c
-            summary.word_counts = counts
+            summary.word_counts = _add_counts(summary.word_counts or {}, pickle.loads(row["words"]))
     summary.first_bad = sorted(firsts)[:3]
     summary.n_ok = summary.n_rows - summary.n_bad
     good = parsed.map_batches(_good_rows, batch_format="pyarrow", batch_size=None).materialize()
@@ -353,34 +357,29 @@ def vocab_from_counts(counts: Sequence[Optional[dict]], min_freq: int = 1):
     """:func:`pipelines.sst.vocab.build_vocab` from word counts (``ReadSummary.word_counts`` of
     the SST files, counted in the parse tasks): the same vocabulary as
     :func:`vocab_from_datasets` without another pass over the trees."""
-    from pipelines.sst.vocab import UNK, Vocab
+    from pipelines.sst.vocab import vocab_of_counts
 
     total: dict = {}
     for c in counts:
         if c is None:
             raise ValueError("vocab_from_counts: a file was read without word counts (not an SST file?)")
-        for w, n in c.items():
-            total[w] = total.get(w, 0) + n
-    total.pop(UNK, None)
-    words = sorted((w for w, c in total.items() if c >= min_freq), key=lambda w: (-total[w], w))
-    return Vocab(words, {w: total[w] for w in words})
+        _add_counts(total, c)
+    return vocab_of_counts(total, min_freq)
 
 
 def vocab_from_datasets(datasets: Sequence[Any], min_freq: int = 1):
     """:func:`pipelines.sst.vocab.build_vocab` of the trees in ``datasets`` (``ParsedData.dataset``
     of SST files), computed by a Ray Data aggregation: word counts per block, summed per word."""
-    from pipelines.sst.vocab import UNK, Vocab
+    from pipelines.sst.vocab import vocab_of_counts
 
     if not datasets:
-        return Vocab([])
+        return vocab_of_counts({}, min_freq)
     parts = [d.map_batches(_count_words_block, batch_format="pyarrow", batch_size=None) for d in datasets]
     ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
     counts = {}
     for row in ds.groupby("word", num_partitions=AGGREGATE_PARTITIONS).sum("count").iter_rows():
         counts[row["word"]] = int(row["sum(count)"])
-    counts.pop(UNK, None)
-    words = sorted((w for w, c in counts.items() if c >= min_freq), key=lambda w: (-counts[w], w))
-    return Vocab(words, {w: counts[w] for w in words})
+    return vocab_of_counts(counts, min_freq)
 
 
 # ----------------------------------------------------------------------------- molecule CSV

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 from pipelines.sst.data import SPLITS, leaves, load_split
 
@@ -111,9 +111,16 @@ def build_vocab(*tree_lists: Iterable, min_freq: int = 1) -> Vocab:
     for trees in tree_lists:
         for t in trees:
             counts.update(leaves(t))
-    counts.pop(UNK, None)
-    words = sorted((w for w, c in counts.items() if c >= min_freq), key=lambda w: (-counts[w], w))
-    return Vocab(words, {w: counts[w] for w in words})
+    return vocab_of_counts(counts, min_freq)
+
+
+def vocab_of_counts(counts: Mapping[str, int], min_freq: int = 1) -> Vocab:
+    """The vocabulary of word counts: ``UNK`` dropped, words with at least ``min_freq``
+    occurrences, most frequent first, ties broken by the word.  Every vocabulary builder
+    (:func:`build_vocab`, and the Ray Data ones in :mod:`pipelines.reading`) ends here."""
+    kept = {w: int(c) for w, c in counts.items() if w != UNK and c >= min_freq}
+    words = sorted(kept, key=lambda w: (-kept[w], w))
+    return Vocab(words, {w: kept[w] for w in words})
 
 
 def sst_vocab(splits: Sequence[str] = ("train",), data_dir=None, min_freq: int = 1) -> Vocab:
