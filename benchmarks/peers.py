@@ -261,17 +261,21 @@ def _plot(rows: List[Dict[str, object]]):
 
 def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence[int] = (1, 2),
         schedulers: Sequence[str] = ("coalesce", "depth"), repeats: int = 3, warmup: int = 1,
+        executors: Sequence[str] = ("tables", "chunks"),
         emb: int = 50, overrides: Sequence[str] = (), seed: int = 0, data_dir: Optional[str] = None,
         mlflow: bool = True, log: Callable[[str], None] = echo) -> Dict[str, float]:
     """Measure, print, log to MLflow (experiment ``bench_peers``, with a plot) unless
     ``mlflow=False``; returns the metrics (``t1.b25.foldengine_coalesce.vs_hand``, ...).
-    ``overrides``: ``key=value`` changes to the Tai preset (e.g. ``sst.state_size=8``)."""
+    ``overrides``: ``key=value`` changes to the Tai preset (e.g. ``sst.state_size=8``).
+    ``executors``: ``Compiler(executor=...)`` values; the first runs every scheduler
+    (``foldengine/<scheduler>``), the others the first scheduler (``foldengine/<scheduler>/<executor>``)."""
     from pipelines.sst.data import load_split
     from pipelines.sst.model import build_compiler
     from pipelines.sst.vocab import build_vocab
 
     cfg = tai_preset(overrides)
     params = {"trees": trees, "batches": list(batches), "threads": list(threads), "schedulers": list(schedulers),
+              "executors": list(executors),
               "repeats": repeats, "warmup": warmup, "emb": emb, "overrides": list(overrides), "seed": seed,
               "state": cfg["sst"]["state_size"], "sparse_embedding": cfg["sst"]["sparse_embedding"],
               "optimizer": cfg["optimizer"]["name"]}
@@ -290,12 +294,15 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
         for B in batches:
             chunks = [train[i:i + B] for i in range(0, len(train), B)]
             trainers = {}
-            for s in schedulers:
+            variants = [(s, executors[0], f"foldengine/{s}") for s in schedulers]
+            variants += [(schedulers[0], e, f"foldengine/{schedulers[0]}/{e}") for e in executors[1:] if schedulers]
+            for s, e, name in variants:
                 m = copy.deepcopy(modules).train()
                 c = build_compiler(m, vocab.stoi, s)
+                c.executor = e
                 prebuilt = [(c.build_batch(ch), len(ch)) for ch in chunks]
-                trainers[f"foldengine/{s}"] = Trainer(lambda b, c=c: foldengine_loss(c, b[0], b[1]), prebuilt,
-                                                      make_optimizer(cfg, m))
+                trainers[name] = Trainer(lambda b, c=c: foldengine_loss(c, b[0], b[1]), prebuilt,
+                                         make_optimizer(cfg, m))
             lbs = [level_batch(ch, vocab.stoi) for ch in chunks]
             m = copy.deepcopy(modules).train()
             trainers["hand-written"] = Trainer(LevelWiseTreeLSTM(m).loss, lbs, make_optimizer(cfg, m))

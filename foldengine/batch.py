@@ -7,11 +7,12 @@ and shipped to the training process.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, NamedTuple, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from .plan.records import Call, Gather, OutputLayout
+from .plan.rows import RowPlan
 
 __all__ = ["Batch", "SequenceOutput"]
 
@@ -83,8 +84,11 @@ class Batch:
         signature: identifies the compiler that built it (checked on execution).
         metric_lengths: metric name -> int64 ``[size]``, how many values each input gave
             (``Compiler.metric_lengths`` / ``metric_sequences`` after a forward).
+        rows: the same plan in one row space per type (:class:`~foldengine.plan.rows.RowPlan`),
+            what the default ``"tables"`` executor runs; made with the Batch (in the process
+            that builds it), None when built for the ``"chunks"`` executor.
         n_steps: the number of steps (``len(step_bounds) - 1``).
-        nbytes: bytes of array data held (constants and indices).
+        nbytes: bytes of array data held (constants and indices, the row plan's included).
 
     Examples::
 
@@ -108,6 +112,7 @@ class Batch:
     stats: Dict[str, float] = field(default_factory=dict)
     signature: str = ""
     metric_lengths: Dict[str, np.ndarray] = field(default_factory=dict)
+    rows: Optional[RowPlan] = None
 
     def __len__(self):
         return self.size
@@ -120,4 +125,5 @@ class Batch:
     @property
     def nbytes(self) -> int:
         """Bytes of array data held (constants and indices)."""
-        return int(self.index_data.nbytes + sum(c.nbytes for c in self.consts))
+        rows = self.rows.row_index.nbytes if self.rows is not None else 0
+        return int(self.index_data.nbytes + rows + sum(c.nbytes for c in self.consts))

@@ -40,6 +40,8 @@ from .batch import Batch, SequenceOutput
 from .blocks import Block, BlockTypeError, Pending, where
 from .closures import compile_tracer
 from .executor import execute
+from .plan.rows import row_plan
+from .tables import execute_tables
 from .plan import LAYOUTS, lower
 from .plan.concat import concat_plans, input_plan, trace_graph
 from .plan.traces import InputTrace, MergedTraces, merge_traces, split_traces
@@ -48,10 +50,12 @@ from .trace import BlockInputError, EagerContext, GraphTracer
 from .types import (BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType,
                     canonical_dtype, flatten_tensor_types, torch_dtype)
 
-__all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext", "evaluate_block", "ROW_LAYOUTS"]
+__all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext", "evaluate_block", "ROW_LAYOUTS", "EXECUTORS"]
 
 #: row layouts a Compiler knows (``row_layout``); the first is the default
 ROW_LAYOUTS = LAYOUTS + ("concat",)
+#: the executors a Compiler can run batches with (``Compiler(executor=...)``)
+EXECUTORS = ("tables", "chunks")
 
 _RECURSION_LIMIT = 100_000
 
@@ -524,6 +528,15 @@ class Compiler(nn.Module):
             picks rows (trees); pays for graph models whose reads cover whole chunks (the
             weave model).  ``"inputs"``: an earlier rule kept for benchmarks.  Every layout
             computes the same values.
+        executor: how batches run. ``"tables"`` (default, :mod:`foldengine.tables`): every
+            value of a type lives in one preallocated table per batch, calls read their inputs
+            from it (views, or one ``index_select`` per type) and write their outputs into it,
+            and backward adds gradients straight into one gradient table per type (two
+            autograd nodes per call instead of one per gather, concatenation and split).
+            ``"chunks"`` (:mod:`foldengine.executor`): values as per-call chunks, gathers as
+            views and concatenations.  Same values and gradients; an execution setting (it
+            may be changed between forwards), but a batch built under ``"chunks"`` carries no
+            row plan, so it gets one (numpy, on the spot) if later run by ``"tables"``.
 
     Attributes:
         output_type: the root block's output type.
@@ -533,6 +546,7 @@ class Compiler(nn.Module):
         random_blocks: blocks declared random (``InputTransform(fn, deterministic=False)``);
             when not empty, :meth:`trace` refuses to cache traces.
         row_layout: how a batch's rows are laid out (see ``Args``).
+        executor: ``"tables"`` or ``"chunks"`` (see ``Args``).
 
     Raises:
         BlockTypeError: the block tree does not type-check (names the blocks and both types).
@@ -553,7 +567,7 @@ class Compiler(nn.Module):
     """
 
     def __init__(self, block: Block, scheduler="depth", input_type: Type = PyObjectType(),
-                 max_call_rows: Optional[int] = None, row_layout: str = "readers"):
+                 max_call_rows: Optional[int] = None, row_layout: str = "readers", executor: str = "tables"):
         super().__init__()
         from .blocks import _as_block
         block = _as_block(block)
@@ -563,6 +577,9 @@ class Compiler(nn.Module):
         if row_layout not in ROW_LAYOUTS:
             raise ValueError(f"unknown row_layout {row_layout!r}; expected one of {ROW_LAYOUTS}")
         self.row_layout = row_layout
+        if executor not in EXECUTORS:
+            raise ValueError(f"unknown executor {executor!r}; expected one of {EXECUTORS}")
+        self.executor = executor
         cc = CompileContext(self)
         self._cc = cc
         self.input_type = input_type
@@ -845,9 +862,10 @@ class Compiler(nn.Module):
         plan = concat_plans(plans, self.op_info, n_types, n_consts, self.output_type, outputs,
                             self._output_is_handle, self.metric_tids, tid_of)
         stats = dict(plan.stats, trace_s=trace_s, schedule_s=time.perf_counter() - t1)
-        return Batch(size=len(traces), consts=consts, calls=plan.calls, step_bounds=plan.step_bounds,
-                     index_data=plan.index_data, outputs=plan.outputs, metrics=plan.metrics,
-                     stats=stats, signature=self.signature, metric_lengths=metric_lengths)
+        return self._with_rows(Batch(size=len(traces), consts=consts, calls=plan.calls,
+                                     step_bounds=plan.step_bounds, index_data=plan.index_data,
+                                     outputs=plan.outputs, metrics=plan.metrics, stats=stats,
+                                     signature=self.signature, metric_lengths=metric_lengths))
 
     def _plan(self, merged: MergedTraces, trace_s: float) -> Batch:
         if self.row_layout == "concat":
@@ -857,9 +875,18 @@ class Compiler(nn.Module):
         plan = lower(merged.graph, self.op_info, steps, self.types, self.output_type, merged.outputs,
                      merged.metrics, self.row_layout)
         stats = dict(plan.stats, trace_s=trace_s, schedule_s=time.perf_counter() - t1)
-        return Batch(size=merged.size, consts=merged.consts, calls=plan.calls, step_bounds=plan.step_bounds,
-                     index_data=plan.index_data, outputs=plan.outputs, metrics=plan.metrics,
-                     stats=stats, signature=self.signature, metric_lengths=dict(merged.metric_lengths))
+        return self._with_rows(Batch(size=merged.size, consts=merged.consts, calls=plan.calls,
+                                     step_bounds=plan.step_bounds, index_data=plan.index_data,
+                                     outputs=plan.outputs, metrics=plan.metrics, stats=stats,
+                                     signature=self.signature, metric_lengths=dict(merged.metric_lengths)))
+
+    def _with_rows(self, batch: Batch) -> Batch:
+        """``batch`` with its row plan (for the ``"tables"`` executor; timed in ``stats['rows_s']``)."""
+        if self.executor == "tables":
+            t0 = time.perf_counter()
+            batch.rows = row_plan(batch, self.op_info.out_tids)
+            batch.stats["rows_s"] = time.perf_counter() - t0
+        return batch
 
     # -- execution -----------------------------------------------------------------------------
     def forward(self, batch: Batch):
@@ -881,7 +908,11 @@ class Compiler(nn.Module):
         if any(c.dtype != t.dtype for c, t in zip(batch.consts, types)):   # after compiler.to(dtype)
             batch = dataclasses.replace(batch, consts=[c if c.dtype == t.dtype else c.astype(t.dtype)
                                                        for c, t in zip(batch.consts, types)])
-        result = execute(batch, self.ops, types, self.device, self.max_call_rows or 0)
+        if self.executor == "tables":
+            rows = batch.rows if batch.rows is not None else row_plan(batch, self.op_info.out_tids)
+            result = execute_tables(batch, rows, self.ops, types, self.device, self.max_call_rows or 0)
+        else:
+            result = execute(batch, self.ops, types, self.device, self.max_call_rows or 0)
         self.metrics = result.metrics
         lengths = getattr(batch, "metric_lengths", None) or {}
         self._metric_lengths = {name: np.asarray(lengths[name], np.int64) for name in self.metrics if name in lengths}

@@ -32,8 +32,9 @@ def test_blocked_index_select_some_blocks_unused():
     assert torch.equal(src.grad, expected)
 
 
+@pytest.mark.parametrize("executor", ["tables", "chunks"])
 @pytest.mark.parametrize("rows", [2, 5, 64])
-def test_row_blocked_execution_matches_reference(rows):
+def test_row_blocked_execution_matches_reference(rows, executor):
     """A Tree-LSTM-like model with a head on every node, run in row blocks of ``rows``."""
     import foldengine as fe
     from foldengine import blocks as fb
@@ -50,7 +51,7 @@ def test_row_blocked_execution_matches_reference(rows):
     node = fb.OneOf(lambda t: isinstance(t, tuple), {False: leaf, True: inner})
     expr.resolve_to(node >> fb.AllOf(fb.Identity(), fb.Function(head, name="head") >> fb.Metric("logits"))
                     >> fb.GetItem(0))
-    compiler = fe.Compiler(expr(), max_call_rows=rows)
+    compiler = fe.Compiler(expr(), max_call_rows=rows, executor=executor)
     rng = random.Random(rows)
     trees = [random_tree(rng, rng.randint(1, 25)) for _ in range(10)]
     batch, _ = assert_batched_matches_reference(compiler, trees)
@@ -86,6 +87,7 @@ def test_run_gathers_blocked_and_unblocked_match_reference(monkeypatch, rows):
     from foldengine.plan import GatherBuilder
     monkeypatch.setattr(GatherBuilder, "runs_min_rows", 2)
     compiler = _pair_model()
+    compiler.executor = "chunks"          # the chunk executor's run views (the default executor reads tables)
     compiler.max_call_rows = rows or None
     batch, _ = assert_batched_matches_reference(compiler, _same_shape_trees(8, 9, seed=0))
     kinds = _kinds(batch)

@@ -48,11 +48,13 @@ def test_batch_records_pickle_compactly_and_round_trip():
     batch = compiler.build_batch([random_tree(rng, rng.randint(1, 30)) for _ in range(50)])
     data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
     plain = pickle.dumps((batch.consts, _as_plain_tuples(batch.calls), batch.step_bounds, batch.index_data,
-                          _as_plain_tuples(batch.outputs), _as_plain_tuples(batch.metrics), batch.stats),
+                          _as_plain_tuples(batch.outputs), _as_plain_tuples(batch.metrics), batch.stats,
+                          _as_plain_tuples(batch.rows)),
                          protocol=pickle.HIGHEST_PROTOCOL)
     assert len(data) <= 1.1 * len(plain), (len(data), len(plain))
     again = pickle.loads(data)
     assert again.calls == batch.calls and type(again.calls[0]) is type(batch.calls[0])
+    assert again.rows.calls == batch.rows.calls and np.array_equal(again.rows.row_index, batch.rows.row_index)
     with torch.no_grad():
         assert torch.equal(compiler(again), compiler(batch))
 
