@@ -261,7 +261,7 @@ def _plot(rows: List[Dict[str, object]]):
 
 def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence[int] = (1, 2),
         schedulers: Sequence[str] = ("coalesce", "depth"), repeats: int = 3, warmup: int = 1,
-        executors: Sequence[str] = ("tables", "chunks"),
+        executors: Sequence[str] = ("auto", "chunks"),
         emb: int = 50, overrides: Sequence[str] = (), seed: int = 0, data_dir: Optional[str] = None,
         mlflow: bool = True, log: Callable[[str], None] = echo) -> Dict[str, float]:
     """Measure, print, log to MLflow (experiment ``bench_peers``, with a plot) unless

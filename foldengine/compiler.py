@@ -55,7 +55,14 @@ __all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext", "eval
 #: row layouts a Compiler knows (``row_layout``); the first is the default
 ROW_LAYOUTS = LAYOUTS + ("concat",)
 #: the executors a Compiler can run batches with (``Compiler(executor=...)``)
-EXECUTORS = ("tables", "chunks")
+EXECUTORS = ("auto", "tables", "chunks")
+#: ``executor="auto"`` runs a batch on tables when its calls average at most this many rows.
+#: Measured side by side (2-core CPU, one thread for SST, two for Table 1): tables 1.12x the
+#: chunks executor's training step on SST batches of 25 (~47 rows per call) and 1.05x at 100
+#: (~130); even (0.96-1.04x) on Table 1 trees (d=256) at 54-408 rows per call; 0.91-0.96x at
+#: 1,000+ rows per call (Table 1, batch 256-1024), where per-call overhead no longer counts
+#: and copying each output into its table does.
+TABLES_MAX_ROWS_PER_CALL = 256
 
 _RECURSION_LIMIT = 100_000
 
@@ -528,7 +535,10 @@ class Compiler(nn.Module):
             picks rows (trees); pays for graph models whose reads cover whole chunks (the
             weave model).  ``"inputs"``: an earlier rule kept for benchmarks.  Every layout
             computes the same values.
-        executor: how batches run. ``"tables"`` (default, :mod:`foldengine.tables`): every
+        executor: how batches run. ``"auto"`` (default): ``"tables"`` for batches whose calls
+            average at most :data:`TABLES_MAX_ROWS_PER_CALL` rows (small batches, where the
+            per-call overhead counts), ``"chunks"`` for larger ones.  ``"tables"``
+            (:mod:`foldengine.tables`): every
             value of a type lives in one preallocated table per batch, calls read their inputs
             from it (views, or one ``index_select`` per type) and write their outputs into it,
             and backward adds gradients straight into one gradient table per type (two
@@ -546,7 +556,7 @@ class Compiler(nn.Module):
         random_blocks: blocks declared random (``InputTransform(fn, deterministic=False)``);
             when not empty, :meth:`trace` refuses to cache traces.
         row_layout: how a batch's rows are laid out (see ``Args``).
-        executor: ``"tables"`` or ``"chunks"`` (see ``Args``).
+        executor: ``"auto"``, ``"tables"`` or ``"chunks"`` (see ``Args``).
 
     Raises:
         BlockTypeError: the block tree does not type-check (names the blocks and both types).
@@ -567,7 +577,7 @@ class Compiler(nn.Module):
     """
 
     def __init__(self, block: Block, scheduler="depth", input_type: Type = PyObjectType(),
-                 max_call_rows: Optional[int] = None, row_layout: str = "readers", executor: str = "tables"):
+                 max_call_rows: Optional[int] = None, row_layout: str = "readers", executor: str = "auto"):
         super().__init__()
         from .blocks import _as_block
         block = _as_block(block)
@@ -881,8 +891,10 @@ class Compiler(nn.Module):
                                      signature=self.signature, metric_lengths=dict(merged.metric_lengths)))
 
     def _with_rows(self, batch: Batch) -> Batch:
-        """``batch`` with its row plan (for the ``"tables"`` executor; timed in ``stats['rows_s']``)."""
-        if self.executor == "tables":
+        """``batch`` with its row plan when the ``"tables"`` executor is to run it (timed in
+        ``stats['rows_s']``)."""
+        if self.executor == "tables" or (self.executor == "auto" and batch.calls and
+                                         batch.stats.get("nodes", 0) <= TABLES_MAX_ROWS_PER_CALL * len(batch.calls)):
             t0 = time.perf_counter()
             batch.rows = row_plan(batch, self.op_info.out_tids)
             batch.stats["rows_s"] = time.perf_counter() - t0
@@ -908,7 +920,7 @@ class Compiler(nn.Module):
         if any(c.dtype != t.dtype for c, t in zip(batch.consts, types)):   # after compiler.to(dtype)
             batch = dataclasses.replace(batch, consts=[c if c.dtype == t.dtype else c.astype(t.dtype)
                                                        for c, t in zip(batch.consts, types)])
-        if self.executor == "tables":
+        if self.executor == "tables" or (self.executor == "auto" and batch.rows is not None):
             rows = batch.rows if batch.rows is not None else row_plan(batch, self.op_info.out_tids)
             result = execute_tables(batch, rows, self.ops, types, self.device, self.max_call_rows or 0)
         else:

@@ -32,7 +32,7 @@ def main(argv=None):
     ap.add_argument("--batches", type=_ints, default=[25, 100], help="comma separated batch sizes")
     ap.add_argument("--threads", type=_ints, default=[1, 2], help="comma separated torch thread counts")
     ap.add_argument("--schedulers", type=_names, default=["coalesce", "depth"])
-    ap.add_argument("--executors", type=_names, default=["tables", "chunks"],
+    ap.add_argument("--executors", type=_names, default=["auto", "chunks"],
                     help="Compiler executors: the first for every scheduler, the others for the first scheduler")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)

@@ -134,3 +134,21 @@ def test_batch_without_row_plan_runs_on_tables():
 def test_unknown_executor_is_refused():
     with pytest.raises(ValueError, match="unknown executor 'fast'"):
         pair_tree_compiler(5, executor="fast")
+
+
+def test_auto_executor_picks_tables_for_small_calls_only(monkeypatch):
+    """``executor="auto"`` (the default) gives a batch a row plan, and runs it on tables, when
+    its calls average at most ``TABLES_MAX_ROWS_PER_CALL`` rows; larger batches run on chunks.
+    Both compute the same values."""
+    from foldengine import compiler as fc
+
+    compiler = pair_tree_compiler(5)
+    assert compiler.executor == "auto"
+    trees = _trees(40, 5)
+    small = compiler.build_batch(trees)
+    assert small.rows is not None and small.stats["nodes"] <= fc.TABLES_MAX_ROWS_PER_CALL * len(small.calls)
+    monkeypatch.setattr(fc, "TABLES_MAX_ROWS_PER_CALL", 1)
+    large = compiler.build_batch(trees)
+    assert large.rows is None
+    with torch.no_grad():
+        assert torch.allclose(compiler(small), compiler(large), atol=1e-6)
