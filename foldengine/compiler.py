@@ -40,6 +40,7 @@ from .batch import Batch, SequenceOutput
 from .blocks import Block, BlockTypeError, Pending, where
 from .closures import compile_tracer
 from .executor import execute
+from .deferred import batch_weight_grads
 from .plan.rows import row_plan
 from .tables import execute_tables
 from .plan import LAYOUTS, lower
@@ -920,11 +921,12 @@ class Compiler(nn.Module):
         if any(c.dtype != t.dtype for c, t in zip(batch.consts, types)):   # after compiler.to(dtype)
             batch = dataclasses.replace(batch, consts=[c if c.dtype == t.dtype else c.astype(t.dtype)
                                                        for c, t in zip(batch.consts, types)])
-        if self.executor == "tables" or (self.executor == "auto" and batch.rows is not None):
-            rows = batch.rows if batch.rows is not None else row_plan(batch, self.op_info.out_tids)
-            result = execute_tables(batch, rows, self.ops, types, self.device, self.max_call_rows or 0)
-        else:
-            result = execute(batch, self.ops, types, self.device, self.max_call_rows or 0)
+        with batch_weight_grads():
+            if self.executor == "tables" or (self.executor == "auto" and batch.rows is not None):
+                rows = batch.rows if batch.rows is not None else row_plan(batch, self.op_info.out_tids)
+                result = execute_tables(batch, rows, self.ops, types, self.device, self.max_call_rows or 0)
+            else:
+                result = execute(batch, self.ops, types, self.device, self.max_call_rows or 0)
         self.metrics = result.metrics
         lengths = getattr(batch, "metric_lengths", None) or {}
         self._metric_lengths = {name: np.asarray(lengths[name], np.int64) for name in self.metrics if name in lengths}

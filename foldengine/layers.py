@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .deferred import linear
+
 __all__ = ["BinaryTreeLSTMCell", "FC", "Embedding"]
 
 State = Tuple[torch.Tensor, torch.Tensor]
@@ -73,14 +75,14 @@ class BinaryTreeLSTMCell(nn.Module):
 
     def leaf(self, x: torch.Tensor) -> State:
         """``forward(x, ((0, 0), (0, 0)))`` without the work on the zero children."""
-        i, _, _, o, u = self.W(x).chunk(5, 1)
+        i, _, _, o, u = linear(x, self.W.weight, self.W.bias).chunk(5, 1)
         c = torch.sigmoid(i) * self._update(u)
         return torch.sigmoid(o) * torch.tanh(c), c
 
     def pair(self, left: State, right: State) -> State:
         """``forward(0, (left, right))`` without the work on the zero input."""
         (h_l, c_l), (h_r, c_r) = left, right
-        z = torch.addmm(self.W.bias, torch.cat([h_l, h_r], 1), self.U.weight.t())
+        z = linear(torch.cat([h_l, h_r], 1), self.U.weight, self.W.bias)
         i, f_l, f_r, o, u = z.chunk(5, 1)
         u, f_l, f_r = self._gates(f_l, f_r, u)
         c = torch.sigmoid(i) * u + torch.sigmoid(f_l) * c_l + torch.sigmoid(f_r) * c_r
