@@ -92,6 +92,8 @@ BASE_SCHEMA: dict[str, Field] = {
     "name": F(str, "experiment", doc="run / MLflow experiment name"),
     "seed": F(int, 0, min=0),
     "epochs": F(int, 10, min=1),
+    "executor": F(str, "auto", choices=("auto", "tables", "chunks"),
+                  doc="foldengine executor (Compiler(executor=...)): auto = tables for small calls, chunks for large"),
     "batch_size": F(int, 25, min=1, doc="GLOBAL records per optimizer step, split over workers"),
     "eval_batch_size": F(int, None, min=1, nullable=True, doc="default: batch_size"),
     "loss_reduction": F(str, "mean", choices=("mean", "sum"),

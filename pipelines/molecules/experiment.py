@@ -408,6 +408,7 @@ class MoleculeExperiment(Experiment):
                                atom_hidden=mc["atom_hidden"], pair_hidden=mc["pair_hidden"],
                                n_weave=mc["n_weave"], gather=mc["gather"], mol_hidden=mc["mol_hidden"],
                                final_pair_output=mc["final_pair_output"], row_layout=mc.get("row_layout", "concat"))
+        model.executor = config.get("executor", "auto")
         model.target_scaling = context
         return model
 

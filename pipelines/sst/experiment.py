@@ -229,7 +229,9 @@ class SSTExperiment(Experiment):
             output_dropout=sc["output_dropout"], recurrent_dropout=sc["recurrent_dropout"],
             embeddings=embeddings, embedding_grad_scale=sc["embedding_grad_scale"],
             forget_bias=sc["forget_bias"], init=sc["init"], sparse_embedding=sc.get("sparse_embedding", False))
-        return build_compiler(modules, context.vocab.stoi, scheduler=config["scheduler"])
+        compiler = build_compiler(modules, context.vocab.stoi, scheduler=config["scheduler"])
+        compiler.executor = config.get("executor", "auto")
+        return compiler
 
     def build_model(self, config: dict, context: SSTContext) -> torch.nn.Module:
         return self._compiler(config, context, context.matrix())
