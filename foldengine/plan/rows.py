@@ -82,6 +82,14 @@ def _layout_gathers(layout: OutputLayout, out: List[Gather]) -> List[Gather]:
     return out
 
 
+def _runs(starts: Sequence[int], lengths: Sequence[int]) -> np.ndarray:
+    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])``; one arange per
+    run (few runs: cheaper than a vectorised construction)."""
+    if len(starts) == 1:
+        return np.arange(starts[0], starts[0] + lengths[0], dtype=np.int64)
+    return np.concatenate([np.arange(s, s + n, dtype=np.int64) for s, n in zip(starts, lengths)])
+
+
 class _Builder:
     def __init__(self, batch, op_out_tids: Sequence[Tuple[int, ...]]):
         self.batch = batch
@@ -119,10 +127,10 @@ class _Builder:
             return rows if g.perm_offset < 0 else rows[self.idx[g.perm_offset:g.perm_offset + g.length]]
         if kind is ChunksGather:
             ends = base + [self.rows[g.tid]]
-            rows = np.concatenate([np.arange(base[c], ends[c + 1], dtype=np.int64) for c in g.chunks])
+            rows = _runs([base[c] for c in g.chunks], [ends[c + 1] - base[c] for c in g.chunks])
             return rows[self.idx[g.offset:g.offset + g.length]]
         if kind is RunsGather:
-            return np.concatenate([np.arange(base[c] + s, base[c] + s + n, dtype=np.int64) for c, s, n in g.runs])
+            return _runs([base[c] + s for c, s, _ in g.runs], [n for _, _, n in g.runs])
         if kind is EmptyGather:
             return np.zeros(0, np.int64)
         raise TypeError(f"unknown gather record {g!r}")
@@ -130,6 +138,9 @@ class _Builder:
     def read(self, gathers: Sequence[Gather]) -> RowRead:
         views, by_tid = [], {}
         for slot, g in enumerate(gathers):
+            if type(g) is ViewGather:          # a view in the table too: no row array
+                views.append((slot, RowView(g.tid, self.bases[g.tid][g.chunk] + g.start, g.length)))
+                continue
             rows = self._rows(g)
             n = len(rows)
             if n and rows[-1] - rows[0] == n - 1 and (n == 1 or bool(np.all(np.diff(rows) == 1))):
