@@ -27,7 +27,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from .batch import Batch, SequenceOutput
-from .executor import ExecutionResult
+from .executor import ExecutionResult, _tensor
 from .ops import Operation
 from .plan.records import OutputLayout, SequenceLayout, TensorLayout, TupleLayout
 from .plan.rows import RowPlan, RowRead
@@ -46,7 +46,7 @@ class _Tables:
         for c, t, rows in zip(consts, types, plan.rows):
             v = torch.empty((rows,) + tuple(t.shape), dtype=torch_dtype(t.dtype), device=device)
             if c.shape[0]:
-                v[:c.shape[0]].copy_(torch.from_numpy(c), non_blocking=device.type == "cuda")
+                v[:c.shape[0]].copy_(_tensor(c), non_blocking=device.type == "cuda")
             self.values.append(v)
             self.raw.append(v.data)        # own version counter: writes do not bump values' counter
         self.grads: List[Optional[torch.Tensor]] = [None] * len(self.values)
@@ -148,7 +148,7 @@ def _rebuild(layout: OutputLayout, flat: list, pos: List[int], device):
         return tuple(_rebuild(item, flat, pos, device) for item in layout.items)
     if kind is SequenceLayout:
         return SequenceOutput(_rebuild(layout.element, flat, pos, device),
-                              torch.from_numpy(layout.lengths).to(device))
+                              _tensor(layout.lengths).to(device))
     return None
 
 
@@ -157,7 +157,7 @@ def execute_tables(batch: Batch, plan: RowPlan, ops: Sequence[Operation], types:
     """Run ``batch`` (in row space: ``plan``, see :func:`~foldengine.plan.rows.row_plan`) with
     the operation table ``ops`` on ``device``.  Calls of more than ``block_rows`` rows (0: no
     limit) run their operation in row blocks of that size (same values)."""
-    index = torch.from_numpy(plan.row_index)
+    index = _tensor(plan.row_index)
     if device.type == "cuda":
         index = index.pin_memory().to(device, non_blocking=True)
     tables = _Tables(plan, batch.consts, types, device, index)
