@@ -894,7 +894,8 @@ class Compiler(nn.Module):
     def _with_rows(self, batch: Batch) -> Batch:
         """``batch`` with its row plan when the ``"tables"`` executor is to run it (timed in
         ``stats['rows_s']``)."""
-        if self.executor == "tables" or (self.executor == "auto" and batch.calls and
+        executor = getattr(self, "executor", "auto")    # compilers pickled before the setting existed
+        if executor == "tables" or (executor == "auto" and batch.calls and
                                          batch.stats.get("nodes", 0) <= TABLES_MAX_ROWS_PER_CALL * len(batch.calls)):
             t0 = time.perf_counter()
             batch.rows = row_plan(batch, self.op_info.out_tids)
@@ -922,8 +923,10 @@ class Compiler(nn.Module):
             batch = dataclasses.replace(batch, consts=[c if c.dtype == t.dtype else c.astype(t.dtype)
                                                        for c, t in zip(batch.consts, types)])
         with batch_weight_grads():
-            if self.executor == "tables" or (self.executor == "auto" and batch.rows is not None):
-                rows = batch.rows if batch.rows is not None else row_plan(batch, self.op_info.out_tids)
+            executor = getattr(self, "executor", "auto")    # compilers pickled before the setting existed
+            rows = getattr(batch, "rows", None)             # batches pickled before row plans existed
+            if executor == "tables" or (executor == "auto" and rows is not None):
+                rows = rows if rows is not None else row_plan(batch, self.op_info.out_tids)
                 result = execute_tables(batch, rows, self.ops, types, self.device, self.max_call_rows or 0)
             else:
                 result = execute(batch, self.ops, types, self.device, self.max_call_rows or 0)
