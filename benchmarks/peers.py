@@ -12,7 +12,9 @@ first ``trees`` SST training trees in batches of ``batch`` prebuilt before timin
 is one timed call; the variants run in interleaved rounds (:mod:`benchmarks.timing`), each
 training its own copy of the same initial modules.
 
-Variants: ``foldengine/<scheduler>`` (the compiled model of :func:`pipelines.sst.model.build_compiler`)
+Variants: ``foldengine/<scheduler>`` (the compiled model of :func:`pipelines.sst.model.build_compiler`,
+default executor ``auto``), ``foldengine/<first scheduler>/<executor>`` for the other executors
+(``chunks``), ``foldengine/<first scheduler>/no-defer`` (``Compiler(defer_weight_grads=False)``)
 and ``hand-written`` (:class:`LevelWiseTreeLSTM`: nodes grouped by height, one cell call per
 level on index-selected children, the classifier once over all nodes).  Both compute the same
 function from the same modules: :func:`check_equal` compares loss and every parameter's
@@ -261,21 +263,23 @@ def _plot(rows: List[Dict[str, object]]):
 
 def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence[int] = (1, 2),
         schedulers: Sequence[str] = ("coalesce", "depth"), repeats: int = 3, warmup: int = 1,
-        executors: Sequence[str] = ("auto", "chunks"),
+        executors: Sequence[str] = ("auto", "chunks"), no_defer: bool = True,
         emb: int = 50, overrides: Sequence[str] = (), seed: int = 0, data_dir: Optional[str] = None,
         mlflow: bool = True, log: Callable[[str], None] = echo) -> Dict[str, float]:
     """Measure, print, log to MLflow (experiment ``bench_peers``, with a plot) unless
     ``mlflow=False``; returns the metrics (``t1.b25.foldengine_coalesce.vs_hand``, ...).
     ``overrides``: ``key=value`` changes to the Tai preset (e.g. ``sst.state_size=8``).
     ``executors``: ``Compiler(executor=...)`` values; the first runs every scheduler
-    (``foldengine/<scheduler>``), the others the first scheduler (``foldengine/<scheduler>/<executor>``)."""
+    (``foldengine/<scheduler>``), the others the first scheduler (``foldengine/<scheduler>/<executor>``).
+    ``no_defer``: also the first scheduler with ``Compiler(defer_weight_grads=False)``
+    (``foldengine/<scheduler>/no-defer``: one weight-gradient GEMM per call instead of per batch)."""
     from pipelines.sst.data import load_split
     from pipelines.sst.model import build_compiler
     from pipelines.sst.vocab import build_vocab
 
     cfg = tai_preset(overrides)
     params = {"trees": trees, "batches": list(batches), "threads": list(threads), "schedulers": list(schedulers),
-              "executors": list(executors),
+              "executors": list(executors), "no_defer": no_defer,
               "repeats": repeats, "warmup": warmup, "emb": emb, "overrides": list(overrides), "seed": seed,
               "state": cfg["sst"]["state_size"], "sparse_embedding": cfg["sst"]["sparse_embedding"],
               "optimizer": cfg["optimizer"]["name"]}
@@ -294,12 +298,14 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
         for B in batches:
             chunks = [train[i:i + B] for i in range(0, len(train), B)]
             trainers = {}
-            variants = [(s, executors[0], f"foldengine/{s}") for s in schedulers]
-            variants += [(schedulers[0], e, f"foldengine/{schedulers[0]}/{e}") for e in executors[1:] if schedulers]
-            for s, e, name in variants:
+            variants = [(s, executors[0], True, f"foldengine/{s}") for s in schedulers]
+            variants += [(schedulers[0], e, True, f"foldengine/{schedulers[0]}/{e}") for e in executors[1:] if schedulers]
+            if schedulers and no_defer:
+                variants.append((schedulers[0], executors[0], False, f"foldengine/{schedulers[0]}/no-defer"))
+            for s, e, defer, name in variants:
                 m = copy.deepcopy(modules).train()
                 c = build_compiler(m, vocab.stoi, s)
-                c.executor = e
+                c.executor, c.defer_weight_grads = e, defer
                 prebuilt = [(c.build_batch(ch), len(ch)) for ch in chunks]
                 trainers[name] = Trainer(lambda b, c=c: foldengine_loss(c, b[0], b[1]), prebuilt,
                                          make_optimizer(cfg, m))

@@ -548,6 +548,10 @@ class Compiler(nn.Module):
             views and concatenations.  Same values and gradients; an execution setting (it
             may be changed between forwards), but a batch built under ``"chunks"`` carries no
             row plan, so it gets one (numpy, on the spot) if later run by ``"tables"``.
+        defer_weight_grads: inside a forward, :func:`foldengine.deferred.linear` (used by
+            :class:`~foldengine.layers.BinaryTreeLSTMCell`) sums each weight's gradient once per
+            batch, in one GEMM over every call's rows, instead of one small GEMM per call (same
+            values; first derivatives only).  An execution setting; False: plain ``F.linear``.
 
     Attributes:
         output_type: the root block's output type.
@@ -558,6 +562,7 @@ class Compiler(nn.Module):
             when not empty, :meth:`trace` refuses to cache traces.
         row_layout: how a batch's rows are laid out (see ``Args``).
         executor: ``"auto"``, ``"tables"`` or ``"chunks"`` (see ``Args``).
+        defer_weight_grads: see ``Args``.
 
     Raises:
         BlockTypeError: the block tree does not type-check (names the blocks and both types).
@@ -578,13 +583,15 @@ class Compiler(nn.Module):
     """
 
     def __init__(self, block: Block, scheduler="depth", input_type: Type = PyObjectType(),
-                 max_call_rows: Optional[int] = None, row_layout: str = "readers", executor: str = "auto"):
+                 max_call_rows: Optional[int] = None, row_layout: str = "readers", executor: str = "auto",
+                 defer_weight_grads: bool = True):
         super().__init__()
         from .blocks import _as_block
         block = _as_block(block)
         self.root = block
         self.scheduler = get_scheduler(scheduler)
         self.max_call_rows = max_call_rows
+        self.defer_weight_grads = bool(defer_weight_grads)
         if row_layout not in ROW_LAYOUTS:
             raise ValueError(f"unknown row_layout {row_layout!r}; expected one of {ROW_LAYOUTS}")
         self.row_layout = row_layout
@@ -922,7 +929,7 @@ class Compiler(nn.Module):
         if any(c.dtype != t.dtype for c, t in zip(batch.consts, types)):   # after compiler.to(dtype)
             batch = dataclasses.replace(batch, consts=[c if c.dtype == t.dtype else c.astype(t.dtype)
                                                        for c, t in zip(batch.consts, types)])
-        with batch_weight_grads():
+        with batch_weight_grads(getattr(self, "defer_weight_grads", True)):
             executor = getattr(self, "executor", "auto")    # compilers pickled before the setting existed
             rows = getattr(batch, "rows", None)             # batches pickled before row plans existed
             if executor == "tables" or (executor == "auto" and rows is not None):

@@ -85,11 +85,12 @@ class _Linear(torch.autograd.Function):
 
 
 @contextmanager
-def batch_weight_grads():
-    """Within: :func:`linear` defers weight gradients to one GEMM per parameter per batch.
-    Re-entrant; the Compiler enters it around every forward."""
+def batch_weight_grads(enabled: bool = True):
+    """Within: :func:`linear` defers weight gradients to one GEMM per parameter per batch
+    (``enabled=False``: within, :func:`linear` is plain ``F.linear``).  Re-entrant; the
+    Compiler enters it around every forward (``Compiler(defer_weight_grads=...)``)."""
     outer = getattr(_state, "pending", None)
-    _state.pending = {} if outer is None else outer
+    _state.pending = None if not enabled else ({} if outer is None else outer)
     try:
         yield
     finally:

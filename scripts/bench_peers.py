@@ -34,6 +34,8 @@ def main(argv=None):
     ap.add_argument("--schedulers", type=_names, default=["coalesce", "depth"])
     ap.add_argument("--executors", type=_names, default=["auto", "chunks"],
                     help="Compiler executors: the first for every scheduler, the others for the first scheduler")
+    ap.add_argument("--no-defer-variant", dest="no_defer", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the first scheduler with Compiler(defer_weight_grads=False)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--emb", type=int, default=50)

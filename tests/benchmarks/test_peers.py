@@ -78,7 +78,8 @@ def test_bench_peers_tiny_run(data_dir):
                   overrides=["sst.state_size=6", "sst.sparse_embedding=true"], data_dir=str(data_dir),
                   mlflow=False, log=lambda s: None)
     torch.set_num_threads(threads)
-    for v in ("foldengine_coalesce", "foldengine_depth", "hand_written", "hand_written_dense_emb"):
+    for v in ("foldengine_coalesce", "foldengine_depth", "foldengine_coalesce_chunks", "foldengine_coalesce_no_defer",
+              "hand_written", "hand_written_dense_emb"):
         assert m[f"t1.b4.{v}.trees_per_s"] > 0
         assert m[f"t1.b4.{v}.forward_s"] > 0 and m[f"t1.b4.{v}.optimizer_s"] > 0
     assert m["t1.b4.hand_written.vs_hand"] == 1.0

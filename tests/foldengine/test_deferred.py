@@ -71,3 +71,49 @@ def test_plain_linear_outside_the_context_and_without_grad():
             assert linear(x, w).grad_fn is None
         assert type(linear(x, w).grad_fn).__name__ == "_LinearBackward"
     assert type(linear(x, w).grad_fn).__name__ != "_LinearBackward"     # context left
+
+
+def test_disabled_context_is_plain_linear():
+    w = torch.randn(3, 2, requires_grad=True)
+    x = torch.randn(4, 2)
+    with batch_weight_grads():
+        with batch_weight_grads(False):
+            assert type(linear(x, w).grad_fn).__name__ != "_LinearBackward"
+        assert type(linear(x, w).grad_fn).__name__ == "_LinearBackward"
+
+
+def test_compiler_setting_gives_the_same_gradients():
+    """``Compiler(defer_weight_grads=...)``: a Tree-LSTM over BinaryTreeLSTMCell has the same
+    loss and gradients either way."""
+    import random
+
+    import foldengine as fe
+    from foldengine import blocks as fb
+    from foldengine.layers import BinaryTreeLSTMCell
+    from foldengine.types import PyObjectType, TensorType, TupleType
+
+    from .helpers import random_tree
+
+    torch.manual_seed(0)
+    emb, cell = torch.nn.Embedding(20, 4), BinaryTreeLSTMCell(4, 6)
+    state = TupleType(TensorType(6), TensorType(6))
+    expr = fb.ForwardDeclaration(PyObjectType(), state)
+    leaf = fb.Scalar("int64") >> fb.Function(emb) >> fb.Function(cell.leaf, name="leaf")
+    pair = fb.Record([(0, expr()), (1, expr())]) >> fb.Function(cell.pair, name="pair")
+    expr.resolve_to(fb.OneOf(lambda t: isinstance(t, tuple), {False: leaf, True: pair}))
+    compiler = fe.Compiler(expr())
+    rng = random.Random(0)
+    batch = compiler.build_batch([random_tree(rng, rng.randint(1, 15)) for _ in range(12)])
+    results = []
+    for defer in (True, False):
+        compiler.defer_weight_grads = defer
+        compiler.zero_grad(set_to_none=True)
+        h, c = compiler(batch)
+        loss = (h * torch.arange(6.0)).sum() + c.pow(2).sum()
+        kinds = {type(n).__name__ for n in _nodes(loss.grad_fn)}
+        assert ("_SinkBackward" in kinds) == defer
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in compiler.parameters()]))
+    assert torch.allclose(results[0][0], results[1][0])
+    for a, b in zip(results[0][1], results[1][1]):
+        assert torch.allclose(a, b, atol=1e-5)
