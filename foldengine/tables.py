@@ -27,7 +27,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from .batch import Batch, SequenceOutput
-from .executor import ExecutionResult, _tensor
+from .executor import ExecutionResult, _reduce, _tensor
 from .ops import Operation
 from .plan.records import OutputLayout, SequenceLayout, TensorLayout, TupleLayout
 from .plan.rows import RowPlan, RowRead
@@ -125,18 +125,6 @@ class _Step(torch.autograd.Function):
         out_grads = [gt[tid].narrow(0, start, n) if gt[tid] is not None else None
                      for (tid, start), n in zip(ctx.writes, ctx.rows)]
         return (None, None, None, tables.token_grad if ctx.has_token else None, *out_grads)
-
-
-def _reduce(op: Operation, flat: torch.Tensor, seg: torch.Tensor, n: int) -> torch.Tensor:
-    shape = (n,) + tuple(flat.shape[1:])
-    if op.fn == "max" or op.fn == "min":
-        index = seg.view((-1,) + (1,) * (flat.dim() - 1)).expand_as(flat)
-        return flat.new_zeros(shape).scatter_reduce(0, index, flat, "a" + op.fn, include_self=False)
-    total = flat.new_zeros(shape).index_add(0, seg, flat)
-    if op.fn == "mean":
-        counts = torch.bincount(seg, minlength=n).clamp_(min=1).to(flat.dtype)
-        total = total / counts.view((-1,) + (1,) * (flat.dim() - 1))
-    return total
 
 
 def _rebuild(layout: OutputLayout, flat: list, pos: List[int], device):
