@@ -85,8 +85,9 @@ class Batch:
         metric_lengths: metric name -> int64 ``[size]``, how many values each input gave
             (``Compiler.metric_lengths`` / ``metric_sequences`` after a forward).
         rows: the same plan in one row space per type (:class:`~foldengine.plan.rows.RowPlan`),
-            what the default ``"tables"`` executor runs; made with the Batch (in the process
-            that builds it), None when built for the ``"chunks"`` executor.
+            what the ``"tables"`` executor runs; made with the Batch (in the process that builds
+            it) when that executor is to run it (``executor="tables"``, or ``"auto"`` and small
+            calls), else None.
         n_steps: the number of steps (``len(step_bounds) - 1``).
         nbytes: bytes of array data held (constants and indices, the row plan's included).
 

@@ -77,8 +77,6 @@ class RowPrefetcher:
     thread, so the batches and the training are exactly those of reading the shard directly.
     An error in the reader thread is raised by the iteration."""
 
-    _END = object()
-
     def __init__(self, shard, depth: int = 2):
         import queue
         import threading
