@@ -5,9 +5,12 @@ one :class:`SplitSource` per split: a Ray Data dataset with rows ``pos`` (the re
 position in its split: 0..n-1 in file order, bad records left out) and ``rec`` (the pickled
 record), read and parsed in Ray Data tasks (:mod:`pipelines.reading`).  Then:
 
-* the training split is traced once per run (``experiment.trace_records`` in Ray Data tasks;
-  column ``trace``) and materialised: the traces are blocks in the object store (spilled to
-  disk when large);
+* the training split's parsed blocks are materialised (rows ``pos``, ``rec``) and traced once
+  per run by a background pass (:func:`trace_in_background`: Ray tasks, one at a time, no
+  logical CPU reserved; column ``trace``): the traces are blocks in the object store (spilled
+  to disk when large), owned by the driver.  Epoch 1 does not wait for them: its batches are
+  built from the records (tracing as they go); epochs from the second on read the traces
+  (:class:`TracedBlocks`);
 * each ``train_e<epoch>_r<rank>`` dataset only maps every record to its place in the epoch
   (``perm`` from ``(seed, epoch)`` as in :mod:`pipelines.sharding`: step ``i`` takes positions
   ``perm[i*B:(i+1)*B]``, rank ``r`` the ``r``-th of ``world`` near-equal parts, in that order),
@@ -42,11 +45,11 @@ Built steps stream: :func:`_build_steps` yields each step as soon as it is built
 them on in blocks of at least 1 MiB), and the step sort is cut at known step boundaries
 (:func:`step_boundaries`).
 
-Known cost: an epoch's first step needs every record of the split parsed and traced (steps are
-drawn from a permutation of the whole split) and the rank's rows sorted, so the time to the
-first step grows with the data (see ``scripts/bench_input_scale.py``).  Tracing (about 0.25 ms of
-Python per SST tree) is the largest part; tracing each step's records after the sort in the
-first epoch, and keeping those traces for the next epochs, would take it off the first step.
+Known cost: an epoch's first step needs every record of the split parsed (steps are drawn from
+a permutation of the whole split) and the rank's rows sorted, so the time to the first step
+still grows with the data (see ``scripts/bench_input_scale.py``).  Tracing (about 0.3 ms of
+Python per SST tree, 6 ms per Tox21 molecule) is off that path: epoch 1 traces only the records
+of the steps it builds, and the trace pass for the later epochs runs beside it.
 """
 from __future__ import annotations
 
@@ -65,7 +68,8 @@ from .seeding import derived_seed, seed_all
 from .sharding import (EVAL_SPLITS, DataPlan, DeclaredData, _cached, _cfg_key, eval_dataset_name,
                        eval_groups, train_dataset_name, train_steps_per_epoch)
 
-__all__ = ["SplitSource", "StreamSplits", "with_positions", "declare_streaming", "assemble_steps", "step_boundaries"]
+__all__ = ["SplitSource", "StreamSplits", "TracedBlocks", "with_positions", "declare_streaming", "assemble_steps",
+           "step_boundaries", "trace_in_background"]
 
 
 @dataclasses.dataclass
@@ -120,14 +124,74 @@ def _builder(experiment: Experiment, cfg: dict, context: Any):
 
 
 def _trace_block(table, experiment, cfg, context):
+    """One block of rows ``pos``, ``rec`` -> the same rows with ``trace`` (each record's pickled
+    trace, ``experiment.trace_records``; nulls when the experiment keeps no traces)."""
     import pyarrow as pa
 
     builder = _builder(experiment, cfg, context)
     recs = [pickle.loads(b) for b in table.column("rec").to_pylist()]
-    traces = experiment.trace_records(builder, recs) if cfg["data"].get("cache_traces", False) else None
+    traces = experiment.trace_records(builder, recs)
     blobs = [None] * len(recs) if traces is None else \
         [pickle.dumps(t, protocol=pickle.HIGHEST_PROTOCOL) for t in traces]
     return table.append_column("trace", pa.array(blobs, pa.binary()))
+
+
+def _trace_link(table, after, job):
+    """One link of a background trace chain (a Ray task): ``(traced block, token)``.  ``after``
+    is the previous link's token: Ray starts this link only when the previous one is done."""
+    experiment, cfg, context = job
+    return _trace_block(table, experiment, cfg, context), None
+
+
+#: Trace chains run side by side by :func:`trace_in_background` (each one task at a time).
+TRACE_CHAINS = 1
+
+_REMOTES: dict = {}
+
+
+@dataclasses.dataclass
+class TracedBlocks:
+    """The training split's traced blocks, made by Ray tasks that may still be running.
+
+    ``refs[i]`` is the object ref of block ``i`` of the source with a ``trace`` column (its
+    rows in the source's order); the driver that made them owns them for the run.  Ray Data
+    reads them through :meth:`dataset` (one row ``block`` per block), so datasets built on it
+    can be declared before the tracing is done: a task that reads block ``i`` waits for it."""
+
+    refs: list
+
+    def dataset(self):
+        import ray.data
+
+        n = len(self.refs)
+        return ray.data.from_items([{"block": i} for i in range(n)], override_num_blocks=max(n, 1))
+
+
+def trace_in_background(source, experiment: Experiment, cfg: dict, context: Any,
+                        chains: int = TRACE_CHAINS) -> TracedBlocks:
+    """Trace every block of ``source`` (a materialised dataset of rows ``pos``, ``rec``) in Ray
+    tasks that run while training starts; returns at once.
+
+    The tasks form ``chains`` chains, each running one task at a time and reserving no logical
+    CPU, so the epoch-1 data (built from the records, tracing as it goes) and the trainer are
+    never queued behind the pass: the first step does not wait for every record to be traced,
+    and the pass takes at most ``chains`` cores from them.  Epochs from the second on read the
+    traces (:class:`TracedBlocks`); one trace pass costs about as much Python as one epoch's
+    batch building, so one chain keeps well ahead of training.  Each record is traced once per
+    run by this pass (epoch 1's batches trace their own records as they are built)."""
+    import ray
+
+    link = _REMOTES.get("trace")
+    if link is None:
+        link = _REMOTES["trace"] = ray.remote(_trace_link).options(num_cpus=0, num_returns=2)
+    job = ray.put((experiment, cfg, context))
+    tokens: list = [None] * max(1, chains)
+    refs = []
+    for i, block in enumerate(source.to_arrow_refs()):
+        c = i % len(tokens)
+        ref, tokens[c] = link.remote(block, tokens[c], job)
+        refs.append(ref)
+    return TracedBlocks(refs)
 
 
 def _inverse_perm(seed: int, epoch: int, n: int) -> np.ndarray:
@@ -158,6 +222,17 @@ def _assign_train(table, seed, epoch, rank, world, batch_size, n, steps):
     return t.append_column("step", pa.array(step[keep], pa.int64())) \
             .append_column("j", pa.array((off - start)[keep], pa.int64())) \
             .append_column("denom", pa.array(step_len[keep], pa.int64()))
+
+
+def _assign_traced_block(table, refs, seed, epoch, rank, world, batch_size, n, steps):
+    """:func:`_assign_train` of the traced blocks named by ``table``'s ``block`` column."""
+    import pyarrow as pa
+    import ray
+
+    blocks = [ray.get(refs[i]) for i in table.column("block").to_pylist()]
+    if not blocks:
+        return _assign_train(ray.get(refs[0]).slice(0, 0), seed, epoch, rank, world, batch_size, n, steps)
+    return _assign_train(pa.concat_tables(blocks), seed, epoch, rank, world, batch_size, n, steps)
 
 
 def _assign_eval(table, rank, world, batch_size):
@@ -338,18 +413,23 @@ def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, w
     steps = train_steps_per_epoch(train.n, bs, world, cfg["max_steps_per_epoch"])
     if steps < 1:
         raise ConfigError(f"{train.n} training records cannot make one step of {world} worker(s)", "batch_size")
-    traced = train.dataset.map_batches(_trace_block, batch_format="pyarrow", batch_size=None,
-                                       fn_kwargs=dict(experiment=experiment, cfg=cfg, context=ctx_obj)).materialize()
+    source = train.dataset.materialize()          # rows pos, rec: parsed once, kept as blocks
+    use_traces = bool(cfg["data"].get("cache_traces", False)) and cfg["epochs"] > 1
+    traced = trace_in_background(source, experiment, cfg, ctx_obj) if use_traces else None
     datasets: dict = {}
     build_kw = dict(experiment=experiment, cfg=cfg, context=ctx_obj)
     for epoch in range(1, cfg["epochs"] + 1):
         for r in range(world):
-            ds = traced.map_batches(_assign_train, batch_format="pyarrow", batch_size=None,
-                                    fn_kwargs=dict(seed=seed, epoch=epoch, rank=r, world=world, batch_size=bs,
-                                                   n=train.n, steps=steps))
+            assign_kw = dict(seed=seed, epoch=epoch, rank=r, world=world, batch_size=bs, n=train.n, steps=steps)
+            from_traces = traced is not None and epoch > 1
+            if from_traces:
+                ds = traced.dataset().map_batches(_assign_traced_block, batch_format="pyarrow", batch_size=None,
+                                                  fn_kwargs=dict(assign_kw, refs=traced.refs))
+            else:
+                ds = source.map_batches(_assign_train, batch_format="pyarrow", batch_size=None, fn_kwargs=assign_kw)
             ds = ds.sort("step", boundaries=step_boundaries(steps, bs / world)).map_batches(
                 _build_steps, batch_format="pyarrow", batch_size=None,
-                fn_kwargs=dict(build_kw, epoch=epoch, rank=r, use_traces=True,
+                fn_kwargs=dict(build_kw, epoch=epoch, rank=r, use_traces=from_traces,
                                expected=_TrainExpected(r, world, bs, train.n)))
             datasets[train_dataset_name(epoch, r)] = ds
     eval_splits = []

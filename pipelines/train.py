@@ -216,7 +216,7 @@ def _read_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> Opt
 def _declare_data(experiment: Experiment, cfg: dict, splits, world: int,
                   tracker: trk.Tracker) -> DeclaredData:
     """Declare the datasets: :func:`pipelines.streaming.declare_streaming` for
-    :class:`StreamSplits` (traces the training split now, in Ray Data tasks), else
+    :class:`StreamSplits` (starts the training split's background trace pass), else
     :func:`pipelines.sharding.declare_datasets`."""
     _configure_ray_data(cfg)
     t0 = time.perf_counter()

@@ -273,6 +273,8 @@ def split_traces(merged: MergedTraces, input_ends: Sequence[tuple], per_input_ou
     Returns:
         One :class:`InputTrace` per input, in order (``Compiler.trace`` calls this).
     """
+    if not len(input_ends):
+        return []
     g = merged.graph
     n_types = len(merged.consts)
     ends = np.asarray(input_ends, np.int64).reshape(len(input_ends), -1)

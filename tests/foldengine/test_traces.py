@@ -92,6 +92,12 @@ def test_traces_are_compact_numpy_and_pickle():
     assert all(tr.edge_src.max(initial=0) < len(tr.handle_type) for tr in traces)
 
 
+@pytest.mark.parametrize("row_layout", ["readers", "concat"])
+def test_trace_of_no_inputs_is_empty(row_layout):
+    """An empty block of records (Ray Data makes them) traces to no traces, not an error."""
+    assert fe.Compiler(_tree_model(), row_layout=row_layout).trace([]) == []
+
+
 def test_traces_from_another_compiler_are_refused():
     a, b = fe.Compiler(_tree_model()), fe.Compiler(_record_model())
     traces = a.trace(_tree_inputs(3))
