@@ -85,6 +85,9 @@ class DeclaredData:
 
     datasets: dict[str, Any]       #: name -> ``ray.data.Dataset``
     plan: DataPlan
+    #: work the datasets depend on that runs in the background (hold it for the run):
+    #: :class:`pipelines.background.TracedBlocks`, :class:`pipelines.background.CachedEval`
+    background: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)

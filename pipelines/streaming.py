@@ -6,11 +6,11 @@ position in its split: 0..n-1 in file order, bad records left out) and ``rec`` (
 record), read and parsed in Ray Data tasks (:mod:`pipelines.reading`).  Then:
 
 * the training split's parsed blocks are materialised (rows ``pos``, ``rec``) and traced once
-  per run by a background pass (:func:`trace_in_background`: Ray tasks, one at a time, no
-  logical CPU reserved; column ``trace``): the traces are blocks in the object store (spilled
-  to disk when large), owned by the driver.  Epoch 1 does not wait for them: its batches are
-  built from the records (tracing as they go); epochs from the second on read the traces
-  (:class:`TracedBlocks`);
+  per run by a background pass (:func:`pipelines.background.trace_in_background`: an actor with
+  no logical CPU, at a low CPU priority, one block at a time; column ``trace``): the traces are
+  blocks in the object store (spilled to disk when large).  Epoch 1 does not wait for them: its
+  batches are built from the records (tracing as they go); epochs from the second on read the
+  traces (:class:`pipelines.background.TracedBlocks`);
 * each ``train_e<epoch>_r<rank>`` dataset only maps every record to its place in the epoch
   (``perm`` from ``(seed, epoch)`` as in :mod:`pipelines.sharding`: step ``i`` takes positions
   ``perm[i*B:(i+1)*B]``, rank ``r`` the ``r``-th of ``world`` near-equal parts, in that order),
@@ -22,8 +22,10 @@ record), read and parsed in Ray Data tasks (:mod:`pipelines.reading`).  Then:
   whose rows span two blocks is joined and built in the trainer, :func:`assemble_steps`): the
   same batches, in the same order, as
   :func:`pipelines.sharding.build_rows`;
-* eval datasets group consecutive positions (group ``g`` on rank ``g % world``) the same way and
-  are materialised once (``data.cache_eval``).
+* eval datasets group consecutive positions (group ``g`` on rank ``g % world``) the same way;
+  with ``data.cache_eval`` (default) they are built once by a background actor while training
+  starts (:func:`pipelines.background.build_eval_in_background`) and read by every epoch's
+  evaluation; without it, rebuilt by Ray Data tasks each time they are read.
 
 So which records form which step on which rank is a pure function of (config, seed, epoch), and
 resumed / restarted runs reproduce uninterrupted ones.  Each process holds one block or one step's
@@ -63,13 +65,14 @@ import numpy as np
 import torch
 
 from .config import ConfigError
+from .background import build_eval_in_background, trace_in_background
 from .experiment import Experiment
 from .seeding import derived_seed, seed_all
 from .sharding import (EVAL_SPLITS, DataPlan, DeclaredData, _cached, _cfg_key, eval_dataset_name,
                        eval_groups, train_dataset_name, train_steps_per_epoch)
 
-__all__ = ["SplitSource", "StreamSplits", "TracedBlocks", "with_positions", "declare_streaming", "assemble_steps",
-           "step_boundaries", "trace_in_background"]
+__all__ = ["SplitSource", "StreamSplits", "with_positions", "declare_streaming", "assemble_steps",
+           "step_boundaries"]
 
 
 @dataclasses.dataclass
@@ -134,64 +137,6 @@ def _trace_block(table, experiment, cfg, context):
     blobs = [None] * len(recs) if traces is None else \
         [pickle.dumps(t, protocol=pickle.HIGHEST_PROTOCOL) for t in traces]
     return table.append_column("trace", pa.array(blobs, pa.binary()))
-
-
-def _trace_link(table, after, job):
-    """One link of a background trace chain (a Ray task): ``(traced block, token)``.  ``after``
-    is the previous link's token: Ray starts this link only when the previous one is done."""
-    experiment, cfg, context = job
-    return _trace_block(table, experiment, cfg, context), None
-
-
-#: Trace chains run side by side by :func:`trace_in_background` (each one task at a time).
-TRACE_CHAINS = 1
-
-_REMOTES: dict = {}
-
-
-@dataclasses.dataclass
-class TracedBlocks:
-    """The training split's traced blocks, made by Ray tasks that may still be running.
-
-    ``refs[i]`` is the object ref of block ``i`` of the source with a ``trace`` column (its
-    rows in the source's order); the driver that made them owns them for the run.  Ray Data
-    reads them through :meth:`dataset` (one row ``block`` per block), so datasets built on it
-    can be declared before the tracing is done: a task that reads block ``i`` waits for it."""
-
-    refs: list
-
-    def dataset(self):
-        import ray.data
-
-        n = len(self.refs)
-        return ray.data.from_items([{"block": i} for i in range(n)], override_num_blocks=max(n, 1))
-
-
-def trace_in_background(source, experiment: Experiment, cfg: dict, context: Any,
-                        chains: int = TRACE_CHAINS) -> TracedBlocks:
-    """Trace every block of ``source`` (a materialised dataset of rows ``pos``, ``rec``) in Ray
-    tasks that run while training starts; returns at once.
-
-    The tasks form ``chains`` chains, each running one task at a time and reserving no logical
-    CPU, so the epoch-1 data (built from the records, tracing as it goes) and the trainer are
-    never queued behind the pass: the first step does not wait for every record to be traced,
-    and the pass takes at most ``chains`` cores from them.  Epochs from the second on read the
-    traces (:class:`TracedBlocks`); one trace pass costs about as much Python as one epoch's
-    batch building, so one chain keeps well ahead of training.  Each record is traced once per
-    run by this pass (epoch 1's batches trace their own records as they are built)."""
-    import ray
-
-    link = _REMOTES.get("trace")
-    if link is None:
-        link = _REMOTES["trace"] = ray.remote(_trace_link).options(num_cpus=0, num_returns=2)
-    job = ray.put((experiment, cfg, context))
-    tokens: list = [None] * max(1, chains)
-    refs = []
-    for i, block in enumerate(source.to_arrow_refs()):
-        c = i % len(tokens)
-        ref, tokens[c] = link.remote(block, tokens[c], job)
-        refs.append(ref)
-    return TracedBlocks(refs)
 
 
 def _inverse_perm(seed: int, epoch: int, n: int) -> np.ndarray:
@@ -416,6 +361,7 @@ def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, w
     source = train.dataset.materialize()          # rows pos, rec: parsed once, kept as blocks
     use_traces = bool(cfg["data"].get("cache_traces", False)) and cfg["epochs"] > 1
     traced = trace_in_background(source, experiment, cfg, ctx_obj) if use_traces else None
+    background: list = [traced] if traced is not None else []
     datasets: dict = {}
     build_kw = dict(experiment=experiment, cfg=cfg, context=ctx_obj)
     for epoch in range(1, cfg["epochs"] + 1):
@@ -438,8 +384,15 @@ def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, w
         if src is None or not src.n:
             continue
         eval_splits.append(split)
+        cached = None
+        if cfg["data"]["cache_eval"]:
+            cached = build_eval_in_background(src, experiment, cfg, ctx_obj, world, ebs)
+            background.append(cached)
         for r in range(world):
             if eval_groups(src.n, ebs, world, r) == 0:
+                continue
+            if cached is not None:
+                datasets[eval_dataset_name(split, r)] = cached.dataset(r)
                 continue
             ds = src.dataset.map_batches(_assign_eval, batch_format="pyarrow", batch_size=None,
                                          fn_kwargs=dict(rank=r, world=world, batch_size=ebs))
@@ -447,9 +400,7 @@ def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, w
                 _build_steps, batch_format="pyarrow", batch_size=None,
                 fn_kwargs=dict(build_kw, epoch=0, rank=r, use_traces=False,
                                expected=_EvalExpected(r, world, ebs, src.n)))
-            if cfg["data"]["cache_eval"]:
-                ds = ds.materialize()
             datasets[eval_dataset_name(split, r)] = ds
     plan = DataPlan(steps=steps, eval_splits=tuple(eval_splits), world=world, n_train=train.n,
                     datasets=tuple(sorted(datasets)))
-    return DeclaredData(datasets, plan)
+    return DeclaredData(datasets, plan, background=tuple(background))

@@ -4,8 +4,10 @@
 
 1. :func:`setup`: seed from ``seed``, ``experiment.build_model(config, context)`` (identical on
    every rank), wrap it for ``DistributedDataParallel`` (``find_unused_parameters=True``:
-   dynamic batches need not touch every parameter), make the optimizer, then switch to this
-   rank's own RNG stream (dropout etc.);
+   dynamic batches need not touch every parameter; parameters with sparse gradients, such as
+   ``nn.Embedding(sparse=True)``, are left out of DDP and averaged after ``backward`` with dense
+   collectives by :class:`pipelines.sparse_grads.SparseGradSync`), make the optimizer, then
+   switch to this rank's own RNG stream (dropout etc.);
 2. :func:`restore`: continue from this run's latest checkpoint (after a worker-group restart) or
    else from ``resume_from``: model, optimizer, history, best-so-far and this rank's RNG states;
 3. per epoch, :func:`run_epoch`: :func:`train_epoch` (one optimizer step per row of the
@@ -15,8 +17,9 @@
    :func:`report_epoch`: rank 0 logs, writes the checkpoint (``pipelines.checkpoint``) and
    reports the metrics with it; the other ranks report the metrics alone.
 
-Every rank makes the same collective calls in the same order (gathers of the epoch's training
-totals, of each eval split's sums, of the parameter hashes and of the RNG states).
+Every rank makes the same collective calls in the same order (per step: DDP's all-reduces and
+the sparse gradients' three gathers; per epoch: gathers of the training totals, of each eval
+split's sums, of the parameter hashes and of the RNG states).
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from .metrics import better, prefixed, sum_into
 from .optim import make_optimizer
 from .seeding import derived_seed, param_hash, rng_state, seed_all, set_rng_state
 from .sharding import DataPlan, eval_dataset_name, train_dataset_name
+from .sparse_grads import SparseGradSync
 from .streaming import assemble_steps
 
 __all__ = ["TrainPlan", "Worker", "RunState", "EpochTotals", "train_loop", "setup", "restore",
@@ -65,6 +69,8 @@ class Worker:
     log: logging.LoggerAdapter
     #: epoch -> :class:`RowPrefetcher` of its training rows, started while the epoch before trains
     prefetch: dict = dataclasses.field(default_factory=dict)
+    #: averages sparse (embedding) gradients over ranks after ``backward`` (DDP leaves them alone)
+    sparse_sync: Optional[SparseGradSync] = None
 
 
 class RowPrefetcher:
@@ -217,16 +223,20 @@ def setup(plan: TrainPlan, rank: int, world: int) -> Worker:
     seed_all(seed)
     model = experiment.build_model(cfg, plan.context).to(device)
     wrapped: torch.nn.Module = _LossModule(experiment, model)
+    sparse_sync = None
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
+        sparse_sync = SparseGradSync(wrapped, world) or None
+        if sparse_sync is not None:
+            sparse_sync.exclude_from_ddp()
         wrapped = DDP(wrapped, find_unused_parameters=True,
                       device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = make_optimizer(experiment.param_groups(model, cfg), cfg)
     seed_all(derived_seed(seed, rank, 99))  # per-rank stream (dropout etc.)
     return Worker(rank=rank, world=world, device=device, model=model, wrapped=wrapped,
                   optimizer=optimizer, trainable=[p for p in model.parameters() if p.requires_grad],
-                  log=_rank_logger(rank))
+                  log=_rank_logger(rank), sparse_sync=sparse_sync)
 
 
 def restore(plan: TrainPlan, w: Worker) -> RunState:
@@ -283,6 +293,8 @@ def train_epoch(plan: TrainPlan, w: Worker, epoch: int) -> EpochTotals:
         loss_sum, stats = w.wrapped(batch)
         scale = w.world / float(row["denom"]) if mean else float(w.world)
         (loss_sum * scale).backward()
+        if w.sparse_sync is not None:
+            w.sparse_sync()
         if grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(w.trainable, grad_clip)
         w.optimizer.step()

@@ -212,6 +212,18 @@ def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, c
     finally:
         ctx.target_max_block_size = saved
     assert new.plan == old.plan
+    # epoch 2 read the background pass's traces: one traced block per source block, every
+    # record traced once; the eval batches came from background builders; all of them made by
+    # low-priority processes
+    from pipelines.background import BACKGROUND_NICENESS, CachedEval, TracedBlocks
+    traced = [b for b in new.background if isinstance(b, TracedBlocks)]
+    cached = [b for b in new.background if isinstance(b, CachedEval)]
+    assert len(traced) == 1 and len(cached) == len(new.plan.eval_splits) == 1
+    tables = ray.get(traced[0].refs)
+    assert sum(t.num_rows for t in tables) == 113
+    assert all(b is not None for t in tables for b in t.column("trace").to_pylist())
+    for b in new.background:
+        assert ray.get(b.worker.__ray_call__.remote(lambda self: os.nice(0))) == BACKGROUND_NICENESS
     n_parts = 0
     for name in old.plan.datasets:
         a = old.datasets[name].take_all()
