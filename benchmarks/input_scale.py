@@ -23,7 +23,8 @@ its own local Ray:
 Both report ``driver_rss_mb`` (the process's peak RSS, ``ru_maxrss``) and ``ray_rss_mb`` (the
 largest peak RSS, ``VmHWM``, of any process the driver started: Ray's GCS, raylet, workers;
 sampled from ``/proc`` every 0.2 s; RSS counts the object-store pages a process touched, so
-``ray_anon_mb`` also gives the largest private (``RssAnon``) memory seen in any of them).
+``ray_anon_mb`` also gives the largest private (``RssAnon``) memory seen in any of them, and
+``ray_anon_proc`` that process's title).
 ``--modes driver`` adds the old path (``data.streaming: false``: the driver parses everything)
 for comparison.
 
@@ -49,7 +50,7 @@ __all__ = ["WORKLOADS", "make_corpus", "run", "measure"]
 
 WORKLOADS = ("sst", "tox21")
 COLUMNS = ["workload", "k", "mode", "phase", "records", "read_s", "trace_s", "first_batch_s", "e2_first_batch_s",
-           "parsed_per_s", "first_step_s", "wait_share", "e2_first_wait_s", "driver_rss_mb", "ray_rss_mb", "ray_anon_mb", "wall_s"]
+           "parsed_per_s", "first_step_s", "wait_share", "e2_first_wait_s", "driver_rss_mb", "ray_rss_mb", "ray_anon_mb", "ray_anon_proc", "wall_s"]
 
 
 # ---------------------------------------------------------------------------- corpora
@@ -140,20 +141,31 @@ def _rss_kb(pid: int) -> tuple:
     return out["VmHWM:"], out["RssAnon:"]
 
 
+def _proc_title(pid: int) -> str:
+    """The process's title (Ray names its processes, e.g. ``ray::BackgroundWorker.trace``)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0", 1)[0].decode(errors="replace").strip()[:60]
+    except OSError:
+        return "?"
+
+
 class _RaySampler(threading.Thread):
     """Largest peak RSS and largest sampled private RSS (kB) of any descendant process, sampled
-    every ``period`` seconds."""
+    every ``period`` seconds, and the title of the process with that private RSS."""
 
     def __init__(self, period: float = 0.2):
         super().__init__(daemon=True)
         self.period, self.max_kb, self.max_anon_kb, self.stop = period, 0, 0, threading.Event()
+        self.max_anon_proc = ""
 
     def run(self):
         while not self.stop.is_set():
             for p in _descendants(os.getpid()):
                 hwm, anon = _rss_kb(p)
                 self.max_kb = max(self.max_kb, hwm)
-                self.max_anon_kb = max(self.max_anon_kb, anon)
+                if anon > self.max_anon_kb:
+                    self.max_anon_kb, self.max_anon_proc = anon, _proc_title(p)
             self.stop.wait(self.period)
 
 
@@ -215,6 +227,7 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
     out["driver_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     out["ray_rss_mb"] = sampler.max_kb / 1024.0
     out["ray_anon_mb"] = sampler.max_anon_kb / 1024.0
+    out["ray_anon_proc"] = sampler.max_anon_proc
     out["wall_s"] = time.time() - t_start
     return out
 

@@ -126,16 +126,27 @@ def _builder(experiment: Experiment, cfg: dict, context: Any):
     return _cached(("builder", type(experiment).__module__, type(experiment).__qualname__, _cfg_key(cfg)), make)
 
 
+#: records traced per ``experiment.trace_records`` call: a trace's Python objects are many times
+#: its pickle (a Tox21 molecule: ~100 kB pickled), so a block is traced in pieces, each pickled
+#: before the next is made
+TRACE_CHUNK_RECORDS = 256
+
+
 def _trace_block(table, experiment, cfg, context):
     """One block of rows ``pos``, ``rec`` -> the same rows with ``trace`` (each record's pickled
-    trace, ``experiment.trace_records``; nulls when the experiment keeps no traces)."""
+    trace, ``experiment.trace_records``; nulls when the experiment keeps no traces).  Traces
+    :data:`TRACE_CHUNK_RECORDS` records at a time."""
     import pyarrow as pa
 
     builder = _builder(experiment, cfg, context)
-    recs = [pickle.loads(b) for b in table.column("rec").to_pylist()]
-    traces = experiment.trace_records(builder, recs)
-    blobs = [None] * len(recs) if traces is None else \
-        [pickle.dumps(t, protocol=pickle.HIGHEST_PROTOCOL) for t in traces]
+    column = table.column("rec")
+    blobs: list = []
+    for a in range(0, table.num_rows, TRACE_CHUNK_RECORDS):
+        recs = [pickle.loads(b) for b in column.slice(a, TRACE_CHUNK_RECORDS).to_pylist()]
+        traces = experiment.trace_records(builder, recs)
+        blobs += [None] * len(recs) if traces is None else \
+            [pickle.dumps(t, protocol=pickle.HIGHEST_PROTOCOL) for t in traces]
+        del recs, traces
     return table.append_column("trace", pa.array(blobs, pa.binary()))
 
 

@@ -35,6 +35,7 @@ def test_bench_input_scale_k1_slice(tmp_path, monkeypatch, data_dir):
     assert train["first_step_s"] > 0 and 0.0 <= train["wait_share"] <= 1.0
     for r in (inp, train):
         assert r["driver_rss_mb"] > 50 and r["ray_rss_mb"] > 50
+        assert r["ray_anon_proc"] and r["ray_anon_proc"] != "?"   # the process with the most private memory
     assert by_phase["ratio:train"]["first_step_ratio"] == pytest.approx(1.0)
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
     run = mlflow.search_runs(experiment_names=["bench_input_scale"], output_format="list")[0]

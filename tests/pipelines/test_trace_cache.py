@@ -67,3 +67,29 @@ def test_trace_cache_turns_itself_off_for_experiments_without_traces():
     cache = _TraceCache(3)
     assert cache.get(_NoTraces(), None, [1, 2, 3], np.array([0, 1])) is None
     assert not cache.enabled
+
+
+def test_trace_block_in_pieces_equals_one_trace_call(data_dir, monkeypatch):
+    """``pipelines.streaming._trace_block`` traces a block ``TRACE_CHUNK_RECORDS`` records at a
+    time (bounded memory); the traces are those of one ``trace_records`` call over the block."""
+    import pyarrow as pa
+
+    from pipelines import streaming
+
+    exp = MoleculeExperiment("tox21")
+    cfg = {"seed": 0, "molecules": {"atom_hidden": 5, "pair_hidden": 4, "n_weave": 2, "gather": "sum",
+                                    "mol_hidden": 6, "final_pair_output": False}}
+    records = _molecule_records(data_dir)
+    table = pa.table({"pos": pa.array(range(len(records)), pa.int64()),
+                      "rec": pa.array([pickle.dumps(r) for r in records], pa.binary())})
+    monkeypatch.setattr(streaming, "TRACE_CHUNK_RECORDS", 3)
+    pieces = streaming._trace_block(table, exp, cfg, TargetScaling())
+    assert pieces.column_names == ["pos", "rec", "trace"] and pieces.num_rows == len(records)
+    builder = streaming._builder(exp, cfg, TargetScaling())
+    whole = exp.trace_records(builder, records)
+    traced = [pickle.loads(b) for b in pieces.column("trace").to_pylist()]
+    for idx in ([0, 1, 2, 3, 4, 5, 6, 7], [6, 2]):
+        recs = [records[j] for j in idx]
+        a = exp.make_batch(builder, recs, [whole[j] for j in idx])
+        b = exp.make_batch(builder, recs, [traced[j] for j in idx])
+        assert _plan_bytes(a.batch) == _plan_bytes(b.batch)
