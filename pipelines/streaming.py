@@ -397,7 +397,7 @@ def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, w
         eval_splits.append(split)
         cached = None
         if cfg["data"]["cache_eval"]:
-            cached = build_eval_in_background(src, experiment, cfg, ctx_obj, world, ebs)
+            cached = build_eval_in_background(split, src, experiment, cfg, ctx_obj, world, ebs)
             background.append(cached)
         for r in range(world):
             if eval_groups(src.n, ebs, world, r) == 0:

@@ -38,6 +38,7 @@ from .metrics import better, prefixed, sum_into
 from .optim import make_optimizer
 from .seeding import derived_seed, param_hash, rng_state, seed_all, set_rng_state
 from .sharding import DataPlan, eval_dataset_name, train_dataset_name
+from .background import cached_eval_rows
 from .sparse_grads import SparseGradSync
 from .streaming import assemble_steps
 
@@ -53,6 +54,9 @@ class TrainPlan:
     config: dict        #: the validated run config
     context: Any        #: ``Splits.context`` from ``experiment.load_splits`` (for ``build_model``)
     data: DataPlan      #: the declared datasets (``pipelines.sharding``)
+    #: eval split -> ref of its step rows built by a background actor
+    #: (:class:`pipelines.background.CachedEval`): read directly instead of its dataset
+    eval_blocks: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -336,7 +340,9 @@ def evaluate(plan: TrainPlan, w: Worker) -> dict[str, float]:
             sums: dict[str, float] = {}
             name = eval_dataset_name(split, w.rank)
             if plan.data.has(name):
-                rows = ray.train.get_dataset_shard(name).iter_rows()
+                cached = plan.eval_blocks.get(split)
+                rows = cached_eval_rows(cached, w.rank) if cached is not None else \
+                    ray.train.get_dataset_shard(name).iter_rows()
                 for row in assemble_steps(rows, experiment, plan.config, plan.context, 0, w.rank, False):
                     sum_into(sums, experiment.eval_stats(w.model, pickle.loads(row["batch"])))
             total: dict[str, float] = {}

@@ -224,6 +224,12 @@ def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, c
     assert all(b is not None for t in tables for b in t.column("trace").to_pylist())
     for b in new.background:
         assert ray.get(b.worker.__ray_call__.remote(lambda self: os.nice(0))) == BACKGROUND_NICENESS
+    # what the trainer reads (cached_eval_rows, no Ray Data execution) is the eval dataset's rows
+    from pipelines.background import cached_eval_rows
+    assert cached[0].split == "dev"
+    for r in range(world):
+        direct = list(cached_eval_rows(cached[0].blocks, r))
+        assert direct == parts[f"dev_r{r}"] and direct, r
     n_parts = 0
     for name in old.plan.datasets:
         a = old.datasets[name].take_all()
