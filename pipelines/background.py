@@ -10,6 +10,11 @@ for it (a task blocked in ``ray.get`` gives its CPU back).
 
 * :func:`trace_in_background` -> :class:`TracedBlocks`: every block of the training split with a
   ``trace`` column, for epochs from the second on (epoch 1 builds from the records);
+* :func:`build_head_in_background` -> :class:`EpochHead`: epoch 1's first steps of every rank,
+  gathered from the parsed blocks by position (no pass over the split) and built while Ray
+  Train starts, so the first step waits neither for the epoch's step sort (a pass over every
+  block) nor for the trainer's own Ray Data start; run at normal priority (the trainer waits for
+  it);
 * :func:`build_eval_in_background` -> :class:`CachedEval`: one eval split's step rows per rank,
   built once (``data.cache_eval``) and read by every epoch's evaluation
   (:func:`cached_eval_rows`, in the trainer: ``TrainPlan.eval_blocks``).  Before this, the eval
@@ -26,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BACKGROUND_NICENESS", "BackgroundWorker", "TracedBlocks", "CachedEval", "trace_in_background",
-           "build_eval_in_background", "cached_eval_rows"]
+__all__ = ["BACKGROUND_NICENESS", "BackgroundWorker", "TracedBlocks", "CachedEval", "EpochHead", "trace_in_background",
+           "build_eval_in_background", "build_head_in_background", "cached_eval_rows"]
 
 #: ``os.nice`` increment of the background processes (0: as the rest)
 BACKGROUND_NICENESS = 19
@@ -50,6 +55,39 @@ class BackgroundWorker:
         from .streaming import _trace_block
 
         return _trace_block(table, self.experiment, self.cfg, self.context)
+
+    def build_train_step(self, block_refs: list, seed: int, epoch: int, rank: int, world: int, batch_size: int,
+                         n: int, step: int) -> dict:
+        """Step ``step`` of rank ``rank`` in ``epoch`` as the row :func:`pipelines.streaming._build_steps`
+        makes for it (same records, order, seed and bytes; ``part`` empty), its records taken by
+        position from ``block_refs`` (the blocks of rows ``pos``, ``rec``, in position order:
+        block ``i`` holds a contiguous run of positions) without reading the others."""
+        from .streaming import _build_one, gather_positions, train_step_positions
+
+        positions, denom = train_step_positions(seed, epoch, rank, world, batch_size, n, step)
+        table = gather_positions(block_refs, positions, self._block_starts(block_refs, n))
+        blob, rows, denom, build_s, i = _build_one(
+            _with_step_columns(table, step, denom), self.experiment, self.cfg, self.context, epoch, rank, False)
+        return {"batch": blob, "n": rows, "denom": denom, "build_s": build_s, "step": i, "part": b""}
+
+    def _block_starts(self, block_refs: list, n: int) -> np.ndarray:
+        """First position of every block (checked: the blocks tile ``0..n-1`` in order); cached."""
+        import ray
+
+        key = tuple(r.hex() for r in block_refs)
+        if getattr(self, "_starts_key", None) != key:
+            starts, top = [], 0
+            for i, ref in enumerate(block_refs):
+                pos = np.asarray(ray.get(ref).column("pos"))
+                if len(pos) and (pos[0] != top or np.any(pos != np.arange(top, top + len(pos)))):
+                    raise RuntimeError(f"epoch head: block {i} holds positions {pos[:3].tolist()}..., "
+                                       f"expected a run from {top}")
+                starts.append(top)
+                top += len(pos)
+            if top != n:
+                raise RuntimeError(f"epoch head: the blocks hold {top} records, expected {n}")
+            self._starts_key, self._starts = key, np.asarray(starts, np.int64)
+        return self._starts
 
     def build_eval(self, block_refs: list, world: int, batch_size: int, n: int) -> dict:
         """The step rows of one eval split (blocks of rows ``pos``, ``rec``; ``n`` records) for
@@ -113,6 +151,15 @@ class BackgroundWorker:
             if not out[r]:
                 out[r].append(ray.put(_step_table([])))
         return out
+
+
+def _with_step_columns(table, step: int, denom: int):
+    import pyarrow as pa
+
+    m = table.num_rows
+    return table.append_column("step", pa.array(np.full(m, step), pa.int64())) \
+                .append_column("j", pa.array(np.arange(m), pa.int64())) \
+                .append_column("denom", pa.array(np.full(m, denom), pa.int64()))
 
 
 def _start(cfg_job, niceness: int):
@@ -206,3 +253,40 @@ def build_eval_in_background(split: str, source, experiment, cfg: dict, context:
     worker = _start((experiment, cfg, context), niceness)
     refs = source.dataset.materialize().to_arrow_refs()
     return CachedEval(worker.build_eval.remote(refs, world, batch_size, source.n), worker, split)
+
+
+@dataclasses.dataclass
+class EpochHead:
+    """Epoch ``epoch``'s first ``steps`` steps of every rank, built by background actors
+    (:meth:`BackgroundWorker.build_train_step`): ``refs[rank][i]`` is the ref of step ``i``'s row
+    (a dict as :func:`pipelines.streaming._build_steps` yields).  The epoch's dataset holds the
+    steps from ``steps`` on.  Keep this object for the run (the actors own the rows)."""
+
+    epoch: int
+    steps: int
+    refs: dict
+    workers: tuple = ()
+
+
+def head_rows(refs: list):
+    """The rows of one rank's :class:`EpochHead` steps in order (each waits for its build)."""
+    import ray
+
+    for ref in refs:
+        yield ray.get(ref)
+
+
+def build_head_in_background(source, experiment, cfg: dict, context: Any, epoch: int, world: int, batch_size: int,
+                             n: int, steps: int, niceness: int = 0) -> EpochHead:
+    """Build steps ``0..steps-1`` of ``epoch`` for every rank, one actor per rank at priority
+    ``niceness`` (0: the trainer waits for these), from ``source`` (a materialised dataset of rows
+    ``pos``, ``rec`` in position order); returns at once.  Each step gathers its records from the
+    blocks that hold them, so the first step is ready after one build however large the split."""
+    import ray
+
+    block_refs = ray.put(source.to_arrow_refs())
+    seed = int(cfg["seed"])
+    workers = tuple(_start((experiment, cfg, context), niceness) for _ in range(world))
+    refs = {r: [workers[r].build_train_step.remote(block_refs, seed, epoch, r, world, batch_size, n, i)
+                for i in range(steps)] for r in range(world)}
+    return EpochHead(epoch, steps, refs, workers)

@@ -115,6 +115,9 @@ BASE_SCHEMA: dict[str, Field] = {
     "data.prefetch_next_epoch": F(bool, True, doc="each worker starts reading the next epoch's steps half way "
                                   "through an epoch (its sort and first builds overlap this epoch's training)"),
     "data.blocks_per_epoch": F(int, 16, min=1, doc="Ray Data blocks (parallel tasks) per epoch"),
+    "data.head_rows": F(int, 1024, min=0, doc="streaming: epoch 1's first steps, about this many rows per rank, "
+                        "are gathered by position and built while Ray Train starts, so the first step does not "
+                        "wait for the epoch's step sort over the whole split (0 = off)"),
     "data.streaming": F(bool, True, doc="read, parse and trace the files in Ray Data tasks and keep the records "
                                         "as Ray Data blocks (pipelines.streaming; experiments with read_splits); "
                                         "false: the driver loads every split (load_splits, pipelines.sharding)"),

@@ -65,14 +65,14 @@ import numpy as np
 import torch
 
 from .config import ConfigError
-from .background import build_eval_in_background, trace_in_background
+from .background import build_eval_in_background, build_head_in_background, trace_in_background
 from .experiment import Experiment
 from .seeding import derived_seed, seed_all
 from .sharding import (EVAL_SPLITS, DataPlan, DeclaredData, _cached, _cfg_key, eval_dataset_name,
                        eval_groups, train_dataset_name, train_steps_per_epoch)
 
 __all__ = ["SplitSource", "StreamSplits", "with_positions", "declare_streaming", "assemble_steps",
-           "step_boundaries"]
+           "step_boundaries", "train_step_positions", "gather_positions", "head_steps"]
 
 
 @dataclasses.dataclass
@@ -150,18 +150,67 @@ def _trace_block(table, experiment, cfg, context):
     return table.append_column("trace", pa.array(blobs, pa.binary()))
 
 
+def _epoch_perm(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The epoch's permutation of positions: step ``i`` takes ``perm[i*B:(i+1)*B]``."""
+    return _cached(("perm", seed, epoch, n), lambda: np.random.default_rng([seed, epoch, 1]).permutation(n))
+
+
 def _inverse_perm(seed: int, epoch: int, n: int) -> np.ndarray:
     def make():
-        perm = np.random.default_rng([seed, epoch, 1]).permutation(n)
         inv = np.empty(n, np.int64)
-        inv[perm] = np.arange(n)
+        inv[_epoch_perm(seed, epoch, n)] = np.arange(n)
         return inv
 
     return _cached(("inv_perm", seed, epoch, n), make)
 
 
-def _assign_train(table, seed, epoch, rank, world, batch_size, n, steps):
-    """Rows of this rank in this epoch: ``step``, ``j`` (place in the rank's part), ``denom``."""
+def _rank_part(step_len, rank: int, world: int):
+    """``(start, size)`` of rank ``rank``'s part of a step of ``step_len`` rows (the
+    ``np.array_split`` part sizes; arrays or ints)."""
+    base, extra = step_len // world, step_len % world
+    return rank * base + np.minimum(rank, extra), base + (rank < extra)
+
+
+def train_step_positions(seed: int, epoch: int, rank: int, world: int, batch_size: int, n: int, step: int):
+    """``(positions, denom)``: the records (positions, in their order within the step) of rank
+    ``rank``'s part of training step ``step`` of ``epoch``, and the step's global size; what
+    :func:`_assign_train` assigns to that step."""
+    step_len = min(batch_size, n - step * batch_size)
+    start, size = _rank_part(step_len, rank, world)
+    a = step * batch_size + int(start)
+    return _epoch_perm(seed, epoch, n)[a:a + int(size)], step_len
+
+
+def gather_positions(block_refs: list, positions: np.ndarray, starts: np.ndarray):
+    """Rows ``pos``, ``rec`` of ``positions`` (in that order) from the blocks ``block_refs``
+    (block ``i`` holds positions ``starts[i]`` .. ``starts[i+1]-1``); fetches only the blocks
+    that hold them."""
+    import pyarrow as pa
+    import ray
+
+    positions = np.asarray(positions, np.int64)
+    which = np.searchsorted(starts, positions, side="right") - 1
+    need = np.unique(which)
+    tables = dict(zip(need.tolist(), ray.get([block_refs[i] for i in need])))
+    pieces = [tables[int(b)].select(["pos", "rec"]).slice(int(p - starts[b]), 1) for p, b in zip(positions, which)]
+    if not pieces:
+        return pa.table({"pos": pa.array([], pa.int64()), "rec": pa.array([], pa.binary())})
+    return pa.concat_tables(pieces)
+
+
+def head_steps(cfg: dict, steps: int, world: int) -> int:
+    """Epoch 1's steps built by gather (:func:`pipelines.background.build_head_in_background`):
+    ``data.head_rows`` rows per rank, in whole steps, at most the epoch's ``steps``."""
+    rows = int(cfg["data"].get("head_rows", 0) or 0)
+    if rows <= 0:
+        return 0
+    per_step = max(cfg["batch_size"] / world, 1.0)
+    return min(steps, max(1, int(rows // per_step)))
+
+
+def _assign_train(table, seed, epoch, rank, world, batch_size, n, steps, first=0):
+    """Rows of this rank in this epoch with ``first <= step < steps``: ``step``, ``j`` (place in
+    the rank's part), ``denom``."""
     import pyarrow as pa
 
     pos = np.asarray(table.column("pos"))
@@ -169,10 +218,8 @@ def _assign_train(table, seed, epoch, rank, world, batch_size, n, steps):
     step = slot // batch_size
     off = slot % batch_size
     step_len = np.minimum(batch_size, n - step * batch_size)
-    base, extra = step_len // world, step_len % world        # np.array_split part sizes
-    start = rank * base + np.minimum(rank, extra)
-    size = base + (rank < extra)
-    keep = (step < steps) & (off >= start) & (off < start + size)
+    start, size = _rank_part(step_len, rank, world)
+    keep = (step >= first) & (step < steps) & (off >= start) & (off < start + size)
     mask = pa.array(keep)
     t = table.filter(mask)
     return t.append_column("step", pa.array(step[keep], pa.int64())) \
@@ -180,15 +227,14 @@ def _assign_train(table, seed, epoch, rank, world, batch_size, n, steps):
             .append_column("denom", pa.array(step_len[keep], pa.int64()))
 
 
-def _assign_traced_block(table, refs, seed, epoch, rank, world, batch_size, n, steps):
+def _assign_traced_block(table, refs, seed, epoch, rank, world, batch_size, n, steps, first=0):
     """:func:`_assign_train` of the traced blocks named by ``table``'s ``block`` column."""
     import pyarrow as pa
     import ray
 
     blocks = [ray.get(refs[i]) for i in table.column("block").to_pylist()]
-    if not blocks:
-        return _assign_train(ray.get(refs[0]).slice(0, 0), seed, epoch, rank, world, batch_size, n, steps)
-    return _assign_train(pa.concat_tables(blocks), seed, epoch, rank, world, batch_size, n, steps)
+    whole = pa.concat_tables(blocks) if blocks else ray.get(refs[0]).slice(0, 0)
+    return _assign_train(whole, seed, epoch, rank, world, batch_size, n, steps, first)
 
 
 def _assign_eval(table, rank, world, batch_size):
@@ -373,11 +419,17 @@ def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, w
     use_traces = bool(cfg["data"].get("cache_traces", False)) and cfg["epochs"] > 1
     traced = trace_in_background(source, experiment, cfg, ctx_obj) if use_traces else None
     background: list = [traced] if traced is not None else []
+    # epoch 1's first steps: gathered by position and built while Ray Train starts (not when the
+    # run resumes from a checkpoint: it starts after epoch 1)
+    head = 0 if cfg.get("resume_from") else head_steps(cfg, steps, world)
+    if head:
+        background.append(build_head_in_background(source, experiment, cfg, ctx_obj, 1, world, bs, train.n, head))
     datasets: dict = {}
     build_kw = dict(experiment=experiment, cfg=cfg, context=ctx_obj)
     for epoch in range(1, cfg["epochs"] + 1):
         for r in range(world):
-            assign_kw = dict(seed=seed, epoch=epoch, rank=r, world=world, batch_size=bs, n=train.n, steps=steps)
+            assign_kw = dict(seed=seed, epoch=epoch, rank=r, world=world, batch_size=bs, n=train.n, steps=steps,
+                             first=head if epoch == 1 else 0)
             from_traces = traced is not None and epoch > 1
             if from_traces:
                 ds = traced.dataset().map_batches(_assign_traced_block, batch_format="pyarrow", batch_size=None,

@@ -45,7 +45,7 @@ from .config import ConfigError, merged_schema, validate
 from .experiment import Experiment, Splits
 from .metrics import prefixed
 from .seeding import seed_all
-from .background import CachedEval
+from .background import CachedEval, EpochHead
 from .sharding import DeclaredData, declare_datasets
 from .streaming import StreamSplits, declare_streaming
 from .worker import TrainPlan, train_loop
@@ -345,7 +345,8 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
         splits = _read_splits(experiment, cfg, tracker) or _load_splits(experiment, cfg, tracker)
         declared = _declare_data(experiment, cfg, splits, world, tracker)
         plan = TrainPlan(experiment=experiment, config=cfg, context=splits.context, data=declared.plan,
-                         eval_blocks={b.split: b.blocks for b in declared.background if isinstance(b, CachedEval)})
+                         eval_blocks={b.split: b.blocks for b in declared.background if isinstance(b, CachedEval)},
+                         heads={b.epoch: b.refs for b in declared.background if isinstance(b, EpochHead)})
         result, fit_s = _fit(plan, declared, resources, tracker)
         if result.checkpoint is None:
             raise RuntimeError("training finished without a checkpoint")

@@ -24,6 +24,7 @@ split's sums, of the parameter hashes and of the RNG states).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import pickle
 import tempfile
@@ -38,7 +39,7 @@ from .metrics import better, prefixed, sum_into
 from .optim import make_optimizer
 from .seeding import derived_seed, param_hash, rng_state, seed_all, set_rng_state
 from .sharding import DataPlan, eval_dataset_name, train_dataset_name
-from .background import cached_eval_rows
+from .background import cached_eval_rows, head_rows
 from .sparse_grads import SparseGradSync
 from .streaming import assemble_steps
 
@@ -57,6 +58,9 @@ class TrainPlan:
     #: eval split -> ref of its step rows built by a background actor
     #: (:class:`pipelines.background.CachedEval`): read directly instead of its dataset
     eval_blocks: dict = dataclasses.field(default_factory=dict)
+    #: epoch -> {rank: [ref of a step row, ...]}: the epoch's first steps, built by background
+    #: actors (:class:`pipelines.background.EpochHead`); the epoch's dataset holds the rest
+    heads: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -284,8 +288,16 @@ def train_epoch(plan: TrainPlan, w: Worker, epoch: int) -> EpochTotals:
     tot = EpochTotals()
     t_wait = time.perf_counter()
     prefetched = w.prefetch.pop(epoch, None)
-    rows = prefetched if prefetched is not None else \
-        ray.train.get_dataset_shard(train_dataset_name(epoch, w.rank)).iter_rows()
+    head = plan.heads.get(epoch, {}).get(w.rank, [])
+    if head:
+        # the head's rows are built already (or being built); the rest of the epoch comes from
+        # the dataset, whose step sort starts now and runs while the head trains
+        tail = () if len(head) >= plan.data.steps else prefetched or \
+            RowPrefetcher(ray.train.get_dataset_shard(train_dataset_name(epoch, w.rank)))
+        rows = itertools.chain(head_rows(head), tail)
+    else:
+        rows = prefetched if prefetched is not None else \
+            ray.train.get_dataset_shard(train_dataset_name(epoch, w.rank)).iter_rows()
     prefetch_next = cfg["data"].get("prefetch_next_epoch", True) and epoch < cfg["epochs"]
     for row in assemble_steps(rows, plan.experiment, cfg, plan.context, epoch, w.rank, True):
         t0 = time.perf_counter()

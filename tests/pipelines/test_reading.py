@@ -169,13 +169,15 @@ def _plan_bytes(batch) -> bytes:
                          batch.outputs, batch.metrics, batch.signature))
 
 
-@pytest.mark.parametrize("block_bytes", [None, 8_000])
-def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, cache_env, block_bytes):
+@pytest.mark.parametrize("block_bytes,head_rows", [(None, 13), (8_000, 0)])
+def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, cache_env, block_bytes, head_rows):
     """``pipelines.streaming.declare_streaming`` (records as Ray Data blocks, traced once,
     grouped per step) yields, for every (epoch, rank) and eval split, exactly the rows and batches
     of ``pipelines.sharding.declare_datasets`` over the same records held on the driver.  With
     ``block_bytes``, Ray Data splits the sorted blocks so that steps span blocks (as Tox21's
-    large traces do): ``assemble_steps`` (the trainer's side) joins and builds them."""
+    large traces do): ``assemble_steps`` (the trainer's side) joins and builds them.  With
+    ``head_rows``, epoch 1's first step per rank comes from the head builders (gathered by
+    position) and the rest from the epoch's dataset: together the same rows."""
     import os
     import pickle
 
@@ -193,7 +195,8 @@ def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, c
     cfg = load_config(os.path.join(repo, "conf", "sst_tai2015.yaml"),
                       ["epochs=2", "batch_size=25", "eval_batch_size=20", "sst.state_size=8", "seed=3",
                        "sst.train_file=" + str(data_dir / "sst" / "dev.txt"), "sst.limit_train=113",
-                       "sst.limit_dev=47", "sst.test_file=", "data.blocks_per_epoch=2"], merged_schema(SCHEMA))
+                       "sst.limit_dev=47", "sst.test_file=", "data.blocks_per_epoch=2",
+                       f"data.head_rows={head_rows}"], merged_schema(SCHEMA))
     exp = SSTExperiment()
     legacy = exp.load_splits(cfg)
     world = 2
@@ -212,6 +215,15 @@ def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, c
     finally:
         ctx.target_max_block_size = saved
     assert new.plan == old.plan
+    from pipelines.background import EpochHead, head_rows as read_head
+    heads = [b for b in new.background if isinstance(b, EpochHead)]
+    assert len(heads) == (1 if head_rows else 0)
+    for h in heads:
+        assert h.epoch == 1 and h.steps == 1 < new.plan.steps
+        for r in range(world):
+            name = f"train_e1_r{r}"
+            assert parts[name] and all(row["step"] >= h.steps for row in parts[name])
+            parts[name] = list(read_head(h.refs[r])) + parts[name]
     # epoch 2 read the background pass's traces: one traced block per source block, every
     # record traced once; the eval batches came from background builders; all of them made by
     # low-priority processes
@@ -222,8 +234,12 @@ def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, c
     tables = ray.get(traced[0].refs)
     assert sum(t.num_rows for t in tables) == 113
     assert all(b is not None for t in tables for b in t.column("trace").to_pylist())
+    # (Ray starts its workers at niceness 15; the head builders stay there: the trainer waits for them)
+    plain = ray.get(ray.remote(lambda: os.nice(0)).remote())
     for b in new.background:
-        assert ray.get(b.worker.__ray_call__.remote(lambda self: os.nice(0))) == BACKGROUND_NICENESS
+        for worker in getattr(b, "workers", None) or (b.worker,):
+            want = plain if isinstance(b, EpochHead) else BACKGROUND_NICENESS
+            assert ray.get(worker.__ray_call__.remote(lambda self: os.nice(0))) == want
     # what the trainer reads (cached_eval_rows, no Ray Data execution) is the eval dataset's rows
     from pipelines.background import cached_eval_rows
     assert cached[0].split == "dev"
