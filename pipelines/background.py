@@ -22,6 +22,11 @@ for it (a task blocked in ``ray.get`` gives its CPU back).
   dev/test on 2 cores, and for a CSV split ``k`` times larger ``k`` times that.
 
 Keep the records (``DeclaredData.background``) for the run: the actors own what they made.
+
+Priorities: Ray starts its worker processes at niceness 15 (trainers and Ray Data tasks
+included); ``os.nice(19)`` takes a background actor to 19, a CFS weight of 15 against their 36,
+so it still gets some CPU on a busy machine (a trace pass must finish during epoch 1).  The head
+builders stay at 15 with the trainers, which wait for them.
 """
 from __future__ import annotations
 

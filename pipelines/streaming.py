@@ -47,11 +47,23 @@ Built steps stream: :func:`_build_steps` yields each step as soon as it is built
 them on in blocks of at least 1 MiB), and the step sort is cut at known step boundaries
 (:func:`step_boundaries`).
 
-Known cost: an epoch's first step needs every record of the split parsed (steps are drawn from
-a permutation of the whole split) and the rank's rows sorted, so the time to the first step
-still grows with the data (see ``scripts/bench_input_scale.py``).  Tracing (about 0.3 ms of
-Python per SST tree, 6 ms per Tox21 molecule) is off that path: epoch 1 traces only the records
-of the steps it builds, and the trace pass for the later epochs runs beside it.
+Epoch 1's head: the step sort is a pass over every block of the split before its first output,
+so epoch 1's first steps would wait for it.  Instead its first :func:`head_steps` steps per rank
+(``data.head_rows`` rows) are built by actors started here
+(:func:`pipelines.background.build_head_in_background`), each step gathering its records by
+position (:func:`train_step_positions`, :func:`gather_positions`) from the blocks that hold them,
+while Ray Train starts; the epoch-1 datasets hold the steps from there on (``_assign_train``'s
+``first``), and the trainer starts reading them with the epoch, so their sort runs while the
+head trains.  The same rows, batches and seeds as the sort (tested).  Why not gather every step:
+a step's records are spread over the whole split, so a window of steps reads (nearly) every
+block; on one node that is a zero-copy read, across nodes a transfer of the blocks per window.
+
+Known cost: the first step still needs every record of the split parsed (steps are drawn from a
+permutation of the whole split: its size and the vocabulary come from the parse), so the time to
+the first step grows with the data by the parse time (see ``scripts/bench_input_scale.py``).
+Tracing (about 0.3 ms of Python per SST tree, 6 ms per Tox21 molecule) is off that path: epoch 1
+traces only the records of the steps it builds, and the trace pass for the later epochs runs
+beside it.
 """
 from __future__ import annotations
 

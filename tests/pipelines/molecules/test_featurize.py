@@ -222,3 +222,22 @@ def test_tox21_graph_invariants(tox21_featurized):
     assert no_bonds == 19
     for g in res.graphs[::25]:
         check_invariants(g)
+
+
+def test_featurize_cache_is_bounded_and_returns_the_same_graphs(monkeypatch):
+    """``featurize_cached`` keeps at most ``FEATURE_CACHE_MAX`` molecules per process (the least
+    recently used go first) and returns what ``featurize`` returns."""
+    import collections
+
+    from pipelines.molecules import experiment as E
+    from pipelines.molecules.featurize import featurize
+
+    monkeypatch.setattr(E, "FEATURE_CACHE_MAX", 2)
+    monkeypatch.setattr(E, "_FEATURE_CACHE", collections.OrderedDict())
+    smiles = ["CCO", "c1ccccc1", "CC(=O)O", "CCO", "N"]
+    for s in smiles:
+        got = E.featurize_cached(s).model_input()
+        want = featurize(s).model_input()
+        assert all(np.array_equal(a, b) for a, b in zip(got, want)), s
+        assert len(E._FEATURE_CACHE) <= 2
+    assert list(E._FEATURE_CACHE) == ["CCO", "N"]

@@ -1,0 +1,58 @@
+"""Epoch 1's head (``pipelines.streaming.train_step_positions``, ``gather_positions``,
+``head_steps``): the positions a head step gathers are the rows ``_assign_train`` gives that step,
+and the gather returns them in that order.  The built batches are checked against the driver path
+in ``tests/pipelines/test_reading.py``."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipelines.streaming import _assign_train, head_steps, train_step_positions
+
+
+@pytest.mark.parametrize("n,batch_size,world,epoch", [(113, 25, 2, 1), (100, 10, 3, 2), (7, 4, 1, 5), (64, 64, 2, 1)])
+def test_head_step_positions_are_the_rows_the_sort_assigns(n, batch_size, world, epoch):
+    steps = -(-n // batch_size)
+    table = pa.table({"pos": pa.array(np.arange(n), pa.int64()), "rec": pa.array([b"r"] * n, pa.binary())})
+    seen = []
+    for rank in range(world):
+        assigned = _assign_train(table, 11, epoch, rank, world, batch_size, n, steps)
+        step = np.asarray(assigned.column("step"))
+        j = np.asarray(assigned.column("j"))
+        pos = np.asarray(assigned.column("pos"))
+        for i in range(steps):
+            positions, denom = train_step_positions(11, epoch, rank, world, batch_size, n, i)
+            mine = step == i
+            assert positions.tolist() == pos[mine][np.argsort(j[mine])].tolist(), (rank, i)
+            assert denom == min(batch_size, n - i * batch_size)
+            assert set(np.asarray(assigned.column("denom"))[mine]) <= {denom}
+            seen += positions.tolist()
+        # first= drops the head's steps from the dataset's rows, and nothing else
+        tail = _assign_train(table, 11, epoch, rank, world, batch_size, n, steps, first=1)
+        assert sorted(np.asarray(tail.column("pos")).tolist()) == sorted(pos[step >= 1].tolist())
+    assert sorted(seen) == list(range(n))        # every record once per epoch
+
+
+def test_head_steps_in_whole_steps_and_at_most_the_epoch():
+    cfg = {"batch_size": 25, "data": {"head_rows": 1024}}
+    assert head_steps(cfg, 10_000, 2) == 81          # 1024 rows / 12.5 rows per rank and step
+    assert head_steps(cfg, 20, 2) == 20
+    assert head_steps({"batch_size": 25, "data": {"head_rows": 0}}, 100, 2) == 0
+    assert head_steps({"batch_size": 25, "data": {"head_rows": 3}}, 100, 2) == 1
+
+
+def test_gather_positions_returns_rows_in_the_asked_order(ray_cluster):
+    import ray
+
+    from pipelines.streaming import gather_positions
+
+    blocks = [pa.table({"pos": pa.array(np.arange(a, b), pa.int64()),
+                        "rec": pa.array([str(p).encode() for p in range(a, b)], pa.binary())})
+              for a, b in [(0, 3), (3, 3), (3, 10), (10, 12)]]
+    refs = [ray.put(t) for t in blocks]
+    starts = np.array([0, 3, 3, 10])
+    got = gather_positions(refs, np.array([11, 0, 5, 3, 9]), starts)
+    assert got.column("pos").to_pylist() == [11, 0, 5, 3, 9]
+    assert got.column("rec").to_pylist() == [b"11", b"0", b"5", b"3", b"9"]
+    assert gather_positions(refs, np.array([], np.int64), starts).num_rows == 0
