@@ -80,10 +80,10 @@ def make_corpus(workload: str, k: int, out_dir: str, data_dir: str, base_rows: O
     return path
 
 
-def _config(workload: str, path: str, mode: str, steps: int, eval_limit: int, tmp: str):
+def _config(workload: str, path: str, mode: str, steps: int, eval_limit: int, tmp: str, epochs: int = 2):
     from pipelines.config import load_config, merged_schema
 
-    common = ["epochs=2", f"max_steps_per_epoch={steps}", "tracking.mode=off", "ray.num_workers=2",
+    common = [f"epochs={epochs}", f"max_steps_per_epoch={steps}", "tracking.mode=off", "ray.num_workers=2",
               f"ray.storage_path={tmp}/ray_results", "log_every=0", "ray.no_progress_timeout_s=600",
               f"data.streaming={'true' if mode == 'streaming' else 'false'}"]
     if workload == "sst":
@@ -170,7 +170,7 @@ class _RaySampler(threading.Thread):
 
 
 def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_limit: int,
-            num_cpus: Optional[int]) -> Dict[str, float]:
+            num_cpus: Optional[int], epochs: int = 2) -> Dict[str, float]:
     """One measurement in this process (see the module docstring); a dict of figures."""
     import ray
     import ray.data
@@ -179,7 +179,7 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
     sampler = _RaySampler()
     sampler.start()
     tmp = tempfile.mkdtemp(prefix="bench_input_scale_")
-    exp, cfg = _config(workload, path, mode, steps, eval_limit, tmp)
+    exp, cfg = _config(workload, path, mode, steps, eval_limit, tmp, epochs)
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     out: Dict[str, float] = {}
     try:
@@ -208,18 +208,20 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
             t0 = time.perf_counter()
             next(iter(declared.datasets[train_dataset_name(1, 0)].iter_rows()))
             out["first_batch_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            next(iter(declared.datasets[train_dataset_name(2, 0)].iter_rows()))
-            out["e2_first_batch_s"] = time.perf_counter() - t0
+            if epochs > 1:
+                t0 = time.perf_counter()
+                next(iter(declared.datasets[train_dataset_name(2, 0)].iter_rows()))
+                out["e2_first_batch_s"] = time.perf_counter() - t0
         else:
             from pipelines.train import run as train_run
 
             t_run = time.time()
             res = train_run(exp, cfg)
-            e1, e2 = (h for h in res.history if "time/first_step_unix" in h)
-            out["first_step_s"] = e1["time/first_step_unix"] - t_run
-            out["wait_share"] = e1["time/steady_wait_share"]
-            out["e2_first_wait_s"] = e2["time/first_wait_s"]
+            hist = [h for h in res.history if "time/first_step_unix" in h]
+            out["first_step_s"] = hist[0]["time/first_step_unix"] - t_run
+            out["wait_share"] = hist[0]["time/steady_wait_share"]
+            if len(hist) > 1:
+                out["e2_first_wait_s"] = hist[1]["time/first_wait_s"]
     finally:
         sampler.stop.set()
         sampler.join()
@@ -247,6 +249,7 @@ def _child(args: dict, timeout: float) -> Dict[str, float]:
 def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 5, 20), modes: Sequence[str] = ("streaming",),
         phases: Sequence[str] = ("input", "train"), steps: int = 20, eval_limit: int = 250,
         base_rows: Optional[int] = None, num_cpus: Optional[int] = None, data_dir: Optional[str] = None,
+        epochs: int = 2,
         work_dir: Optional[str] = None, timeout: float = 3600, mlflow: bool = True, log=echo) -> List[Dict]:
     """Measure every (workload, k, mode, phase) in its own process; print the table and the
     ratios of the largest ``k`` to the smallest; log both to MLflow (experiment
@@ -271,7 +274,7 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 5, 20), mo
                 for mode in modes:
                     for phase in phases:
                         args = dict(workload=w, path=path, mode=mode, phase=phase, steps=steps,
-                                    eval_limit=eval_limit, num_cpus=num_cpus)
+                                    eval_limit=eval_limit, num_cpus=num_cpus, epochs=epochs)
                         r = {"workload": w, "k": k, "mode": mode, "phase": phase, **_child(args, timeout)}
                         rows.append(r)
                         log(format_table([r], [c for c in COLUMNS if c in r]))
@@ -319,7 +322,7 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 5, 20), mo
                 if isinstance(v, float):
                     metrics[f"{q['workload']}/ratio/{q['mode']}/{q['phase']}/{key}"] = v
         params = dict(workloads=",".join(workloads), ks=",".join(map(str, ks)), modes=",".join(modes),
-                      phases=",".join(phases), steps=steps, eval_limit=eval_limit, base_rows=base_rows,
+                      phases=",".join(phases), steps=steps, epochs=epochs, eval_limit=eval_limit, base_rows=base_rows,
                       num_cpus=num_cpus, **git_state())
         run_id = log_to_mlflow("bench_input_scale", params, {"measurements": rows, "ratios": ratios}, metrics,
                                run_name="input_scale")

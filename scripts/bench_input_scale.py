@@ -2,7 +2,7 @@
 """Benchmark: the input pipeline at scale (SST and Tox21 repeated k times; issue 14).
 
     python scripts/bench_input_scale.py [--workloads sst,tox21] [--ks 1,5,20] [--modes streaming[,driver]]
-                                        [--phases input,train] [--steps 20] [--eval-limit 250]
+                                        [--phases input,train] [--steps 20] [--epochs 2] [--eval-limit 250]
                                         [--base-rows N] [--num-cpus N] [--no-mlflow]
 
 Per workload and k, in fresh processes: the input pipeline alone (read + parse in Ray Data,
@@ -29,6 +29,8 @@ def main(argv=None):
     ap.add_argument("--modes", default="streaming", type=_csv(str))
     ap.add_argument("--phases", default="input,train", type=_csv(str))
     ap.add_argument("--steps", type=int, default=20, help="training steps of the short run")
+    ap.add_argument("--epochs", type=int, default=2, help="epochs of the short run (1: no trace pass, "
+                    "no epoch-2 wait; for large k where the pass takes long)")
     ap.add_argument("--eval-limit", type=int, default=250, help="SST dev/test trees evaluated")
     ap.add_argument("--base-rows", type=int, default=None, help="repeat only the first N rows (quick runs)")
     ap.add_argument("--num-cpus", type=int, default=None, help="CPUs of each local Ray (default: all)")
