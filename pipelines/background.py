@@ -67,31 +67,25 @@ class BackgroundWorker:
         makes for it (same records, order, seed and bytes; ``part`` empty), its records taken by
         position from ``block_refs`` (the blocks of rows ``pos``, ``rec``, in position order:
         block ``i`` holds a contiguous run of positions) without reading the others."""
-        from .streaming import _build_one, gather_positions, train_step_positions
+        from .streaming import _build_one, gather_positions, train_step_positions, with_step_columns
 
         positions, denom = train_step_positions(seed, epoch, rank, world, batch_size, n, step)
         table = gather_positions(block_refs, positions, self._block_starts(block_refs, n))
         blob, rows, denom, build_s, i = _build_one(
-            _with_step_columns(table, step, denom), self.experiment, self.cfg, self.context, epoch, rank, False)
+            with_step_columns(table, step, denom), self.experiment, self.cfg, self.context, epoch, rank, False)
         return {"batch": blob, "n": rows, "denom": denom, "build_s": build_s, "step": i, "part": b""}
 
     def _block_starts(self, block_refs: list, n: int) -> np.ndarray:
-        """First position of every block (checked: the blocks tile ``0..n-1`` in order); cached."""
-        import ray
+        """:func:`pipelines.streaming.block_starts` of ``block_refs``, cached for the actor."""
+        from .streaming import block_starts
 
         key = tuple(r.hex() for r in block_refs)
         if getattr(self, "_starts_key", None) != key:
-            starts, top = [], 0
-            for i, ref in enumerate(block_refs):
-                pos = np.asarray(ray.get(ref).column("pos"))
-                if len(pos) and (pos[0] != top or np.any(pos != np.arange(top, top + len(pos)))):
-                    raise RuntimeError(f"epoch head: block {i} holds positions {pos[:3].tolist()}..., "
-                                       f"expected a run from {top}")
-                starts.append(top)
-                top += len(pos)
-            if top != n:
-                raise RuntimeError(f"epoch head: the blocks hold {top} records, expected {n}")
-            self._starts_key, self._starts = key, np.asarray(starts, np.int64)
+            try:
+                starts = block_starts(block_refs, n)
+            except RuntimeError as e:
+                raise RuntimeError(f"epoch head: {e}") from None
+            self._starts_key, self._starts = key, starts
         return self._starts
 
     def build_eval(self, block_refs: list, world: int, batch_size: int, n: int) -> dict:
@@ -156,15 +150,6 @@ class BackgroundWorker:
             if not out[r]:
                 out[r].append(ray.put(_step_table([])))
         return out
-
-
-def _with_step_columns(table, step: int, denom: int):
-    import pyarrow as pa
-
-    m = table.num_rows
-    return table.append_column("step", pa.array(np.full(m, step), pa.int64())) \
-                .append_column("j", pa.array(np.arange(m), pa.int64())) \
-                .append_column("denom", pa.array(np.full(m, denom), pa.int64()))
 
 
 def _start(cfg_job, niceness: int):

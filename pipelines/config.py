@@ -118,6 +118,12 @@ BASE_SCHEMA: dict[str, Field] = {
     "data.head_rows": F(int, 1024, min=0, doc="streaming: epoch 1's first steps, about this many rows per rank, "
                         "are gathered by position and built while Ray Train starts, so the first step does not "
                         "wait for the epoch's step sort over the whole split (0 = off)"),
+    "data.step_assembly": F(str, "auto", choices=("auto", "gather", "sort"),
+                            doc="streaming: how an epoch's steps get their records: gather (each step reads its "
+                                "records by position from the blocks holding them; no shuffle) or sort (a "
+                                "range-partitioning sort by step, streaming every block once per epoch and rank; "
+                                "for splits larger than the object store); auto: gather when the training split, "
+                                "traces included, takes at most a quarter of the smallest node's object store"),
     "data.streaming": F(bool, True, doc="read, parse and trace the files in Ray Data tasks and keep the records "
                                         "as Ray Data blocks (pipelines.streaming; experiments with read_splits); "
                                         "false: the driver loads every split (load_splits, pipelines.sharding)"),

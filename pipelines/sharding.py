@@ -88,6 +88,8 @@ class DeclaredData:
     #: work the datasets depend on that runs in the background (hold it for the run):
     #: :class:`pipelines.background.TracedBlocks`, :class:`pipelines.background.CachedEval`
     background: tuple = ()
+    #: how the data path was set up (``data/step_assembly``, ...), logged as MLflow params
+    params: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,17 +11,32 @@ record), read and parsed in Ray Data tasks (:mod:`pipelines.reading`).  Then:
   blocks in the object store (spilled to disk when large).  Epoch 1 does not wait for them: its
   batches are built from the records (tracing as they go); epochs from the second on read the
   traces (:class:`pipelines.background.TracedBlocks`);
-* each ``train_e<epoch>_r<rank>`` dataset only maps every record to its place in the epoch
-  (``perm`` from ``(seed, epoch)`` as in :mod:`pipelines.sharding`: step ``i`` takes positions
+* each ``train_e<epoch>_r<rank>`` dataset gives rank ``rank`` its steps of the epoch (``perm``
+  from ``(seed, epoch)`` as in :mod:`pipelines.sharding`: step ``i`` takes positions
   ``perm[i*B:(i+1)*B]``, rank ``r`` the ``r``-th of ``world`` near-equal parts, in that order),
-  keeps this rank's rows, sorts them by step (``sort("step")``: a range-partitioning shuffle, so
-  the blocks come out in step order; partitioned at :func:`step_boundaries`, so no sampling
-  pass) and builds each
-  block's steps (:func:`_build_steps`: the step's rows in their place order,
-  ``experiment.make_batch`` from their traces, seeded from ``(seed, epoch, step, rank)``; a step
-  whose rows span two blocks is joined and built in the trainer, :func:`assemble_steps`): the
-  same batches, in the same order, as
-  :func:`pipelines.sharding.build_rows`;
+  each built by :func:`_build_one` (the step's rows in their place order,
+  ``experiment.make_batch`` from their traces, seeded from ``(seed, epoch, step, rank)``), in one
+  of two ways (``data.step_assembly``, :func:`step_assembly`):
+
+  - **gather** (:func:`_gather_steps`): a few Ray Data tasks per (epoch, rank), each building a
+    run of steps; a step computes its positions (:func:`train_step_positions`) and reads those
+    rows from the blocks that hold them (:func:`gather_positions`: a zero-copy read of the
+    object store on the blocks' node; a transfer, cached by Ray on the reader's node, from
+    another).  No shuffle: on the SST Tai preset the sort below cost about 10 CPU-seconds per
+    epoch on a 2-core machine, as much as a third of what the trainers got;
+  - **sort**: map every record to its place in the epoch, keep this rank's rows and sort them
+    by step (``sort("step")``: a range-partitioning shuffle, so the blocks come out in step
+    order; partitioned at :func:`step_boundaries`, so no sampling pass), then build each
+    block's steps (:func:`_build_steps`; a step whose rows span two blocks is joined and built
+    in the trainer, :func:`assemble_steps`).  It streams every block once per epoch and rank,
+    so it stays the choice when the split does not fit the object store: gathering reads
+    nearly every block for every few steps, which on spilled blocks means restoring them again
+    and again.  ``auto`` (the default) gathers while the split, traces included (estimated by
+    :func:`estimated_split_bytes`), takes at most :data:`GATHER_STORE_SHARE` of the smallest
+    node's object store;
+
+  both give the same batches, in the same order, as :func:`pipelines.sharding.build_rows`
+  (tested);
 * eval datasets group consecutive positions (group ``g`` on rank ``g % world``) the same way;
   with ``data.cache_eval`` (default) they are built once by a background actor while training
   starts (:func:`pipelines.background.build_eval_in_background`) and read by every epoch's
@@ -53,10 +68,9 @@ so epoch 1's first steps would wait for it.  Instead its first :func:`head_steps
 (:func:`pipelines.background.build_head_in_background`), each step gathering its records by
 position (:func:`train_step_positions`, :func:`gather_positions`) from the blocks that hold them,
 while Ray Train starts; the epoch-1 datasets hold the steps from there on (``_assign_train``'s
-``first``), and the trainer starts reading them with the epoch, so their sort runs while the
-head trains.  The same rows, batches and seeds as the sort (tested).  Why not gather every step:
-a step's records are spread over the whole split, so a window of steps reads (nearly) every
-block; on one node that is a zero-copy read, across nodes a transfer of the blocks per window.
+``first``, or the gather's first step), and the trainer starts reading them with the epoch, so
+their sort (or first gathers) runs while the head trains.  The same rows, batches and seeds as
+the sort (tested).
 
 Known cost: the first step still needs every record of the split parsed (steps are drawn from a
 permutation of the whole split: its size and the vocabulary come from the parse), so the time to
@@ -193,10 +207,12 @@ def train_step_positions(seed: int, epoch: int, rank: int, world: int, batch_siz
     return _epoch_perm(seed, epoch, n)[a:a + int(size)], step_len
 
 
-def gather_positions(block_refs: list, positions: np.ndarray, starts: np.ndarray):
-    """Rows ``pos``, ``rec`` of ``positions`` (in that order) from the blocks ``block_refs``
-    (block ``i`` holds positions ``starts[i]`` .. ``starts[i+1]-1``); fetches only the blocks
-    that hold them."""
+def gather_positions(block_refs: list, positions: np.ndarray, starts: np.ndarray,
+                     columns: tuple = ("pos", "rec")):
+    """Rows of ``positions`` (in that order; ``pos`` and ``columns``) from the blocks ``block_refs``
+    (block ``i`` holds positions ``starts[i]`` .. ``starts[i+1]-1``, in order); fetches only the
+    blocks that hold them.  Raises RuntimeError when a gathered row's ``pos`` is not the one asked
+    for (the blocks do not tile the positions as ``starts`` says)."""
     import pyarrow as pa
     import ray
 
@@ -204,10 +220,39 @@ def gather_positions(block_refs: list, positions: np.ndarray, starts: np.ndarray
     which = np.searchsorted(starts, positions, side="right") - 1
     need = np.unique(which)
     tables = dict(zip(need.tolist(), ray.get([block_refs[i] for i in need])))
-    pieces = [tables[int(b)].select(["pos", "rec"]).slice(int(p - starts[b]), 1) for p, b in zip(positions, which)]
+    cols = list(dict.fromkeys(("pos",) + tuple(columns)))
+    pieces = [tables[int(b)].select(cols).slice(int(p - starts[b]), 1) for p, b in zip(positions, which)]
     if not pieces:
         return pa.table({"pos": pa.array([], pa.int64()), "rec": pa.array([], pa.binary())})
-    return pa.concat_tables(pieces)
+    out = pa.concat_tables(pieces)
+    got = np.asarray(out.column("pos"))
+    if not np.array_equal(got, positions):
+        bad = int(np.flatnonzero(got != positions)[0])
+        raise RuntimeError(f"gather: asked for position {int(positions[bad])}, block {int(which[bad])} "
+                           f"gave {int(got[bad])} (blocks do not tile the positions in order)")
+    return out
+
+
+def block_starts(block_refs: list, n: int) -> np.ndarray:
+    """First position of every block of a split's rows ``pos``, ``rec`` (int64 ``[len(block_refs)]``);
+    checks that the blocks hold the runs ``0..n-1`` in block order (what :func:`with_positions`
+    makes).  Reads only the ``pos`` column of each block."""
+    import ray
+
+    starts, top = [], 0
+    for i, ref in enumerate(block_refs):
+        pos = np.asarray(ray.get(ref).column("pos"))
+        if len(pos) and (pos[0] != top or np.any(pos != np.arange(top, top + len(pos)))):
+            raise RuntimeError(f"block {i} holds positions {pos[:3].tolist()}..., expected a run from {top}")
+        starts.append(top)
+        top += len(pos)
+    if top != n:
+        raise RuntimeError(f"the blocks hold {top} records, expected {n}")
+    return np.asarray(starts, np.int64)
+
+
+def _block_starts_task(block_refs: list, n: int) -> np.ndarray:
+    return block_starts(block_refs, n)
 
 
 def head_steps(cfg: dict, steps: int, world: int) -> int:
@@ -282,6 +327,17 @@ def _build_one(table, experiment, cfg, context, epoch, rank, use_traces):
         batch = experiment.make_batch(builder, recs)
     blob = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
     return blob, len(recs), denom, time.perf_counter() - t0, i
+
+
+def with_step_columns(table, step: int, denom: int):
+    """``table`` (one step's rows, in their order) with the columns :func:`_build_one` reads:
+    ``step``, ``j`` (0..m-1) and ``denom`` (the step's global size)."""
+    import pyarrow as pa
+
+    m = table.num_rows
+    return table.append_column("step", pa.array(np.full(m, step), pa.int64())) \
+                .append_column("j", pa.array(np.arange(m), pa.int64())) \
+                .append_column("denom", pa.array(np.full(m, denom), pa.int64()))
 
 
 def _step_table(rows: list):
@@ -380,6 +436,32 @@ def assemble_steps(rows, experiment: Experiment, cfg: dict, context: Any, epoch:
         yield flush()
 
 
+def _gather_steps(table, refs, starts, experiment, cfg, context, seed, epoch, rank, world, batch_size, n,
+                  use_traces):
+    """Ray Data task (a generator) of the gather assembly: for every row ``(first, stop)`` of
+    ``table``, rank ``rank``'s steps ``first..stop-1`` of ``epoch``, each built from its records
+    gathered by position (:func:`train_step_positions`, :func:`gather_positions`) from the blocks
+    ``refs`` (the parsed blocks, or their traced copies when ``use_traces``) -- the rows
+    :func:`_build_steps` yields for those steps after the sort (same records, order, seed, bytes),
+    one per yield, so the trainer can start on the first while the rest are built."""
+    columns = ("pos", "rec", "trace") if use_traces else ("pos", "rec")
+    for first, stop in zip(table.column("first").to_pylist(), table.column("stop").to_pylist()):
+        for step in range(int(first), int(stop)):
+            positions, denom = train_step_positions(seed, epoch, rank, world, batch_size, n, step)
+            rows = gather_positions(refs, positions, starts, columns)
+            yield _step_table([_build_one(with_step_columns(rows, step, denom), experiment, cfg, context, epoch,
+                                          rank, use_traces) + (b"",)])
+
+
+def _step_ranges_dataset(first: int, steps: int, per_task: int):
+    """One row ``(first, stop)`` per block: the steps ``first..steps-1`` in runs of ``per_task``."""
+    import ray.data
+
+    cuts = list(range(first, steps, max(1, per_task))) or [first]
+    items = [{"first": a, "stop": min(a + per_task, steps)} for a in cuts]
+    return ray.data.from_items(items, override_num_blocks=len(items))
+
+
 class _TrainExpected:
     def __init__(self, rank, world, batch_size, n):
         self.args = (rank, world, batch_size, n)
@@ -416,6 +498,48 @@ def step_boundaries(steps: int, rows_per_step: float, block_rows: int = SORTED_B
     return list(range(g, steps, g)) or [max(steps, 1)]
 
 
+#: ``data.step_assembly: auto`` gathers when the training split's blocks (traces included,
+#: estimated) take at most this share of the smallest node's object store
+GATHER_STORE_SHARE = 0.25
+#: records traced on the driver to estimate the traced split's size
+TRACE_SAMPLE_RECORDS = 32
+
+
+def estimated_split_bytes(source, experiment: Experiment, cfg: dict, context: Any, n: int, use_traces: bool) -> int:
+    """Bytes of the training split's blocks in the object store: the parsed blocks plus, with
+    traces, ``n`` times the mean pickled trace of the first :data:`TRACE_SAMPLE_RECORDS` records
+    (traced here)."""
+    import ray
+
+    total = int(source.size_bytes())
+    if use_traces and n:
+        refs = source.to_arrow_refs()
+        first = next((t for t in (ray.get(r) for r in refs[:4]) if t.num_rows), None)
+        if first is not None:
+            sample = _trace_block(first.slice(0, TRACE_SAMPLE_RECORDS), experiment, cfg, context)
+            blobs = sample.column("trace")
+            total += int(blobs.nbytes / max(len(blobs), 1) * n)
+    return total
+
+
+def _smallest_object_store() -> int:
+    import ray
+
+    stores = [float(node.get("Resources", {}).get("object_store_memory", 0)) for node in ray.nodes() if node.get("Alive")]
+    return int(min(stores)) if stores else 0
+
+
+def step_assembly(cfg: dict, split_bytes: Optional[int]) -> str:
+    """``"gather"`` or ``"sort"`` (module docstring): ``data.step_assembly`` unless ``auto``;
+    ``auto``: gather when ``split_bytes`` <= :data:`GATHER_STORE_SHARE` x the smallest node's
+    object store."""
+    mode = cfg["data"].get("step_assembly", "auto")
+    if mode != "auto":
+        return mode
+    store = _smallest_object_store()
+    return "gather" if split_bytes is not None and store and split_bytes <= GATHER_STORE_SHARE * store else "sort"
+
+
 def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, world: int) -> DeclaredData:
     """The datasets of :func:`pipelines.sharding.declare_datasets` (same names, rows and batches)
     from ``splits.sources`` without bringing records to the driver (see the module docstring)."""
@@ -438,11 +562,33 @@ def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, w
         background.append(build_head_in_background(source, experiment, cfg, ctx_obj, 1, world, bs, train.n, head))
     datasets: dict = {}
     build_kw = dict(experiment=experiment, cfg=cfg, context=ctx_obj)
+    split_bytes = None
+    if cfg["data"].get("step_assembly", "auto") == "auto":
+        split_bytes = estimated_split_bytes(source, experiment, cfg, ctx_obj, train.n, use_traces)
+    assembly = step_assembly(cfg, split_bytes)
+    params = {"data/step_assembly": assembly}
+    if split_bytes is not None:
+        params["data/train_split_mb"] = round(split_bytes / 2 ** 20, 1)
+    if assembly == "gather":
+        import ray
+
+        source_refs = source.to_arrow_refs()
+        starts = ray.get(ray.remote(num_cpus=0)(_block_starts_task).remote(source_refs, train.n))
+        per_task = max(1, int(SORTED_BLOCK_ROWS // max(bs / world, 1.0)))
     for epoch in range(1, cfg["epochs"] + 1):
         for r in range(world):
-            assign_kw = dict(seed=seed, epoch=epoch, rank=r, world=world, batch_size=bs, n=train.n, steps=steps,
-                             first=head if epoch == 1 else 0)
+            first = head if epoch == 1 else 0
             from_traces = traced is not None and epoch > 1
+            if assembly == "gather":
+                ds = _step_ranges_dataset(first, steps, per_task).map_batches(
+                    _gather_steps, batch_format="pyarrow", batch_size=None,
+                    fn_kwargs=dict(build_kw, refs=traced.refs if from_traces else source_refs, starts=starts,
+                                   seed=seed, epoch=epoch, rank=r, world=world, batch_size=bs, n=train.n,
+                                   use_traces=from_traces))
+                datasets[train_dataset_name(epoch, r)] = ds
+                continue
+            assign_kw = dict(seed=seed, epoch=epoch, rank=r, world=world, batch_size=bs, n=train.n, steps=steps,
+                             first=first)
             if from_traces:
                 ds = traced.dataset().map_batches(_assign_traced_block, batch_format="pyarrow", batch_size=None,
                                                   fn_kwargs=dict(assign_kw, refs=traced.refs))
@@ -478,4 +624,4 @@ def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, w
             datasets[eval_dataset_name(split, r)] = ds
     plan = DataPlan(steps=steps, eval_splits=tuple(eval_splits), world=world, n_train=train.n,
                     datasets=tuple(sorted(datasets)))
-    return DeclaredData(datasets, plan, background=tuple(background))
+    return DeclaredData(datasets, plan, background=tuple(background), params=params)

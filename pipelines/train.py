@@ -227,6 +227,8 @@ def _declare_data(experiment: Experiment, cfg: dict, splits, world: int,
         declared = declare_datasets(experiment, cfg, splits, world)
     tracker.metrics({"time/eval_materialize_s": time.perf_counter() - t0,
                      "data/steps_per_epoch": declared.plan.steps}, step=0)
+    if declared.params:
+        tracker.params({k: str(v) for k, v in declared.params.items()})
     return declared
 
 

@@ -56,3 +56,54 @@ def test_gather_positions_returns_rows_in_the_asked_order(ray_cluster):
     assert got.column("pos").to_pylist() == [11, 0, 5, 3, 9]
     assert got.column("rec").to_pylist() == [b"11", b"0", b"5", b"3", b"9"]
     assert gather_positions(refs, np.array([], np.int64), starts).num_rows == 0
+
+
+def _blocks(ranges, extra=False):
+    cols = lambda a, b: {"pos": pa.array(np.arange(a, b), pa.int64()),  # noqa: E731
+                         "rec": pa.array([str(p).encode() for p in range(a, b)], pa.binary())}
+    return [pa.table({**cols(a, b), **({"trace": pa.array([b"t%d" % p for p in range(a, b)], pa.binary())}
+                                       if extra else {})}) for a, b in ranges]
+
+
+def test_gather_positions_takes_the_asked_columns_and_checks_the_tiling(ray_cluster):
+    import ray
+
+    from pipelines.streaming import block_starts, gather_positions
+
+    refs = [ray.put(t) for t in _blocks([(0, 4), (4, 9)], extra=True)]
+    starts = block_starts(refs, 9)
+    assert starts.tolist() == [0, 4]
+    got = gather_positions(refs, np.array([8, 1]), starts, ("pos", "rec", "trace"))
+    assert got.column_names == ["pos", "rec", "trace"]
+    assert got.column("trace").to_pylist() == [b"t8", b"t1"]
+    # starts that do not describe the blocks: the gathered pos is not the asked one -> error
+    with pytest.raises(RuntimeError, match="asked for position 5"):
+        gather_positions(refs, np.array([5]), np.array([0, 5]))
+    # blocks out of position order, or not covering n: block_starts says which
+    with pytest.raises(RuntimeError, match="block 0 holds positions"):
+        block_starts(refs[::-1], 9)
+    with pytest.raises(RuntimeError, match="hold 9 records, expected 10"):
+        block_starts(refs, 10)
+
+
+def test_step_ranges_cover_the_steps_once_in_order(ray_data_ordered):
+    from pipelines.streaming import _step_ranges_dataset
+
+    for first, steps, per in [(0, 171, 81), (81, 171, 81), (0, 5, 1), (3, 4, 100)]:
+        rows = _step_ranges_dataset(first, steps, per).take_all()
+        covered = [s for r in rows for s in range(r["first"], r["stop"])]
+        assert covered == list(range(first, steps)), (first, steps, per)
+        assert all(r["stop"] - r["first"] <= per for r in rows)
+
+
+def test_step_assembly_choice(ray_cluster):
+    from pipelines.streaming import GATHER_STORE_SHARE, _smallest_object_store, step_assembly
+
+    store = _smallest_object_store()
+    assert store > 0
+    auto = {"data": {"step_assembly": "auto"}}
+    assert step_assembly(auto, int(GATHER_STORE_SHARE * store)) == "gather"
+    assert step_assembly(auto, int(GATHER_STORE_SHARE * store) + 1) == "sort"
+    assert step_assembly(auto, None) == "sort"
+    for mode in ("gather", "sort"):
+        assert step_assembly({"data": {"step_assembly": mode}}, 10 ** 15) == mode

@@ -169,15 +169,19 @@ def _plan_bytes(batch) -> bytes:
                          batch.outputs, batch.metrics, batch.signature))
 
 
-@pytest.mark.parametrize("block_bytes,head_rows", [(None, 13), (8_000, 0)])
-def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, cache_env, block_bytes, head_rows):
+@pytest.mark.parametrize("block_bytes,head_rows,assembly",
+                         [(None, 13, "sort"), (8_000, 0, "sort"), (None, 13, "gather"), (8_000, 0, "auto")])
+def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, cache_env, block_bytes, head_rows,
+                                                                    assembly):
     """``pipelines.streaming.declare_streaming`` (records as Ray Data blocks, traced once,
     grouped per step) yields, for every (epoch, rank) and eval split, exactly the rows and batches
     of ``pipelines.sharding.declare_datasets`` over the same records held on the driver.  With
     ``block_bytes``, Ray Data splits the sorted blocks so that steps span blocks (as Tox21's
     large traces do): ``assemble_steps`` (the trainer's side) joins and builds them.  With
     ``head_rows``, epoch 1's first step per rank comes from the head builders (gathered by
-    position) and the rest from the epoch's dataset: together the same rows."""
+    position) and the rest from the epoch's dataset: together the same rows.  ``assembly``
+    (``data.step_assembly``): the step sort, or each step gathering its records by position
+    (``auto`` picks gather for a split this small); both give the same rows."""
     import os
     import pickle
 
@@ -196,7 +200,7 @@ def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, c
                       ["epochs=2", "batch_size=25", "eval_batch_size=20", "sst.state_size=8", "seed=3",
                        "sst.train_file=" + str(data_dir / "sst" / "dev.txt"), "sst.limit_train=113",
                        "sst.limit_dev=47", "sst.test_file=", "data.blocks_per_epoch=2",
-                       f"data.head_rows={head_rows}"], merged_schema(SCHEMA))
+                       f"data.head_rows={head_rows}", f"data.step_assembly={assembly}"], merged_schema(SCHEMA))
     exp = SSTExperiment()
     legacy = exp.load_splits(cfg)
     world = 2
@@ -215,6 +219,8 @@ def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, c
     finally:
         ctx.target_max_block_size = saved
     assert new.plan == old.plan
+    used = "gather" if assembly == "auto" else assembly
+    assert new.params["data/step_assembly"] == used
     from pipelines.background import EpochHead, head_rows as read_head
     heads = [b for b in new.background if isinstance(b, EpochHead)]
     assert len(heads) == (1 if head_rows else 0)
@@ -257,4 +263,5 @@ def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, c
         assert [(r["step"], r["n"], r["denom"]) for r in a] == [(r["step"], r["n"], r["denom"]) for r in b], name
         for x, y in zip(a, b):
             assert _plan_bytes(pickle.loads(x["batch"])) == _plan_bytes(pickle.loads(y["batch"])), name
-    assert (n_parts > 0) == bool(block_bytes)
+    # sorted blocks split by size leave steps in parts; a gathered step is always whole
+    assert (n_parts > 0) == (bool(block_bytes) and used == "sort")
