@@ -14,6 +14,10 @@ per node), its records loaded on the driver (``data.streaming=false``), checkpoi
    from its epoch-1 checkpoint on the head and the replacement node and end with exactly the
    reference's metrics (all but ``time/*``) and parameters.
 
+Before the runs, a task on the second node gathers rows by position from blocks in the head's
+object store (``pipelines.streaming.gather_positions``, what ``data.step_assembly: gather`` does
+when a step's records live on another node).
+
 Every process a node started is stopped afterwards, also when the test fails.
 """
 from __future__ import annotations
@@ -111,6 +115,31 @@ def _node_ids_by_port() -> dict[int, str]:
     return {n["NodeManagerPort"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
 
 
+def _check_gather_across_nodes(node_id: str) -> None:
+    """``data.step_assembly: gather`` on another node: a task on ``node_id`` gathers rows by
+    position from blocks the driver put in the head's object store (fetched across nodes)."""
+    import numpy as np
+    import pyarrow as pa
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from pipelines.streaming import gather_positions
+
+    blocks = [pa.table({"pos": pa.array(np.arange(a, b), pa.int64()),
+                        "rec": pa.array([b"r%d" % p for p in range(a, b)], pa.binary())})
+              for a, b in [(0, 500), (500, 900), (900, 1000)]]
+    refs = [ray.put(t) for t in blocks]
+    want = np.array([999, 3, 512, 0, 901, 499])
+
+    def gather(block_refs):
+        return ray.get_runtime_context().get_node_id(), gather_positions(block_refs, want, np.array([0, 500, 900]))
+
+    where, got = ray.get(ray.remote(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+        node_id, soft=False))(gather).remote(refs))
+    assert where == node_id
+    assert got.column("pos").to_pylist() == want.tolist()
+    assert got.column("rec").to_pylist() == [b"r%d" % p for p in want]
+
+
 @pytest.mark.timeout(900)
 def test_run_survives_losing_a_node(nodes, tmp_path):
     t_start = time.monotonic()
@@ -129,6 +158,7 @@ def test_run_survives_losing_a_node(nodes, tmp_path):
     ids = _node_ids_by_port()
     head_id, second_id = ids[head.node_manager_port], ids[second.node_manager_port]
     assert ray.get_runtime_context().get_node_id() == head_id
+    _check_gather_across_nodes(second_id)
 
     # --- 1. the uninterrupted reference run, one worker per node ----------------------------
     ref_tmp = tmp_path / "reference"
