@@ -12,9 +12,9 @@ for it (a task blocked in ``ray.get`` gives its CPU back).
   ``trace`` column, for epochs from the second on (epoch 1 builds from the records);
 * :func:`build_head_in_background` -> :class:`EpochHead`: epoch 1's first steps of every rank,
   gathered from the parsed blocks by position (no pass over the split) and built while Ray
-  Train starts, so the first step waits neither for the epoch's step sort (a pass over every
-  block) nor for the trainer's own Ray Data start; run at normal priority (the trainer waits for
-  it);
+  Train starts, so the first step waits neither for the epoch's dataset (with
+  ``data.step_assembly: sort`` a pass over every block) nor for the trainer's own Ray Data
+  start; run at normal priority (the trainer waits for it);
 * :func:`build_eval_in_background` -> :class:`CachedEval`: one eval split's step rows per rank,
   built once (``data.cache_eval``) and read by every epoch's evaluation
   (:func:`cached_eval_rows`, in the trainer: ``TrainPlan.eval_blocks``).  Before this, the eval
@@ -61,32 +61,16 @@ class BackgroundWorker:
 
         return _trace_block(table, self.experiment, self.cfg, self.context)
 
-    def build_train_step(self, block_refs: list, seed: int, epoch: int, rank: int, world: int, batch_size: int,
-                         n: int, step: int) -> dict:
+    def build_train_step(self, block_refs: list, starts: np.ndarray, seed: int, epoch: int, rank: int, world: int,
+                         batch_size: int, n: int, step: int) -> dict:
         """Step ``step`` of rank ``rank`` in ``epoch`` as the row :func:`pipelines.streaming._build_steps`
-        makes for it (same records, order, seed and bytes; ``part`` empty), its records taken by
-        position from ``block_refs`` (the blocks of rows ``pos``, ``rec``, in position order:
-        block ``i`` holds a contiguous run of positions) without reading the others."""
-        from .streaming import _build_one, gather_positions, train_step_positions, with_step_columns
+        makes for it, its records gathered by position from ``block_refs`` (the parsed blocks,
+        block ``i`` starting at position ``starts[i]``) without reading the others
+        (:func:`pipelines.streaming.build_gathered_step`)."""
+        from .streaming import STEP_ROW_FIELDS, build_gathered_step
 
-        positions, denom = train_step_positions(seed, epoch, rank, world, batch_size, n, step)
-        table = gather_positions(block_refs, positions, self._block_starts(block_refs, n))
-        blob, rows, denom, build_s, i = _build_one(
-            with_step_columns(table, step, denom), self.experiment, self.cfg, self.context, epoch, rank, False)
-        return {"batch": blob, "n": rows, "denom": denom, "build_s": build_s, "step": i, "part": b""}
-
-    def _block_starts(self, block_refs: list, n: int) -> np.ndarray:
-        """:func:`pipelines.streaming.block_starts` of ``block_refs``, cached for the actor."""
-        from .streaming import block_starts
-
-        key = tuple(r.hex() for r in block_refs)
-        if getattr(self, "_starts_key", None) != key:
-            try:
-                starts = block_starts(block_refs, n)
-            except RuntimeError as e:
-                raise RuntimeError(f"epoch head: {e}") from None
-            self._starts_key, self._starts = key, starts
-        return self._starts
+        return dict(zip(STEP_ROW_FIELDS, build_gathered_step(block_refs, starts, self.experiment, self.cfg, self.context,
+                                                             seed, epoch, rank, world, batch_size, n, step, False)))
 
     def build_eval(self, block_refs: list, world: int, batch_size: int, n: int) -> dict:
         """The step rows of one eval split (blocks of rows ``pos``, ``rec``; ``n`` records) for
@@ -266,17 +250,18 @@ def head_rows(refs: list):
         yield ray.get(ref)
 
 
-def build_head_in_background(source, experiment, cfg: dict, context: Any, epoch: int, world: int, batch_size: int,
-                             n: int, steps: int, niceness: int = 0) -> EpochHead:
+def build_head_in_background(block_refs: list, starts: np.ndarray, experiment, cfg: dict, context: Any, epoch: int,
+                             world: int, batch_size: int, n: int, steps: int, niceness: int = 0) -> EpochHead:
     """Build steps ``0..steps-1`` of ``epoch`` for every rank, one actor per rank at priority
-    ``niceness`` (0: the trainer waits for these), from ``source`` (a materialised dataset of rows
-    ``pos``, ``rec`` in position order); returns at once.  Each step gathers its records from the
-    blocks that hold them, so the first step is ready after one build however large the split."""
+    ``niceness`` (0: the trainer waits for these), from ``block_refs`` (the parsed blocks of rows
+    ``pos``, ``rec``, block ``i`` starting at position ``starts[i]``); returns at once.  Each
+    step gathers its records from the blocks that hold them, so the first step is ready after one
+    build however large the split."""
     import ray
 
-    block_refs = ray.put(source.to_arrow_refs())
+    refs_ref, starts_ref = ray.put(list(block_refs)), ray.put(np.asarray(starts, np.int64))
     seed = int(cfg["seed"])
     workers = tuple(_start((experiment, cfg, context), niceness) for _ in range(world))
-    refs = {r: [workers[r].build_train_step.remote(block_refs, seed, epoch, r, world, batch_size, n, i)
+    refs = {r: [workers[r].build_train_step.remote(refs_ref, starts_ref, seed, epoch, r, world, batch_size, n, i)
                 for i in range(steps)] for r in range(world)}
     return EpochHead(epoch, steps, refs, workers)

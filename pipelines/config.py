@@ -117,7 +117,7 @@ BASE_SCHEMA: dict[str, Field] = {
     "data.blocks_per_epoch": F(int, 16, min=1, doc="Ray Data blocks (parallel tasks) per epoch"),
     "data.head_rows": F(int, 1024, min=0, doc="streaming: epoch 1's first steps, about this many rows per rank, "
                         "are gathered by position and built while Ray Train starts, so the first step does not "
-                        "wait for the epoch's step sort over the whole split (0 = off)"),
+                        "wait for the epoch's dataset to start (0 = off)"),
     "data.step_assembly": F(str, "auto", choices=("auto", "gather", "sort"),
                             doc="streaming: how an epoch's steps get their records: gather (each step reads its "
                                 "records by position from the blocks holding them; no shuffle) or sort (a "

@@ -251,10 +251,6 @@ def block_starts(block_refs: list, n: int) -> np.ndarray:
     return np.asarray(starts, np.int64)
 
 
-def _block_starts_task(block_refs: list, n: int) -> np.ndarray:
-    return block_starts(block_refs, n)
-
-
 def head_steps(cfg: dict, steps: int, world: int) -> int:
     """Epoch 1's steps built by gather (:func:`pipelines.background.build_head_in_background`):
     ``data.head_rows`` rows per rank, in whole steps, at most the epoch's ``steps``."""
@@ -329,7 +325,7 @@ def _build_one(table, experiment, cfg, context, epoch, rank, use_traces):
     return blob, len(recs), denom, time.perf_counter() - t0, i
 
 
-def with_step_columns(table, step: int, denom: int):
+def _with_step_columns(table, step: int, denom: int):
     """``table`` (one step's rows, in their order) with the columns :func:`_build_one` reads:
     ``step``, ``j`` (0..m-1) and ``denom`` (the step's global size)."""
     import pyarrow as pa
@@ -338,6 +334,10 @@ def with_step_columns(table, step: int, denom: int):
     return table.append_column("step", pa.array(np.full(m, step), pa.int64())) \
                 .append_column("j", pa.array(np.arange(m), pa.int64())) \
                 .append_column("denom", pa.array(np.full(m, denom), pa.int64()))
+
+
+#: the fields of a step row, in the order of :func:`_step_table`'s tuples
+STEP_ROW_FIELDS = ("batch", "n", "denom", "build_s", "step", "part")
 
 
 def _step_table(rows: list):
@@ -436,21 +436,29 @@ def assemble_steps(rows, experiment: Experiment, cfg: dict, context: Any, epoch:
         yield flush()
 
 
+def build_gathered_step(refs: list, starts: np.ndarray, experiment: Experiment, cfg: dict, context: Any, seed: int,
+                        epoch: int, rank: int, world: int, batch_size: int, n: int, step: int,
+                        use_traces: bool) -> tuple:
+    """Rank ``rank``'s step ``step`` of ``epoch``, its records gathered by position
+    (:func:`train_step_positions`, :func:`gather_positions`) from the blocks ``refs`` (the parsed
+    blocks, block ``i`` starting at position ``starts[i]``, or their traced copies when
+    ``use_traces``) and built by :func:`_build_one`: the row ``(batch, n, denom, build_s, step,
+    part)`` (:data:`STEP_ROW_FIELDS`) that :func:`_build_steps` yields for that step after the
+    sort (same records, order, seed and bytes; ``part`` empty)."""
+    positions, denom = train_step_positions(seed, epoch, rank, world, batch_size, n, step)
+    rows = gather_positions(refs, positions, starts, ("pos", "rec", "trace") if use_traces else ("pos", "rec"))
+    return _build_one(_with_step_columns(rows, step, denom), experiment, cfg, context, epoch, rank, use_traces) + (b"",)
+
+
 def _gather_steps(table, refs, starts, experiment, cfg, context, seed, epoch, rank, world, batch_size, n,
                   use_traces):
     """Ray Data task (a generator) of the gather assembly: for every row ``(first, stop)`` of
-    ``table``, rank ``rank``'s steps ``first..stop-1`` of ``epoch``, each built from its records
-    gathered by position (:func:`train_step_positions`, :func:`gather_positions`) from the blocks
-    ``refs`` (the parsed blocks, or their traced copies when ``use_traces``) -- the rows
-    :func:`_build_steps` yields for those steps after the sort (same records, order, seed, bytes),
-    one per yield, so the trainer can start on the first while the rest are built."""
-    columns = ("pos", "rec", "trace") if use_traces else ("pos", "rec")
+    ``table``, :func:`build_gathered_step` of steps ``first..stop-1``, one per yield, so the
+    trainer can start on the first while the rest are built."""
     for first, stop in zip(table.column("first").to_pylist(), table.column("stop").to_pylist()):
         for step in range(int(first), int(stop)):
-            positions, denom = train_step_positions(seed, epoch, rank, world, batch_size, n, step)
-            rows = gather_positions(refs, positions, starts, columns)
-            yield _step_table([_build_one(with_step_columns(rows, step, denom), experiment, cfg, context, epoch,
-                                          rank, use_traces) + (b"",)])
+            yield _step_table([build_gathered_step(refs, starts, experiment, cfg, context, seed, epoch, rank, world,
+                                                   batch_size, n, step, use_traces)])
 
 
 def _step_ranges_dataset(first: int, steps: int, per_task: int):
@@ -558,8 +566,6 @@ def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, w
     # epoch 1's first steps: gathered by position and built while Ray Train starts (not when the
     # run resumes from a checkpoint: it starts after epoch 1)
     head = 0 if cfg.get("resume_from") else head_steps(cfg, steps, world)
-    if head:
-        background.append(build_head_in_background(source, experiment, cfg, ctx_obj, 1, world, bs, train.n, head))
     datasets: dict = {}
     build_kw = dict(experiment=experiment, cfg=cfg, context=ctx_obj)
     split_bytes = None
@@ -569,12 +575,16 @@ def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, w
     params = {"data/step_assembly": assembly}
     if split_bytes is not None:
         params["data/train_split_mb"] = round(split_bytes / 2 ** 20, 1)
-    if assembly == "gather":
+    if head or assembly == "gather":
         import ray
 
         source_refs = source.to_arrow_refs()
-        starts = ray.get(ray.remote(num_cpus=0)(_block_starts_task).remote(source_refs, train.n))
-        per_task = max(1, int(SORTED_BLOCK_ROWS // max(bs / world, 1.0)))
+        # where each block starts (read in a task: the driver does not fetch the blocks)
+        starts = ray.get(ray.remote(num_cpus=0)(block_starts).remote(source_refs, train.n))
+    if head:
+        background.append(build_head_in_background(source_refs, starts, experiment, cfg, ctx_obj, 1, world, bs,
+                                                   train.n, head))
+    per_task = max(1, int(SORTED_BLOCK_ROWS // max(bs / world, 1.0)))   # a gather task's steps
     for epoch in range(1, cfg["epochs"] + 1):
         for r in range(world):
             first = head if epoch == 1 else 0

@@ -291,7 +291,8 @@ def train_epoch(plan: TrainPlan, w: Worker, epoch: int) -> EpochTotals:
     head = plan.heads.get(epoch, {}).get(w.rank, [])
     if head:
         # the head's rows are built already (or being built); the rest of the epoch comes from
-        # the dataset, whose step sort starts now and runs while the head trains
+        # the dataset, whose pipeline (gathers, or the step sort) starts now and runs while the
+        # head trains
         tail = () if len(head) >= plan.data.steps else prefetched or \
             RowPrefetcher(ray.train.get_dataset_shard(train_dataset_name(epoch, w.rank)))
         rows = itertools.chain(head_rows(head), tail)
