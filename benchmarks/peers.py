@@ -26,7 +26,11 @@ optimizer seconds per epoch (medians), and the speed ratio against the hand-writ
 ``sst.sparse_embedding`` on, every variant (the hand-written loop too) gets sparse embedding
 gradients; ``hand-written/dense-emb`` is then also run (the loop over a plain ``nn.Embedding``,
 every row updated each step, as PyTorch code usually is) and ``vs_hand_dense`` is the ratio
-against it.
+against it.  ``floor/module-calls`` (:class:`ModuleCallsFloor`, on unless ``floor=False``) runs the
+same module calls with no data movement between them: its ``vs_hand`` is (up to noise) the most
+any executor can reach with these modules, and ``vs_floor`` says how close each variant comes.
+``dynet/autobatch``: the same model in DyNet 2.1 with autobatching (:mod:`benchmarks.dynet_treelstm`,
+graph building included, one thread), when ``dynet`` is importable.
 """
 from __future__ import annotations
 
@@ -43,12 +47,16 @@ import torch.nn.functional as F
 from .reporting import REPO_ROOT, echo, format_table, log_to_mlflow
 from .timing import interleaved, median_ratio, ratio_quartiles
 
-__all__ = ["LevelBatch", "level_batch", "LevelWiseTreeLSTM", "Trainer", "tai_preset", "check_equal", "run"]
+__all__ = ["LevelBatch", "level_batch", "LevelWiseTreeLSTM", "ModuleCallsFloor", "Trainer", "tai_preset", "check_equal", "run"]
 
 TAI_CONFIG = os.path.join(REPO_ROOT, "conf", "sst_tai2015.yaml")
 #: the hand-written loop over a plain ``nn.Embedding`` (dense gradient, every row updated), run
 #: besides ``hand-written`` when the preset's ``sst.sparse_embedding`` is on
 DENSE_HAND = "hand-written/dense-emb"
+#: :class:`ModuleCallsFloor`: the module calls alone (no data movement), the bound on ``vs_hand``
+FLOOR = "floor/module-calls"
+#: DyNet 2.1's autobatching (:mod:`benchmarks.dynet_treelstm`), when ``dynet`` imports; 1 thread
+DYNET = "dynet/autobatch"
 
 
 # --------------------------------------------------------------------------- hand-written baseline
@@ -131,6 +139,46 @@ class LevelWiseTreeLSTM:
             cs.append(c)
         logits = m.classifier(torch.cat(hs))
         return F.cross_entropy(logits, lb.labels, reduction="sum") / lb.trees
+
+
+class ModuleCallsFloor:
+    """The compute floor of this workload: the module calls of :class:`LevelWiseTreeLSTM` with
+    nothing between them -- an upper bound on the speed of ANY implementation that runs these
+    modules with one call per level, foldengine included.
+
+    ``loss(lb) -> scalar``: the leaf call (``modules.word`` then ``modules.tree_lstm(x)``), then
+    per level one ``modules.tree_lstm(left, right)`` whose four ``[n_level, state]`` inputs are
+    leaf tensors made once per batch BEFORE timing (no gather, no concatenation of states, no
+    scatter of their gradients), ``modules.classifier`` once over every state and the same
+    cross-entropy; weight gradients summed once per batch
+    (:func:`foldengine.deferred.batch_weight_grads`, the cheapest GEMM layout foldengine uses).
+    It is NOT the model's function (children are random, not the lower levels' states), so it
+    is not checked equal; it prices the GEMMs, gate nonlinearities, dropout, loss and optimizer
+    that every variant pays.  ``t_hand / t_floor`` is, up to timing noise, the largest ``vs_hand``
+    any executor can reach with these modules and this many calls (a scheduler cannot batch a
+    tree in fewer calls than its height).
+    """
+
+    def __init__(self, modules, batches: Sequence[LevelBatch], seed: int = 0):
+        self.modules = modules
+        g = torch.Generator().manual_seed(seed)
+        S = modules.state_size
+        self.inputs = {id(lb): [[torch.randn(len(left), S, generator=g).requires_grad_() for _ in range(4)]
+                                for left, _ in lb.levels] for lb in batches}
+
+    def loss(self, lb: LevelBatch) -> torch.Tensor:
+        from foldengine.deferred import batch_weight_grads
+        m = self.modules
+        with batch_weight_grads(True):
+            h, _ = m.tree_lstm(m.word(lb.words))
+            hs = [h]
+            for h_l, c_l, h_r, c_r in self.inputs[id(lb)]:
+                for x in (h_l, c_l, h_r, c_r):
+                    x.grad = None          # AccumulateGrad then keeps the gradient: no add
+                h, _ = m.tree_lstm((h_l, c_l), (h_r, c_r))
+                hs.append(h)
+            logits = m.classifier(torch.cat(hs))
+            return F.cross_entropy(logits, lb.labels, reduction="sum") / lb.trees
 
 
 def foldengine_loss(compiler, batch, trees: int) -> torch.Tensor:
@@ -265,21 +313,26 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
         schedulers: Sequence[str] = ("coalesce", "depth"), repeats: int = 3, warmup: int = 1,
         executors: Sequence[str] = ("auto", "chunks"), no_defer: bool = True,
         emb: int = 50, overrides: Sequence[str] = (), seed: int = 0, data_dir: Optional[str] = None,
-        mlflow: bool = True, log: Callable[[str], None] = echo) -> Dict[str, float]:
+        floor: bool = True, dynet: bool = True, mlflow: bool = True, log: Callable[[str], None] = echo) -> Dict[str, float]:
     """Measure, print, log to MLflow (experiment ``bench_peers``, with a plot) unless
     ``mlflow=False``; returns the metrics (``t1.b25.foldengine_coalesce.vs_hand``, ...).
     ``overrides``: ``key=value`` changes to the Tai preset (e.g. ``sst.state_size=8``).
     ``executors``: ``Compiler(executor=...)`` values; the first runs every scheduler
     (``foldengine/<scheduler>``), the others the first scheduler (``foldengine/<scheduler>/<executor>``).
     ``no_defer``: also the first scheduler with ``Compiler(defer_weight_grads=False)``
-    (``foldengine/<scheduler>/no-defer``: one weight-gradient GEMM per call instead of per batch)."""
+    (``foldengine/<scheduler>/no-defer``: one weight-gradient GEMM per call instead of per batch).
+    ``floor``: also :class:`ModuleCallsFloor` (``floor/module-calls``), whose ``vs_hand`` bounds
+    every variant's; each variant's ``vs_floor`` (``t_floor / t_variant``, <= 1) is the share of
+    its step that the modules' own compute is.  ``dynet``: also DyNet's autobatching
+    (``dynet/autobatch``, :mod:`benchmarks.dynet_treelstm`; at 1 thread, checked equal first) when
+    ``dynet`` imports (a message otherwise)."""
     from pipelines.sst.data import load_split
     from pipelines.sst.model import build_compiler
     from pipelines.sst.vocab import build_vocab
 
     cfg = tai_preset(overrides)
     params = {"trees": trees, "batches": list(batches), "threads": list(threads), "schedulers": list(schedulers),
-              "executors": list(executors), "no_defer": no_defer,
+              "executors": list(executors), "no_defer": no_defer, "floor": floor,
               "repeats": repeats, "warmup": warmup, "emb": emb, "overrides": list(overrides), "seed": seed,
               "state": cfg["sst"]["state_size"], "sparse_embedding": cfg["sst"]["sparse_embedding"],
               "optimizer": cfg["optimizer"]["name"]}
@@ -291,8 +344,21 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
     log(f"check: foldengine and hand-written agree on one batch of {max(batches)} "
         f"(loss {check['loss']:.4f}, max gradient difference {check['max_grad_diff']:.2e})")
     _dgl_available(log)
+    use_dynet, check_dy = False, None
+    if dynet:
+        from . import dynet_treelstm
+        use_dynet, why = dynet_treelstm.available()
+        if use_dynet:
+            check_dy = dynet_treelstm.check_equal(modules, train[:max(batches)], vocab.stoi)
+            log(f"check: DyNet and hand-written agree on one batch of {max(batches)} "
+                f"(loss {check_dy['loss']:.4f}, max gradient difference {check_dy['max_grad_diff']:.2e})")
+        else:
+            log(f"DyNet: skipped ({why}; bash scripts/install_dynet.sh builds it)")
+    params["dynet"] = use_dynet
 
     rows, metrics = [], {"check_max_grad_diff": check["max_grad_diff"]}
+    if check_dy is not None:
+        metrics["check_dynet_max_grad_diff"] = check_dy["max_grad_diff"]
     for t in threads:
         torch.set_num_threads(t)
         for B in batches:
@@ -316,6 +382,12 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
                 m = copy.deepcopy(modules).train()
                 m.embedding.sparse = False
                 trainers[DENSE_HAND] = Trainer(LevelWiseTreeLSTM(m).loss, lbs, make_optimizer(cfg, m))
+            if use_dynet and t == 1:    # DyNet computes on one thread whatever torch's setting
+                dy_model = dynet_treelstm.DyNetTreeLSTM(modules, vocab.stoi, lr=cfg["optimizer"]["lr"], seed=seed)
+                trainers[DYNET] = dynet_treelstm.DyNetTrainer(dy_model, chunks)
+            if floor:
+                m = copy.deepcopy(modules).train()
+                trainers[FLOOR] = Trainer(ModuleCallsFloor(m, lbs, seed).loss, lbs, make_optimizer(cfg, m))
             times = interleaved({k: tr.epoch for k, tr in trainers.items()}, repeats, warmup)
             for k, tr in trainers.items():
                 sp = tr.splits[warmup:]
@@ -329,18 +401,21 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
                        "vs_hand": median_ratio(times["hand-written"], times[k]), "vs_hand_q1": q1, "vs_hand_q3": q3}
                 if DENSE_HAND in times:
                     row["vs_hand_dense"] = median_ratio(times[DENSE_HAND], times[k])
+                if FLOOR in times:
+                    row["vs_floor"] = median_ratio(times[FLOOR], times[k])
                 rows.append(row)
                 key = f"t{t}.b{B}.{k.replace('/', '_').replace('-', '_')}"
                 metrics.update({f"{key}.trees_per_s": row["trees_per_s"], f"{key}.vs_hand": row["vs_hand"],
                                 f"{key}.forward_s": row["forward_s"], f"{key}.backward_s": row["backward_s"],
                                 f"{key}.optimizer_s": row["optimizer_s"]})
-                if "vs_hand_dense" in row:
-                    metrics[f"{key}.vs_hand_dense"] = row["vs_hand_dense"]
+                for extra in ("vs_hand_dense", "vs_floor"):
+                    if extra in row:
+                        metrics[f"{key}.{extra}"] = row[extra]
             log(f"threads {t}, batch {B}: " + ", ".join(f"{r['variant']} {r['trees_per_s']:.0f} trees/s "
                                                          f"({r['vs_hand']:.2f}x)" for r in rows[-len(trainers):]))
     log(format_table(rows, ["threads", "batch", "variant", "trees_per_s", "forward_s", "backward_s",
                             "optimizer_s", "vs_hand", "vs_hand_q1", "vs_hand_q3"]
-                     + (["vs_hand_dense"] if any("vs_hand_dense" in r for r in rows) else [])))
+                     + [c for c in ("vs_hand_dense", "vs_floor") if any(c in r for r in rows)]))
     torch.set_num_threads(threads[0] if threads else 1)
     if mlflow:
         fig = _plot(rows)

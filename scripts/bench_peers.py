@@ -36,6 +36,10 @@ def main(argv=None):
                     help="Compiler executors: the first for every scheduler, the others for the first scheduler")
     ap.add_argument("--no-defer-variant", dest="no_defer", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the first scheduler with Compiler(defer_weight_grads=False)")
+    ap.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the module calls alone (floor/module-calls): the bound on any variant's ratio")
+    ap.add_argument("--dynet", action=argparse.BooleanOptionalAction, default=True,
+                    help="also DyNet's autobatching at 1 thread when dynet imports (scripts/install_dynet.sh)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--emb", type=int, default=50)

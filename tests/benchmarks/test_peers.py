@@ -64,6 +64,33 @@ def test_check_equal_catches_a_different_function(small):
         peers.LevelWiseTreeLSTM = orig
 
 
+def _cell_calls(modules, loss, lb):
+    """The ``tree_lstm`` calls ``loss(lb)`` makes: ``(arity, rows)`` each, in order."""
+    calls = []
+    hook = modules.tree_lstm.register_forward_hook(
+        lambda mod, args, out: calls.append((len(args), out[0].shape[0])))
+    try:
+        loss(lb).backward()
+    finally:
+        hook.remove()
+    return calls
+
+
+def test_floor_makes_the_hand_written_module_calls(small):
+    cfg, trees, vocab, modules = small
+    lb = peers.level_batch(trees, vocab.stoi)
+    hand_m, floor_m = copy.deepcopy(modules).train(), copy.deepcopy(modules).train()
+    floor = peers.ModuleCallsFloor(floor_m, [lb])
+    hand_calls = _cell_calls(hand_m, peers.LevelWiseTreeLSTM(hand_m).loss, lb)
+    assert hand_calls == _cell_calls(floor_m, floor.loss, lb)
+    assert hand_calls[0] == (1, len(lb.words)) and len(hand_calls) == 1 + len(lb.levels)
+    # every parameter the loop trains gets a gradient from the floor too
+    assert all(p.grad is not None for p in floor_m.parameters())
+    first = [x.data_ptr() for x in floor.inputs[id(lb)][0]]
+    floor.loss(lb)
+    assert [x.data_ptr() for x in floor.inputs[id(lb)][0]] == first    # inputs made once, before timing
+
+
 def test_sparse_embedding_gradients_match(small):
     cfg, trees, vocab, _ = small
     cfg = peers.tai_preset(["sst.state_size=6", "sst.sparse_embedding=true"])
@@ -79,11 +106,12 @@ def test_bench_peers_tiny_run(data_dir):
                   mlflow=False, log=lambda s: None)
     torch.set_num_threads(threads)
     for v in ("foldengine_coalesce", "foldengine_depth", "foldengine_coalesce_chunks", "foldengine_coalesce_no_defer",
-              "hand_written", "hand_written_dense_emb"):
+              "hand_written", "hand_written_dense_emb", "floor_module_calls"):
         assert m[f"t1.b4.{v}.trees_per_s"] > 0
         assert m[f"t1.b4.{v}.forward_s"] > 0 and m[f"t1.b4.{v}.optimizer_s"] > 0
     assert m["t1.b4.hand_written.vs_hand"] == 1.0
     assert "t1.b4.foldengine_coalesce.vs_hand_dense" in m
+    assert 0 < m["t1.b4.foldengine_coalesce.vs_floor"] and m["t1.b4.floor_module_calls.vs_floor"] == 1.0
 
 
 def test_bench_peers_plot():
