@@ -51,7 +51,7 @@ from foldengine.types import PyObjectType, TensorType
 from .reporting import REPO_ROOT, echo, git_state, log_to_mlflow, system_info
 from .timing import interleaved, median_ratio, median_time, medians
 
-__all__ = ["PAPER_CPU", "Table1Config", "TreeLSTMVariant", "Table1Model", "make_tree_shape",
+__all__ = ["PAPER_CPU", "PAPER_GPU", "paper_rows", "Table1Config", "TreeLSTMVariant", "Table1Model", "make_tree_shape",
            "fill_leaves", "random_tree", "count_leaves", "tree_depth", "fold_compiler", "ManualTree",
            "eager_forward", "Runner", "leaf_matrix", "l2_loss", "cell_flops", "run_table1", "format_report",
            "summary_metrics", "goals", "plot_per_tree", "DEFAULT_CONFIG", "ConfigError", "resolve_config",
@@ -69,8 +69,24 @@ PAPER_CPU: Dict[int, Tuple[float, ...]] = {
     32: (1.27, 0.039, 1.05, 0.032, 1.10, 0.034, 0.82, 14.94),
     1: (0.52, 0.517, 0.26, 0.258, 0.26, 0.262, 0.49, 1.97),
 }
+#: The paper's Table 1, GPU rows (inference; GeForce GTX-1080, vector 1024), same layout.
+PAPER_GPU: Dict[int, Tuple[float, ...]] = {
+    1024: (0.978, 0.0009, 1.590, 0.0015, 1.617, 0.0015, 1.62, 101.79),
+    512: (0.530, 0.0010, 0.715, 0.0013, 0.721, 0.0014, 1.34, 114.15),
+    256: (0.312, 0.0012, 0.323, 0.0012, 0.340, 0.0013, 1.03, 120.86),
+    128: (0.236, 0.0018, 0.164, 0.0012, 0.178, 0.0013, 0.69, 115.05),
+    64: (0.193, 0.0030, 0.093, 0.0014, 0.106, 0.0016, 0.48, 96.40),
+    32: (0.153, 0.0047, 0.061, 0.0019, 0.074, 0.0023, 0.40, 68.79),
+    1: (0.161, 0.1608, 0.038, 0.0376, 0.036, 0.0359, 0.23, 4.47),
+}
 PAPER_KEYS = ("manual_batch_s", "manual_tree_s", "dynamic_batch_s", "dynamic_tree_s",
               "full_batch_s", "full_tree_s", "cost_ratio", "speedup_ratio")
+
+
+def paper_rows(device: str) -> Tuple[str, Dict[int, Tuple[float, ...]]]:
+    """The paper's rows to print beside a run on ``device``: ``("GPU", PAPER_GPU)`` for a CUDA
+    device, else ``("CPU", PAPER_CPU)``."""
+    return ("GPU", PAPER_GPU) if str(device).startswith("cuda") else ("CPU", PAPER_CPU)
 
 
 @dataclass
@@ -424,11 +440,14 @@ def run_table1(cfg: Table1Config, log: Callable[[str], None] = echo) -> Dict[str
         "speedup ratio = manual batch-1 per-tree time / full-dynamic per-tree time (same mode).",
         "cost = median of per-round dynamic/manual; cost(min) = fastest dynamic / fastest manual: "
         "where they differ much the machine was busy during that size.",
-        "paper: Table 1 CPU rows (inference, vector 1024, 32 threads, TensorFlow 2017).",
+        ("paper: Table 1 GPU rows (inference, vector 1024, GeForce GTX-1080, TensorFlow 2017)."
+         if device.type == "cuda" else
+         "paper: Table 1 CPU rows (inference, vector 1024, 32 threads, TensorFlow 2017)."),
     ]
     return {"config": cfg.as_params(), "threads": threads, "device": str(device),
             "flops_forward_per_tree": flops_fwd_tree, "rows": rows, "notes": notes,
-            "paper_cpu": {str(k): dict(zip(PAPER_KEYS, v)) for k, v in PAPER_CPU.items()}}
+            "paper_cpu": {str(k): dict(zip(PAPER_KEYS, v)) for k, v in PAPER_CPU.items()},
+            "paper_gpu": {str(k): dict(zip(PAPER_KEYS, v)) for k, v in PAPER_GPU.items()}}
 
 
 # ---------------------------------------------------------------------------------------
@@ -461,8 +480,10 @@ def format_report(result: Dict[str, object]) -> str:
         rows = sorted(rows, key=lambda r: -r["batch_size"])
         head = (f"Table 1 ({mode}, {result['device']}, vector {cfg['vector_size']}, {cfg['leaves']} leaves, "
                 f"{result['threads']} threads, scheduler {sched}): seconds")
+        paper_kind, paper = paper_rows(result["device"])
         if mode == "inference":
-            head += "  || paper CPU (inference, vector 1024, 32 threads)"
+            head += ("  || paper GPU (inference, vector 1024, GTX-1080)" if paper_kind == "GPU"
+                     else "  || paper CPU (inference, vector 1024, 32 threads)")
         hdr = ["batch", "man.batch", "man.tree", "dyn.batch", "dyn.tree", "full.batch", "full.tree",
                "cost", "cost(min)", "speedup"]
         if mode == "inference":
@@ -472,7 +493,7 @@ def format_report(result: Dict[str, object]) -> str:
             line = [str(r["batch_size"])] + [_f(r[k]) for k in PAPER_KEYS[:6]] + \
                    [f"{r['cost_ratio']:.2f}", f"{r['cost_ratio_of_mins']:.2f}", f"{r['speedup_ratio']:.2f}"]
             if mode == "inference":
-                p = PAPER_CPU.get(r["batch_size"])
+                p = paper.get(r["batch_size"])
                 line += ["||", _f(p[1]), _f(p[3]), _f(p[5]), f"{p[6]:.2f}", f"{p[7]:.2f}"] if p else \
                         ["||", "-", "-", "-", "-", "-"]
             body.append(line)
@@ -567,8 +588,9 @@ def plot_per_tree(result: Dict[str, object]):
             ax.plot(bsz, [r["dynamic_tree_s"] for r in sr], "s-", label=f"dynamic ({s})")
             ax.plot(bsz, [r["full_tree_s"] for r in sr], "^-", label=f"full dynamic ({s})")
         if mode == "inference" and result["config"]["vector_size"] == 1024:
-            pb = sorted(PAPER_CPU)
-            ax.plot(pb, [PAPER_CPU[b][5] for b in pb], "k.-", alpha=0.4, label="paper full dynamic (CPU)")
+            paper_kind, paper = paper_rows(result["device"])
+            pb = sorted(paper)
+            ax.plot(pb, [paper[b][5] for b in pb], "k.-", alpha=0.4, label=f"paper full dynamic ({paper_kind})")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("batch size (trees)")

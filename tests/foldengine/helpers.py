@@ -115,3 +115,31 @@ def pair_tree_compiler(d: int = 5, **compiler_kw):
         lambda a, b: torch.tanh(pair(torch.cat([a, b], 1))), name="pair")
     expr.resolve_to(fb.OneOf(lambda t: isinstance(t, tuple), {False: leaf, True: inner}))
     return fe.Compiler(expr(), **compiler_kw)
+
+
+def run_on(compiler: fe.Compiler, batch, autocast: bool = False):
+    """Outputs + metrics (detached, on the CPU, float32) and every parameter's gradient (on the CPU)
+    of ``compiler(batch)`` with the weighted-sum loss of :func:`helpers.weighted_sum`."""
+    compiler.zero_grad(set_to_none=True)
+    dev = compiler.device.type
+    with torch.autocast(dev, dtype=torch.bfloat16, enabled=autocast):
+        out = compiler(batch)
+        tensors = flat_tensors(out) + [v for _, v in sorted(compiler.metrics.items())]
+    tensors = [t.float() if t.is_floating_point() else t for t in tensors]
+    loss = weighted_sum(tensors)
+    loss.backward()
+    grads = {n: (p.grad.to_dense() if p.grad.is_sparse else p.grad).float().cpu()
+             for n, p in compiler.named_parameters() if p.grad is not None}
+    return [t.detach().cpu() for t in tensors], grads
+
+
+def assert_runs_close(got, want, rtol, atol):
+    """Two :func:`run_on` results agree: same tensors (dtype, shape, values) and gradients."""
+    (t_got, g_got), (t_want, g_want) = got, want
+    assert len(t_got) == len(t_want)
+    for a, b in zip(t_got, t_want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+    assert g_got.keys() == g_want.keys() and g_want
+    for name in g_want:
+        torch.testing.assert_close(g_got[name], g_want[name], rtol=rtol, atol=atol, msg=name)
