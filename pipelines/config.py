@@ -151,7 +151,11 @@ BASE_SCHEMA: dict[str, Field] = {
     "tracking.experiment": F(str, None, nullable=True, doc="default: name"),
     "tracking.run_name": F(str, None, nullable=True),
     "tracking.check_timeout_s": F(float, 5.0, min=0.1),
-    "tracking.log_model": F(bool, True, doc="log the best state_dict as an artifact"),
+    "tracking.log_model": F(bool, True, doc="log the best model: an MLflow Model 'model' (pyfunc: predicts raw "
+                                          "inputs) and its state dict under 'weights/'"),
+    "tracking.register_model": F(str, None, nullable=True,
+                                 doc="register the logged model under this name (a new version per run, tagged "
+                                     "with its best dev metric)"),
     "tracking.tags": F(dict, {}),
 }
 del F

@@ -111,6 +111,30 @@ class Experiment(abc.ABC):
         back to ``load_splits``)."""
         return None
 
+    # ------------------------------------------------------------------ trained models
+    #: pip requirements of :meth:`predictor` beyond torch, numpy, pandas and mlflow (e.g. rdkit)
+    inference_requirements: Sequence[str] = ()
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Experiment":
+        """The experiment a resolved ``config`` describes (to rebuild a logged model). Default: ``cls()``."""
+        return cls()
+
+    def model_context(self, config: dict, context: Any) -> Optional[dict]:
+        """What :meth:`predictor` needs of the loaded ``context`` besides the weights, as
+        JSON-able data (a vocabulary, target scaling), so that a trained model predicts without
+        the training data.  None (the default): this experiment's models are not exported."""
+        return None
+
+    def predictor(self, config: dict, model_context: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor]):
+        """A :class:`pipelines.prediction.Predictor` of the model with ``state_dict`` loaded
+        (``model_context``: :meth:`model_context`'s result after a JSON round trip)."""
+        raise NotImplementedError(f"{type(self).__name__} does not export its models")
+
+    def example_inputs(self) -> Sequence[Any]:
+        """A few raw inputs for the logged model's input example and signature."""
+        return ()
+
     def batch_builder(self, config: dict, context: Any) -> Any:
         """What ``make_batch`` needs in Ray Data tasks; built once per worker process and config.
         Default: ``build_model(config, context)`` (e.g. a ``foldengine.Compiler``)."""

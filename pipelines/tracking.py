@@ -196,8 +196,8 @@ def log_figures(client, run_id: str, figures: Iterable[tuple[str, Any]], artifac
 
 
 def log_state_dict(client, run_id: str, state_dict: Mapping[str, Any], meta: Mapping[str, Any],
-                   artifact_path: str = "model") -> None:
-    """The (best) model as a light artifact: ``model/state_dict.pt`` + ``model/meta.json``."""
+                   artifact_path: str = "weights") -> None:
+    """The (best) model's weights as a light artifact: ``weights/state_dict.pt`` + ``weights/meta.json``."""
     import torch
 
     with tempfile.TemporaryDirectory() as d:
@@ -207,7 +207,7 @@ def log_state_dict(client, run_id: str, state_dict: Mapping[str, Any], meta: Map
         client.log_artifacts(run_id, d, artifact_path=artifact_path)
 
 
-def load_logged_state_dict(client, run_id: str, artifact_path: str = "model") -> tuple[dict, dict]:
+def load_logged_state_dict(client, run_id: str, artifact_path: str = "weights") -> tuple[dict, dict]:
     """``(state_dict, meta)`` written by :func:`log_state_dict` to run ``run_id``.  Raises
     ``LookupError`` naming the run when the store has no such run, ``FileNotFoundError`` when the
     run logged no model."""

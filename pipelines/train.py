@@ -283,7 +283,7 @@ def _final_metrics(history: list[dict], best: dict, fit_s: float) -> dict[str, f
 
 
 def _log_results(experiment: Experiment, cfg: dict, tracker: trk.Tracker, state: checkpoint.TrainingState,
-                 best_model: Optional[dict], final: dict[str, float]) -> None:
+                 best_model: Optional[dict], final: dict[str, float], context: Any) -> None:
     """Epochs the live callback missed, final metrics, results table, plots, model, config."""
     history = state.history
     # Epochs the live callback did not log (e.g. from a checkpoint we resumed from).
@@ -300,6 +300,16 @@ def _log_results(experiment: Experiment, cfg: dict, tracker: trk.Tracker, state:
         tracker.state_dict(best_model, {"experiment": experiment.name,
                                         "class": f"{type(experiment).__module__}.{type(experiment).__qualname__}",
                                         "best": state.best or {}, "config": cfg})
+        model_context = experiment.model_context(cfg, context)
+        if model_context is not None and tracker.enabled:
+            from .mlflow_model import log_model
+
+            key = f"best/dev/{experiment.selection_metric}"
+            logged = log_model(tracker.uri, tracker.run_id, experiment, cfg, model_context, best_model,
+                               register_as=cfg["tracking"]["register_model"],
+                               version_tags={key.replace("/", "_"): final[key]} if key in final else None)
+            logger.info("model logged: %s%s", logged.model_uri,
+                     f" (registered: {logged.registered_name} version {logged.version})" if logged.version else "")
     tracker.text(json.dumps(cfg, indent=2, default=str), "config.json")
 
 
@@ -357,7 +367,7 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
             best_model = checkpoint.read_best_model(d)
 
         final = _final_metrics(state.history, state.best or {}, fit_s)
-        _log_results(experiment, cfg, tracker, state, best_model, final)
+        _log_results(experiment, cfg, tracker, state, best_model, final, splits.context)
         tracker.end("FINISHED")
         return RunResult(run_id=tracker.run_id if tracker.enabled else None, metrics=final,
                          history=state.history, checkpoint_path=result.checkpoint.path,

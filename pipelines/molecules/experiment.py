@@ -423,6 +423,29 @@ class MoleculeExperiment(Experiment):
         model.target_scaling = context
         return model
 
+    # ------------------------------------------------------------------ trained models
+    inference_requirements = ("rdkit",)
+
+    def model_context(self, config: dict, context: TargetScaling) -> dict:
+        """The target scaling (``mean``, ``std``: floats, or lists with one per task)."""
+        return {"mean": context.mean, "std": context.std}
+
+    def predictor(self, config: dict, model_context: Mapping, state_dict):
+        """A :class:`pipelines.molecules.inference.MoleculePredictor` (input column ``smiles``;
+        one output column per task)."""
+        from .inference import MoleculePredictor
+
+        def scalar_or_tuple(v):
+            return tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else float(v)
+
+        scaling = TargetScaling(scalar_or_tuple(model_context["mean"]), scalar_or_tuple(model_context["std"]))
+        model = self.build_model(config, scaling)
+        model.load_state_dict(state_dict)
+        return MoleculePredictor(model, self.tasks, self.classification, scaling.mean, scaling.std)
+
+    def example_inputs(self) -> Sequence[str]:
+        return ["CCO", "c1ccccc1O"]
+
     def make_batch(self, builder, records: Sequence[MolRecord], traces: Optional[Sequence] = None) -> MolBatch:
         if traces is not None:
             t0 = time.perf_counter()

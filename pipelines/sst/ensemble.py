@@ -3,7 +3,7 @@
     python -m pipelines.sst.ensemble RUN_ID RUN_ID ... [--split test] [--batch-size 250] [--no-tracking]
 
 Each ``RUN_ID`` is an MLflow run of ``pipelines.sst.train`` that logged its best model
-(``model/state_dict.pt`` and ``model/meta.json`` with the run's config; ``tracking.log_model``,
+(``weights/state_dict.pt`` and ``weights/meta.json`` with the run's config; ``tracking.log_model``,
 on by default).  The members' class probabilities are averaged at every node, and the average
 is scored like one model's softmax output (fine-grained = argmax, binary = p(3)+p(4) against
 p(0)+p(1) on non-neutral nodes), on the root nodes for the paper's metrics.  Members must agree
@@ -52,7 +52,7 @@ def load_member(client, run_id: str) -> tuple[dict, dict]:
 
     state, meta = load_logged_state_dict(client, run_id)
     if "config" not in meta:
-        raise ValueError(f"run {run_id}: model/meta.json has no config")
+        raise ValueError(f"run {run_id}: weights/meta.json has no config")
     return meta["config"], state
 
 

@@ -248,6 +248,27 @@ class SSTExperiment(Experiment):
     def trace_records(self, builder, records: Sequence) -> Optional[list]:
         return None if builder.random_blocks else builder.trace(records)
 
+    # ------------------------------------------------------------------ trained models
+    inference_requirements = ("nltk",)
+
+    def model_context(self, config: dict, context: SSTContext) -> dict:
+        """The vocabulary (``words``: ids 1.. in order; id 0 is the unknown word) and ``emb_dim``;
+        the embedding rows are the model's own weights."""
+        return {"words": list(context.vocab.itos[1:]), "emb_dim": int(context.emb_dim)}
+
+    def predictor(self, config: dict, model_context: Mapping[str, Any], state_dict):
+        """A :class:`pipelines.sst.inference.TreePredictor` (input column ``tree``)."""
+        from .inference import TreePredictor
+        from .vocab import Vocab
+
+        ctx = SSTContext(vocab=Vocab(model_context["words"]), emb_dim=int(model_context["emb_dim"]), embeddings=None)
+        compiler = self._compiler(config, ctx, None)
+        compiler.load_state_dict(state_dict)
+        return TreePredictor(compiler)
+
+    def example_inputs(self) -> Sequence[str]:
+        return ["(4 (2 a) (4 (4 wonderful) (2 film)))", "(1 (2 (2 not) (3 good)) (2 .))"]
+
     # ------------------------------------------------------------------ loss / metrics
     def _forward(self, model, batch):
         model(batch)

@@ -72,7 +72,7 @@ def test_mlflow_run_is_complete(baseline):
     assert m["best/epoch"] == res.metrics["best/epoch"]
 
     top = {a.path for a in client.list_artifacts(res.run_id)}
-    assert {"results.json", "plots", "model", "config.json"} <= top
+    assert {"results.json", "plots", "weights", "config.json"} <= top
     plots = [a.path for a in client.list_artifacts(res.run_id, "plots")]
     assert plots and all(x.endswith(".png") for x in plots)
     table = client.load_table(r.info.experiment_id, "results.json", run_ids=[res.run_id])
@@ -80,7 +80,7 @@ def test_mlflow_run_is_complete(baseline):
     assert table["test accuracy"].iloc[1] == pytest.approx(res.metrics["best/test/accuracy"])
 
     # The logged model is the best-dev-epoch model.
-    path = client.download_artifacts(res.run_id, "model/state_dict.pt", str(tmp / "dl"))
+    path = client.download_artifacts(res.run_id, "weights/state_dict.pt", str(tmp / "dl"))
     net = ToyNet(16)
     net.load_state_dict(torch.load(path))
 

@@ -73,11 +73,31 @@ def test_mlflow_run_is_complete_and_loss_goes_down(baseline):
     assert h[-1]["train/objective"] < h[0]["train/objective"]
     assert all(x["params/consistent"] == 1.0 for x in h)
     top = {a.path for a in client.list_artifacts(res.run_id)}
-    assert {"results.json", "plots", "model", "config.json"} <= top
+    assert {"results.json", "plots", "weights", "config.json"} <= top
     table = client.load_table(r.info.experiment_id, "results.json", run_ids=[res.run_id])
     assert list(table["test fine-grained"][:3]) == [51.0, 52.3, 53.6]
     assert list(table["test binary"][:3]) == [88.0, 89.4, 90.2]
     assert table["test fine-grained"].iloc[3] == pytest.approx(100 * res.metrics["best/test/fine"], abs=0.01)
+
+
+@pytest.mark.timeout(300)
+def test_logged_model_predicts_the_test_split_as_evaluated(baseline, data_dir):
+    """``runs:/<id>/model`` (pyfunc) predicts the raw test lines; its root accuracy is the run's
+    best test accuracy exactly (the same best model, in eval mode)."""
+    import mlflow
+    import pandas as pd
+
+    from pipelines.sst.data import parse_line
+
+    res, _, tmp = baseline
+    mlflow.set_tracking_uri(f"sqlite:///{tmp}/mlflow.db")
+    model = mlflow.pyfunc.load_model(f"runs:/{res.run_id}/model")
+    with open(data_dir / "sst" / "test.txt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for _, line in zip(range(50), f)]
+    out = model.predict(pd.DataFrame({"tree": lines}), params={"chunk_size": 16})
+    assert out["error"].isna().all() and len(out) == 50
+    gold = [parse_line(x)[0] for x in lines]
+    assert float((out["label"] == gold).mean()) == pytest.approx(res.metrics["best/test/fine"], abs=1e-12)
 
 
 @pytest.mark.timeout(400)

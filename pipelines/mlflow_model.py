@@ -1,0 +1,134 @@
+"""A trained model as an MLflow Model (``pyfunc`` flavour) that predicts raw inputs anywhere.
+
+The model directory holds a *package* (artifact ``package``): ``package.json`` (the experiment's
+class, the resolved config, the model context: vocabulary, target scaling) and ``weights.pt``
+(the state dict: tensors only, read with ``torch.load(weights_only=True)``), plus the code of
+``foldengine``, ``schedulers`` and ``pipelines`` (``code_paths``).  It loads and predicts in a
+fresh process with neither the training data nor ``FOLD_DATA_DIR``:
+
+    model = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
+    model.predict(pd.DataFrame({"tree": ["(3 (2 a) (3 good))", "(oops"]}))
+    #    label  prob_0 ... prob_4  positive  error      (one row per input, in order)
+
+Input: a DataFrame with the experiment's input column (``tree``, ``smiles``; a one-column frame
+of another name is taken as it), a list of strings, or a dict of that column.  ``params``:
+``chunk_size`` (inputs per engine batch, default 256) and the predictor's own options (SST:
+``nodes``).  Output: the :class:`pipelines.prediction.Predictor` frame.
+
+:func:`log_model` logs it into a training run (name ``model``), with a signature and an input
+example, and registers a new version when asked (tagged with the run's best dev metric).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import mlflow
+import torch
+
+from .prediction import Predictor
+
+__all__ = ["MODEL_NAME", "PACKAGE_FILE", "WEIGHTS_FILE", "write_package", "load_predictor", "FoldModel",
+           "LoggedModel", "log_model"]
+
+#: the name the model is logged under in a run (``runs:/<run_id>/model``)
+MODEL_NAME = "model"
+PACKAGE_FILE = "package.json"
+WEIGHTS_FILE = "weights.pt"
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CODE = [os.path.join(_REPO, p) for p in ("foldengine", "schedulers", "pipelines")]
+
+
+def write_package(directory: str, experiment, config: Mapping[str, Any], model_context: Mapping[str, Any],
+                  state_dict: Mapping[str, torch.Tensor]) -> None:
+    """Write ``package.json`` and ``weights.pt`` into ``directory`` (created if missing)."""
+    os.makedirs(directory, exist_ok=True)
+    cls = type(experiment)
+    with open(os.path.join(directory, PACKAGE_FILE), "w") as f:
+        json.dump({"experiment": f"{cls.__module__}.{cls.__qualname__}", "config": config,
+                   "model_context": model_context}, f, default=str)
+    torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, os.path.join(directory, WEIGHTS_FILE))
+
+
+def load_predictor(directory: str) -> Predictor:
+    """The :class:`~pipelines.prediction.Predictor` of a package written by :func:`write_package`.
+    Loads weights with ``weights_only=True`` (no code runs from the file); raises ``ValueError``
+    naming the file when it holds anything but tensors."""
+    with open(os.path.join(directory, PACKAGE_FILE)) as f:
+        pkg = json.load(f)
+    weights = os.path.join(directory, WEIGHTS_FILE)
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - unpickling refused: name the file
+        raise ValueError(f"{weights}: not a plain state dict of tensors ({err})") from None
+    module, _, name = pkg["experiment"].rpartition(".")
+    experiment = getattr(importlib.import_module(module), name).from_config(pkg["config"])
+    return experiment.predictor(pkg["config"], pkg["model_context"], state)
+
+
+class FoldModel(mlflow.pyfunc.PythonModel):
+    """The pyfunc wrapper around a package's :class:`Predictor` (see the module docstring)."""
+
+    def load_context(self, context) -> None:
+        self.predictor = load_predictor(context.artifacts["package"])
+
+    def predict(self, context, model_input, params: Optional[dict] = None):
+        p = self.predictor
+        if isinstance(model_input, dict):
+            model_input = model_input[p.input_column]
+        if hasattr(model_input, "columns"):
+            cols = list(model_input.columns)
+            if p.input_column not in cols and len(cols) != 1:
+                raise ValueError(f"expected a column {p.input_column!r}, got columns {cols}")
+            model_input = model_input[p.input_column if p.input_column in cols else cols[0]].tolist()
+        return p.predict(list(model_input), **dict(params or {}))
+
+
+@dataclass(frozen=True)
+class LoggedModel:
+    """What :func:`log_model` logged: ``model_uri`` (``runs:/<run_id>/model``), and the registered
+    version (``registered_name``, ``version``) when one was made."""
+
+    model_uri: str
+    registered_name: Optional[str] = None
+    version: Optional[str] = None
+
+
+def log_model(tracking_uri: str, run_id: str, experiment, config: Mapping[str, Any], model_context: Mapping[str, Any],
+              state_dict: Mapping[str, torch.Tensor], register_as: Optional[str] = None,
+              version_tags: Optional[Mapping[str, Any]] = None) -> LoggedModel:
+    """Log the trained model into run ``run_id`` as ``model`` (pyfunc), with the signature and
+    input example of ``experiment.example_inputs()``; with ``register_as``, register it as a new
+    version of that registered model and tag the version with ``version_tags``."""
+    import pandas as pd
+    from mlflow.models import infer_signature
+
+    with tempfile.TemporaryDirectory(prefix="fold-model-") as tmp:
+        pkg = os.path.join(tmp, "package")
+        write_package(pkg, experiment, config, model_context, state_dict)
+        predictor = load_predictor(pkg)          # the example's output, and a check that it loads
+        example = pd.DataFrame({predictor.input_column: list(experiment.example_inputs())})
+        signature = infer_signature(example, predictor.predict(example[predictor.input_column].tolist()),
+                                    params={"chunk_size": 256, **getattr(predictor, "options", {})})
+        requirements = [f"torch=={torch.__version__.split('+')[0]}", "numpy", "pandas",
+                        f"mlflow=={mlflow.__version__}", *experiment.inference_requirements]
+        previous = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(tracking_uri)
+        try:
+            with mlflow.start_run(run_id=run_id):
+                info = mlflow.pyfunc.log_model(name=MODEL_NAME, python_model=FoldModel(), artifacts={"package": pkg},
+                                               code_paths=_CODE, signature=signature, input_example=example,
+                                               pip_requirements=requirements, registered_model_name=register_as)
+        finally:
+            mlflow.set_tracking_uri(previous)
+    version = getattr(info, "registered_model_version", None)
+    if register_as and version is not None:
+        client = mlflow.MlflowClient(tracking_uri)
+        for k, v in (version_tags or {}).items():
+            client.set_model_version_tag(register_as, str(version), k, str(v))
+    return LoggedModel(f"runs:/{run_id}/{MODEL_NAME}", register_as if version is not None else None,
+                       None if version is None else str(version))

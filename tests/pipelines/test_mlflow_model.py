@@ -1,0 +1,213 @@
+"""A trained model as an MLflow Model: logged into a run (real sqlite store), loaded with
+``mlflow.pyfunc.load_model`` in a fresh process without the data, predicting raw SST trees and
+SMILES (bad rows reported, never fatal), registered as a version, and served by a real
+``mlflow models serve`` on loopback whose answers equal ``predict``.
+
+The models are freshly initialised (no training: the pipeline tests check the training runs'
+logged models); what is pinned here is the export, not the accuracy.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import mlflow
+from pipelines.config import load_config, merged_schema
+from pipelines.mlflow_model import load_predictor, log_model, write_package
+from tests.pipelines.helpers import esol_smiles, sst_lines
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BAD_TREE = "(3 (2 unbalanced) (3 tree)"
+
+
+def _sst(data_dir):
+    from pipelines.sst.data import parse_line
+    from pipelines.sst.experiment import SCHEMA, SSTContext, SSTExperiment
+    from pipelines.sst.vocab import build_vocab
+
+    lines = sst_lines(data_dir, 12)
+    exp = SSTExperiment()
+    cfg = load_config(os.path.join(REPO, "conf", "sst_tai2015.yaml"), ["sst.state_size=6"], merged_schema(SCHEMA))
+    vocab = build_vocab([parse_line(x) for x in lines[:8]])       # the last 4 trees hold unknown words
+    torch.manual_seed(0)
+    model = exp.batch_builder(cfg, SSTContext(vocab=vocab, emb_dim=5, embeddings=None))
+    return exp, cfg, exp.model_context(cfg, SSTContext(vocab=vocab, emb_dim=5, embeddings=None)), model, lines
+
+
+def _esol():
+    from pipelines.molecules.experiment import SCHEMA, MoleculeExperiment, TargetScaling
+
+    exp = MoleculeExperiment("esol")
+    cfg = load_config(os.path.join(REPO, "conf", "molecules_esol.yaml"),
+                      ["molecules.atom_hidden=4", "molecules.pair_hidden=3", "molecules.mol_hidden=5"],
+                      merged_schema(SCHEMA))
+    scaling = TargetScaling(-3.0, 2.0)
+    torch.manual_seed(0)
+    model = exp.build_model(cfg, scaling)
+    return exp, cfg, exp.model_context(cfg, scaling), model
+
+
+@pytest.fixture(scope="module")
+def logged(data_dir, tmp_path_factory):
+    """The SST and ESOL models logged into two runs of one fresh store; SST registered too."""
+    tmp = tmp_path_factory.mktemp("mlflow_model")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    client = mlflow.MlflowClient(uri)
+    exp_id = client.create_experiment("export-test")
+    sst_exp, sst_cfg, sst_mc, sst_model, lines = _sst(data_dir)
+    esol_exp, esol_cfg, esol_mc, esol_model = _esol()
+    runs = {}
+    for key, (exp, cfg, mc, model, reg) in {"sst": (sst_exp, sst_cfg, sst_mc, sst_model, "sst-export-test"),
+                                            "esol": (esol_exp, esol_cfg, esol_mc, esol_model, None)}.items():
+        run_id = client.create_run(exp_id).info.run_id
+        runs[key] = log_model(uri, run_id, exp, cfg, mc, model.state_dict(), register_as=reg,
+                              version_tags={"best_dev_fine": 0.5} if reg else None)
+    return {"uri": uri, "tmp": tmp, "runs": runs, "lines": lines, "sst_model": sst_model, "esol_model": esol_model}
+
+
+def _fresh_predict(uri: str, model_uri: str, frame: pd.DataFrame, tmp, params=None) -> pd.DataFrame:
+    """``mlflow.pyfunc.load_model(model_uri).predict(frame)`` in a fresh process, elsewhere, with no
+    FOLD_DATA_DIR (the model must carry what it needs)."""
+    src = tmp / "in.json"
+    frame.to_json(src, orient="records")
+    code = ("import sys, json, mlflow, pandas as pd; mlflow.set_tracking_uri(sys.argv[1]); "
+            "m = mlflow.pyfunc.load_model(sys.argv[2]); "
+            "out = m.predict(pd.read_json(sys.argv[3], orient='records'), params=json.loads(sys.argv[4])); "
+            "print(out.to_json(orient='records'))")
+    env = {k: v for k, v in os.environ.items() if k not in ("FOLD_DATA_DIR", "MLFLOW_TRACKING_URI")}
+    res = subprocess.run([sys.executable, "-c", code, uri, model_uri, str(src), json.dumps(params or {})],
+                         cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return pd.read_json(io.StringIO(res.stdout.strip().splitlines()[-1]), orient="records")
+
+
+@pytest.mark.timeout(400)
+def test_sst_model_predicts_raw_trees_in_a_fresh_process(logged, tmp_path):
+    lines = logged["lines"]
+    frame = pd.DataFrame({"tree": [lines[0], BAD_TREE, lines[9], lines[10]]})
+    out = _fresh_predict(logged["uri"], logged["runs"]["sst"].model_uri, frame, tmp_path, {"nodes": True, "chunk_size": 2})
+    assert list(out.columns) == ["label", *(f"prob_{k}" for k in range(5)), "positive", "node_labels", "error"]
+    assert len(out) == 4
+    bad = out.iloc[1]
+    assert "unbalanced" in bad["error"] and pd.isna(bad["label"]) and pd.isna(bad["prob_0"])
+    good = out.drop(index=1)
+    assert good["error"].isna().all()
+    # the same numbers as the compiled model itself (unknown words map as in training)
+    from pipelines.sst.data import parse_line
+    model = logged["sst_model"].eval()
+    trees = [parse_line(lines[i]) for i in (0, 9, 10)]
+    with torch.no_grad():
+        model(model.build_batch(trees))
+        want = torch.softmax(model.metrics["root_logits"], 1).numpy()
+    np.testing.assert_allclose(good[[f"prob_{k}" for k in range(5)]].to_numpy(), want, rtol=1e-5, atol=1e-6)
+    assert good["label"].tolist() == want.argmax(1).tolist()
+    np.testing.assert_allclose(good["positive"], (want[:, 3:].sum(1)) / (want[:, 3:].sum(1) + want[:, :2].sum(1)),
+                               rtol=1e-5)
+    from pipelines.sst.data import iter_nodes
+    assert [len(x) for x in good["node_labels"]] == [sum(1 for _ in iter_nodes(t)) for t in trees]
+    assert [x[-1] for x in good["node_labels"]] == want.argmax(1).tolist()
+
+
+@pytest.mark.timeout(400)
+def test_esol_model_predicts_values_in_original_units(logged, data_dir, tmp_path):
+    smiles = esol_smiles(data_dir, 3)
+    frame = pd.DataFrame({"smiles": [smiles[0], "C1CC", smiles[1], 42, smiles[2]]})
+    out = _fresh_predict(logged["uri"], logged["runs"]["esol"].model_uri, frame, tmp_path)
+    assert list(out.columns) == ["logS", "error"] and len(out) == 5
+    assert "SMILES" in out["error"][1] and "C1CC" in out["error"][1] and pd.isna(out["logS"][1])
+    assert "TypeError" in out["error"][3]
+    from pipelines.molecules.featurize import featurize
+    model = logged["esol_model"].eval()
+    with torch.no_grad():
+        z = model(model.build_batch([featurize(s).model_input() for s in smiles]))[:, 0].numpy()
+    np.testing.assert_allclose(out["logS"][[0, 2, 4]].to_numpy(), z * 2.0 - 3.0, rtol=1e-5, atol=1e-5)
+
+
+def test_registered_version_and_signature(logged):
+    info = logged["runs"]["sst"]
+    assert (info.registered_name, info.version) == ("sst-export-test", "1")
+    client = mlflow.MlflowClient(logged["uri"])
+    mv = client.get_model_version("sst-export-test", "1")
+    assert mv.tags["best_dev_fine"] == "0.5"
+    mlflow.set_tracking_uri(logged["uri"])
+    meta = mlflow.models.get_model_info(info.model_uri)
+    assert meta.signature.inputs.input_names() == ["tree"]
+    assert {p.name for p in meta.signature.params} == {"chunk_size", "nodes"}
+
+
+def test_crafted_weights_run_no_code(tmp_path):
+    """A weights.pt whose unpickling would run code is refused, naming the file; nothing runs."""
+    exp, cfg, mc, model = _esol()
+    pkg = tmp_path / "pkg"
+    write_package(str(pkg), exp, cfg, mc, model.state_dict())
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"w": Evil()}, pkg / "weights.pt")
+    with pytest.raises(ValueError, match="weights.pt"):
+        load_predictor(str(pkg))
+    assert not marker.exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(400)
+def test_served_model_answers_like_predict(logged, tmp_path):
+    """``mlflow models serve`` (the real server, loopback) answers /invocations as predict does."""
+    port = _free_port()
+    bin_dir = os.path.dirname(sys.executable)      # mlflow execs uvicorn from PATH
+    env = {**os.environ, "MLFLOW_TRACKING_URI": logged["uri"], "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+    env.pop("FOLD_DATA_DIR", None)
+    mlflow_bin = os.path.join(bin_dir, "mlflow")
+    proc = subprocess.Popen([mlflow_bin, "models", "serve", "-m", logged["runs"]["sst"].model_uri,
+                             "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 240
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.time() < deadline, "server did not answer /ping within 240 s"
+            time.sleep(1)
+        trees = [logged["lines"][0], BAD_TREE, logged["lines"][11]]
+        body = json.dumps({"dataframe_records": [{"tree": t} for t in trees]}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            served = pd.DataFrame(json.loads(r.read())["predictions"])
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    mlflow.set_tracking_uri(logged["uri"])
+    local = mlflow.pyfunc.load_model(logged["runs"]["sst"].model_uri).predict(pd.DataFrame({"tree": trees}))
+    assert served["error"][1] == local["error"][1] and "unbalanced" in served["error"][1]
+    assert served["label"][[0, 2]].tolist() == local["label"][[0, 2]].tolist()
+    np.testing.assert_allclose(served[["prob_0", "prob_4"]].to_numpy()[[0, 2]],
+                               local[["prob_0", "prob_4"]].to_numpy()[[0, 2]], rtol=1e-6)
