@@ -71,14 +71,28 @@ def _pids_naming(marker: str) -> list[int]:
 
 
 def _cluster_pids(state: pathlib.Path) -> set[int]:
-    """Every process of the cluster started from ``state``: the sessions of its pid files and the
-    processes naming its Ray temp dir."""
+    """Every process of the cluster started from ``state``: the sessions of its pid files, the
+    processes naming its Ray temp dir, and all their descendants (a job's driver, Ray workers)."""
     pids: set[int] = set()
     for name in ("ray", "mlflow"):
         f = state / f"{name}.pid"
         if f.exists():
             pids.update(_pids_in_session(int(f.read_text())))
     pids.update(_pids_naming((state / "ray_temp_dir").read_text().strip() + "/"))
+    children: dict[int, list[int]] = {}
+    for d in pathlib.Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    todo = list(pids)
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in pids:
+                pids.add(c)
+                todo.append(c)
     return pids
 
 
@@ -345,6 +359,33 @@ def test_default_cluster_listens_on_loopback_only(cluster_env, tmp_path):
         assert _post_job(f"http://{lan}:{ports['agent']}/api/job_agent/jobs/", marker) == 0, lan
     time.sleep(2)
     assert not marker.exists()
+
+    # While a job runs, its driver and Ray's worker processes listen on loopback only, too.
+    started = {port for _, port, _, _ in sockets}
+    job = ("import ray, time\n"
+           "ray.init()\n"
+           "@ray.remote\n"
+           "class Holder:\n"
+           "    def ready(self): return True\n"
+           "h = Holder.remote(); ray.get(h.ready.remote())\n"
+           "print('JOB-READY', flush=True); time.sleep(25)\n")
+    proc = subprocess.Popen(["bash", str(SCRIPTS / "submit.sh"), "--raw", "--", "python", "-c", job],
+                            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    during: set = set()
+    try:
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline:
+            during.update(listening_sockets(_cluster_pids(state)))
+            time.sleep(1)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "JOB-READY" in out, out[-3000:]
+    new = sorted(s for s in during if s[1] not in started)
+    print("listening while a job ran (new):", *new, sep="\n  ")
+    assert new, "the job's driver and actor opened no listening socket?"
+    assert not [s for s in during if not _is_loopback(s[0])], sorted(during)
 
     # Ray's temp root (world-writable, as Ray makes it) sits in a private dir of ours.
     private = pathlib.Path((state / "ray_temp_dir").read_text().strip())
