@@ -7,21 +7,82 @@ Rank 0 writes one Ray Train checkpoint per epoch, a directory with
 * ``best_model.pt`` (:data:`BEST_FILE`), when some epoch has been selected: the ``state_dict``
   of the model at the best dev epoch so far (what MLflow logs as the run's model).
 
-The on-disk format is a plain dict (not a pickled class) so a checkpoint can be read with
-``torch.load(path, weights_only=False)["epoch"]`` without importing this package.
+Both files hold plain data only: tensors, ints, floats, bools, strings, None, and dicts, lists
+and tuples of those (RNG states as tensors: :func:`pipelines.seeding.rng_state`); :func:`write`
+converts numpy scalars and arrays and refuses anything else. So a checkpoint can be read with
+``torch.load(path, weights_only=True)["epoch"]`` without importing this package, and
+:func:`read_state` / :func:`read_best_model` read them only that way: a checkpoint directory may
+be on shared storage (``ray.storage_path``) or anywhere ``resume_from`` points, and unpickling
+arbitrary objects from it could run code. A file that needs more than plain data (crafted, or
+written by a version that stored numpy RNG states) is refused with :class:`CheckpointError`,
+before any of its objects is built.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
+import pickle
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
-__all__ = ["STATE_FILE", "BEST_FILE", "TrainingState", "write", "read_state", "read_best_model"]
+__all__ = ["STATE_FILE", "BEST_FILE", "CheckpointError", "TrainingState", "write", "read_state",
+           "read_best_model", "load_plain", "plain"]
 
 STATE_FILE = "state.pt"
 BEST_FILE = "best_model.pt"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is not plain data (tensors, numbers, strings, plain containers), so it
+    is not loaded: unpickling it could run code."""
+
+
+_SCALARS = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
+
+
+def plain(obj: Any, where: str = "checkpoint") -> Any:
+    """``obj`` with numpy scalars as Python numbers and numpy arrays as tensors; raises
+    ``TypeError`` (naming the path ``where``) for any object that is not a tensor, a number, a
+    string, None, or a dict / list / tuple of those -- what ``torch.load(weights_only=True)``
+    reads back."""
+    if isinstance(obj, np.generic):  # before _SCALARS: np.float64 is a float subclass
+        return obj.item()
+    if isinstance(obj, torch.Tensor) or isinstance(obj, _SCALARS):
+        return obj
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(obj).copy())
+    if isinstance(obj, dict):
+        out = {plain(k, where): plain(v, f"{where}[{k!r}]") for k, v in obj.items()}
+        if not isinstance(obj, collections.OrderedDict):
+            return out
+        out = collections.OrderedDict(out)
+        if hasattr(obj, "_metadata"):  # a module's state_dict: per-module versions
+            out._metadata = plain(obj._metadata, f"{where}._metadata")
+        return out
+    if isinstance(obj, (list, tuple)):
+        items = [plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        return items if isinstance(obj, list) else tuple(items)
+    raise TypeError(f"{where}: a {type(obj).__module__}.{type(obj).__qualname__} cannot be stored in "
+                    "a checkpoint (plain data only: tensors, numbers, strings, None, dict/list/tuple)")
+
+
+def load_plain(path: str) -> Any:
+    """``torch.load(path, map_location="cpu", weights_only=True)``: tensors and plain data only.
+    Raises :class:`CheckpointError` naming ``path`` when the file holds anything else (then none
+    of its objects is built and none of its code runs), ``FileNotFoundError`` when it is missing."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        lines = [ln.strip() for ln in str(err).splitlines()]
+        why = next((ln for ln in lines if "GLOBAL" in ln or "Unsupported" in ln), lines[-1] if lines else "")
+        raise CheckpointError(
+            f"{path}: refused to load: it is not a plain-data checkpoint (tensors, numbers, strings, "
+            f"plain containers), and unpickling it could run code. torch.load(weights_only=True) "
+            f"said: {why} -- a crafted file, or one written by a foldengine version that stored "
+            f"other objects; it is not loaded") from None
 
 
 @dataclasses.dataclass
@@ -48,19 +109,27 @@ class TrainingState:
 
 
 def write(directory: str, state: TrainingState, best_model: Optional[dict]) -> None:
-    """Write :data:`STATE_FILE` (and :data:`BEST_FILE` if ``best_model`` is not None)."""
-    torch.save(state.to_dict(), os.path.join(directory, STATE_FILE))
-    if best_model is not None:
-        torch.save(best_model, os.path.join(directory, BEST_FILE))
+    """Write :data:`STATE_FILE` (and :data:`BEST_FILE` if ``best_model`` is not None) as plain
+    data (:func:`plain`; ``TypeError`` for anything else, before a file is written)."""
+    data = plain(state.to_dict(), STATE_FILE)
+    best = plain(best_model, BEST_FILE) if best_model is not None else None
+    torch.save(data, os.path.join(directory, STATE_FILE))
+    if best is not None:
+        torch.save(best, os.path.join(directory, BEST_FILE))
 
 
 def read_state(directory: str) -> TrainingState:
-    """:data:`STATE_FILE` of a checkpoint directory, tensors on the CPU."""
-    d = torch.load(os.path.join(directory, STATE_FILE), map_location="cpu", weights_only=False)
+    """:data:`STATE_FILE` of a checkpoint directory, tensors on the CPU, loaded with
+    ``weights_only=True`` (:func:`load_plain`: :class:`CheckpointError` if it is not plain data)."""
+    d = load_plain(os.path.join(directory, STATE_FILE))
+    if not isinstance(d, dict) or "epoch" not in d:
+        raise CheckpointError(f"{os.path.join(directory, STATE_FILE)}: not a training state "
+                              f"(a {type(d).__name__} without the key 'epoch')")
     return TrainingState.from_dict(d)
 
 
 def read_best_model(directory: str) -> Optional[dict]:
-    """The best model's ``state_dict`` (CPU) of a checkpoint directory, None if it has none."""
+    """The best model's ``state_dict`` (CPU) of a checkpoint directory, None if it has none;
+    loaded with ``weights_only=True`` (:func:`load_plain`)."""
     path = os.path.join(directory, BEST_FILE)
-    return torch.load(path, map_location="cpu") if os.path.exists(path) else None
+    return load_plain(path) if os.path.exists(path) else None

@@ -36,17 +36,39 @@ def derived_seed(*parts: int) -> int:
 
 
 def rng_state() -> dict:
-    """The torch / numpy / python (and CUDA, if available) RNG states of this process."""
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-            "python": random.getstate(),
+    """The torch / numpy / python (and CUDA, if available) RNG states of this process.
+
+    Plain data only (tensors, ints, floats, strings, None, dicts, lists), so a checkpoint holding
+    it loads with ``torch.load(..., weights_only=True)``::
+
+        {"torch": uint8 tensor,
+         "numpy": {"bit_generator": "MT19937", "key": int64 tensor (624,), "pos": int,
+                   "has_gauss": int, "gauss": float},
+         "python": {"version": int, "state": int64 tensor (625,), "gauss_next": float | None},
+         "cuda": list of uint8 tensors | None}
+    """
+    np_state = np.random.get_state(legacy=False)
+    version, internal, gauss_next = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"bit_generator": np_state["bit_generator"],
+                      "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+                      "pos": int(np_state["state"]["pos"]),
+                      "has_gauss": int(np_state["has_gauss"]), "gauss": float(np_state["gauss"])},
+            "python": {"version": int(version), "state": torch.tensor(internal, dtype=torch.int64),
+                       "gauss_next": gauss_next},
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
 def set_rng_state(s: Mapping) -> None:
     """Restore what :func:`rng_state` returned."""
     torch.set_rng_state(s["torch"])
-    np.random.set_state(s["numpy"])
-    random.setstate(s["python"])
+    n = s["numpy"]
+    np.random.set_state({"bit_generator": n["bit_generator"],
+                         "state": {"key": np.asarray(n["key"], dtype=np.int64).astype(np.uint32),
+                                   "pos": int(n["pos"])},
+                         "has_gauss": int(n["has_gauss"]), "gauss": float(n["gauss"])})
+    py = s["python"]
+    random.setstate((int(py["version"]), tuple(int(x) for x in py["state"].tolist()), py["gauss_next"]))
     if s.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(s["cuda"])
 

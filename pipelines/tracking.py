@@ -210,8 +210,9 @@ def log_state_dict(client, run_id: str, state_dict: Mapping[str, Any], meta: Map
 def load_logged_state_dict(client, run_id: str, artifact_path: str = "weights") -> tuple[dict, dict]:
     """``(state_dict, meta)`` written by :func:`log_state_dict` to run ``run_id``.  Raises
     ``LookupError`` naming the run when the store has no such run, ``FileNotFoundError`` when the
-    run logged no model."""
-    import torch
+    run logged no model, :class:`pipelines.checkpoint.CheckpointError` when ``state_dict.pt`` is
+    not plain data (it is read with ``weights_only=True``: an artifact store may be shared)."""
+    from .checkpoint import load_plain
 
     try:
         client.get_run(run_id)
@@ -223,10 +224,12 @@ def load_logged_state_dict(client, run_id: str, artifact_path: str = "weights") 
             local = client.download_artifacts(run_id, artifact_path, d)
             with open(os.path.join(local, "meta.json")) as f:
                 meta = json.load(f)
-            state = torch.load(os.path.join(local, "state_dict.pt"), map_location="cpu")
+            if not os.path.isfile(os.path.join(local, "state_dict.pt")):
+                raise FileNotFoundError("state_dict.pt")
         except Exception as err:  # noqa: BLE001 - a missing artifact surfaces as several types
             raise FileNotFoundError(f"run {run_id}: no logged model ({artifact_path}/state_dict.pt and "
                                     f"meta.json; {type(err).__name__}: {err})") from None
+        state = load_plain(os.path.join(local, "state_dict.pt"))
     return state, meta
 
 

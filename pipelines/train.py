@@ -322,7 +322,9 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
 
     Raises :class:`pipelines.tracking.TrackingUnavailable` before any Ray/training work when the
     tracking store is unreachable and ``tracking.mode`` is ``required``; ``ConfigError`` for a bad
-    config; ``ray.train.TrainingFailedError`` when training fails more than
+    config, including a ``resume_from`` checkpoint that is not plain data (read with
+    ``weights_only=True`` before Ray starts: see :mod:`pipelines.checkpoint`);
+    ``ray.train.TrainingFailedError`` when training fails more than
     ``ray.max_failures`` times.
 
     Metrics (reported per epoch, logged to MLflow with ``step=epoch``, epochs count from 1):
@@ -340,6 +342,14 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
     _extra_worker_resources(cfg)  # a bad ray.worker_resources fails here, before any work
     if cfg["resume_from"] and not os.path.exists(os.path.join(cfg["resume_from"], STATE_FILE)):
         raise ConfigError(f"no {STATE_FILE} in {cfg['resume_from']}", "resume_from")
+    if cfg["resume_from"]:
+        # read here, before Ray, as the workers will (weights_only): a file that is not plain
+        # data fails now with a clear error instead of inside every training worker
+        try:
+            checkpoint.read_state(cfg["resume_from"])
+            checkpoint.read_best_model(cfg["resume_from"])
+        except checkpoint.CheckpointError as err:
+            raise ConfigError(str(err), "resume_from") from None
     seed_all(int(cfg["seed"]))
 
     tracker = _setup_tracking(experiment, cfg)  # fail fast, before Ray

@@ -9,8 +9,14 @@
 #   FOLD_RAY_AGENT_PORT      dashboard agent HTTP port (runs submitted jobs)  (default 52365, or a
 #                            free port when another Ray on this machine holds 52365)
 #   FOLD_RAY_NUM_CPUS        CPUs the Ray head offers                         (default: all)
-#   FOLD_RAY_AUTH_MODE       disabled | token                                 (default disabled)
-#   FOLD_RAY_TEMP_DIR        Ray's temp/session root (kept short: unix socket paths)
+#   FOLD_RAY_HOST            address the Ray head listens on and other nodes reach (default
+#                            127.0.0.1: every Ray port on loopback only). A non-loopback address
+#                            makes Ray listen off loopback and turns token auth on by default.
+#                            (FOLD_RAY_NODE_IP is the older name of this setting.)
+#   FOLD_RAY_AUTH_MODE       disabled | token   (default: disabled on loopback, token otherwise)
+#   FOLD_RAY_TEMP_DIR        a private dir (yours, mode 0700) holding Ray's temp/session root
+#                            (default: a fresh mktemp -d /tmp/fold-ray.XXXXXXXX, recorded in the
+#                            state dir and reused by later starts; kept short: unix socket paths)
 #   FOLD_MLFLOW_PORT         MLflow tracking server port                      (default 5000)
 #   FOLD_PYTHON              the Python whose ray/mlflow to use   (default <repo>/.venv/bin/python,
 #                            else python3 on PATH)
@@ -22,7 +28,8 @@ fold_log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
 fold_die() { fold_log "ERROR: $*"; exit 1; }
 
 FOLD_CLUSTER_DIR="${FOLD_CLUSTER_DIR:-$FOLD_REPO_ROOT/.cluster}"
-mkdir -p "$FOLD_CLUSTER_DIR"
+# A state dir created here is private to the user (it holds the auth token, the MLflow store).
+(umask 077; mkdir -p "$FOLD_CLUSTER_DIR")
 FOLD_CLUSTER_DIR="$(cd "$FOLD_CLUSTER_DIR" && pwd)"
 
 # A port file written by cluster_up wins over the default, so that submit.sh and
@@ -40,6 +47,9 @@ FOLD_RAY_AGENT_PORT="$(_fold_port ray_agent FOLD_RAY_AGENT_PORT "")"
 FOLD_MLFLOW_PORT="$(_fold_port mlflow FOLD_MLFLOW_PORT 5000)"
 FOLD_READY_TIMEOUT="${FOLD_READY_TIMEOUT:-120}"
 
+# The auth mode the caller asked for (empty: none); cluster_up derives the default for a new head
+# from FOLD_RAY_HOST. Other scripts use the mode the running head was started with.
+FOLD_RAY_AUTH_MODE_GIVEN="${FOLD_RAY_AUTH_MODE:-}"
 if [ -z "${FOLD_RAY_AUTH_MODE:-}" ] && [ -s "$FOLD_CLUSTER_DIR/auth_mode" ]; then
   FOLD_RAY_AUTH_MODE="$(cat "$FOLD_CLUSTER_DIR/auth_mode")"
 fi
@@ -48,6 +58,14 @@ case "$FOLD_RAY_AUTH_MODE" in
   disabled|token) ;;
   *) fold_die "FOLD_RAY_AUTH_MODE must be 'disabled' or 'token', not '$FOLD_RAY_AUTH_MODE'" ;;
 esac
+
+FOLD_RAY_HOST="${FOLD_RAY_HOST:-${FOLD_RAY_NODE_IP:-127.0.0.1}}"
+fold_is_loopback() {  # HOST -> 0 for 127.0.0.0/8, ::1 and localhost
+  case "$1" in
+    127.*|::1|\[::1\]|localhost) return 0 ;;
+    *) return 1 ;;
+  esac
+}
 
 if [ -z "${FOLD_PYTHON:-}" ]; then
   if [ -x "$FOLD_REPO_ROOT/.venv/bin/python" ] && [ -z "${VIRTUAL_ENV:-}" ]; then
@@ -115,6 +133,12 @@ except OSError:
 finally:
     s.close()
 PY
+}
+
+fold_private_dir() {  # DIR -> 0 when DIR is a directory (not a link) of this user, mode 0700
+  local d=$1
+  [ -d "$d" ] && [ ! -L "$d" ] || return 1
+  [ "$(stat -c '%u %a' "$d" 2>/dev/null)" = "$(id -u) 700" ]
 }
 
 fold_free_port() {  # -> a TCP port nobody listens on now

@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
 # Start a local Ray head (dashboard + job API on 127.0.0.1) and an MLflow tracking server.
 #
-#   bash scripts/cluster_up.sh [--auth disabled|token] [--num-cpus N]
+#   bash scripts/cluster_up.sh [--host ADDRESS] [--auth disabled|token] [--num-cpus N]
 #
 # Idempotent: services already running from the same state dir are left alone.
 # Settings (ports, state dir, auth mode, ...) come from the environment: see scripts/_common.sh.
 # State in $FOLD_CLUSTER_DIR (default .cluster/): *.pid, *.port, logs/, mlflow.db, mlartifacts/.
 #
-# Auth: Ray 2.60 can require a token on its dashboard/job API. Default here is
-# RAY_AUTH_MODE=disabled for the head (loopback-only, single-user machine). With
+# Network: by default (--host 127.0.0.1) every port the Ray head and MLflow open listens on
+# 127.0.0.1 only. --host ADDRESS (or FOLD_RAY_HOST) with a non-loopback address, for worker nodes
+# on other machines, makes Ray's ports listen off loopback (see README, "Network exposure"); the
+# dashboard / job API and MLflow stay on 127.0.0.1.
+# Auth: Ray 2.60 can require a token on its dashboard/job API and its RPC services. Default:
+# disabled on loopback (a single-user machine), token for a non-loopback --host. With
 # --auth token (or FOLD_RAY_AUTH_MODE=token) the head requires a token: RAY_AUTH_TOKEN or
 # RAY_AUTH_TOKEN_PATH if set, else one generated into $FOLD_CLUSTER_DIR/ray_auth_token (mode 600).
 # scripts/submit.sh passes it automatically; other clients need RAY_AUTH_MODE=token and the token.
+# Ray's temp dir lives in a private directory (mode 0700): see FOLD_RAY_TEMP_DIR in _common.sh.
 set -euo pipefail
 
 while [ $# -gt 0 ]; do
   case "$1" in
     --auth) FOLD_RAY_AUTH_MODE="$2"; shift 2 ;;
     --auth=*) FOLD_RAY_AUTH_MODE="${1#*=}"; shift ;;
+    --host) FOLD_RAY_HOST="$2"; shift 2 ;;
+    --host=*) FOLD_RAY_HOST="${1#*=}"; shift ;;
     --num-cpus) FOLD_RAY_NUM_CPUS="$2"; shift 2 ;;
     --num-cpus=*) FOLD_RAY_NUM_CPUS="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -31,11 +38,25 @@ source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 LOG_DIR="$FOLD_CLUSTER_DIR/logs"
 mkdir -p "$LOG_DIR" "$FOLD_CLUSTER_DIR/mlartifacts"
 
-# Ray's temp root holds unix sockets whose full path must stay under ~107 bytes, so it
-# lives in a short directory derived from the state dir, with a link to it from the state dir.
-if [ -z "${FOLD_RAY_TEMP_DIR:-}" ]; then
-  FOLD_RAY_TEMP_DIR="/tmp/fold-ray-$(printf '%s' "$FOLD_CLUSTER_DIR" | cksum | cut -d' ' -f1)"
-fi
+# Ray's temp root holds its unix sockets (whose full path must stay under ~107 bytes) and Ray
+# makes it and its subdirectories world-writable (0777), so it lives inside a private directory:
+# FOLD_RAY_TEMP_DIR if set (created 0700, or else it must be ours and 0700), else the one recorded
+# by an earlier start if it still is private, else a fresh `mktemp -d` (0700) under /tmp.
+# Sets RAY_TEMP_ROOT, the --temp-dir given to Ray.
+choose_ray_temp_dir() {
+  local recorded=""
+  [ -s "$FOLD_CLUSTER_DIR/ray_temp_dir" ] && recorded="$(cat "$FOLD_CLUSTER_DIR/ray_temp_dir")"
+  if [ -n "${FOLD_RAY_TEMP_DIR:-}" ]; then
+    case "$FOLD_RAY_TEMP_DIR" in /*) ;; *) fold_die "FOLD_RAY_TEMP_DIR must be an absolute path" ;; esac
+    [ -e "$FOLD_RAY_TEMP_DIR" ] || mkdir -m 700 -p "$FOLD_RAY_TEMP_DIR"
+    fold_private_dir "$FOLD_RAY_TEMP_DIR" || fold_die "FOLD_RAY_TEMP_DIR=$FOLD_RAY_TEMP_DIR must be a directory of yours with mode 0700 (not a link): Ray makes its temp dir world-writable inside it"
+  elif [ -n "$recorded" ] && fold_private_dir "$recorded"; then
+    FOLD_RAY_TEMP_DIR="$recorded"
+  else
+    FOLD_RAY_TEMP_DIR="$(mktemp -d /tmp/fold-ray.XXXXXXXX)"
+  fi
+  RAY_TEMP_ROOT="$FOLD_RAY_TEMP_DIR/ray"
+}
 
 wait_for_log() {  # WHAT LOGFILE TEXT PIDFILE -> waits until TEXT appears in LOGFILE
   local what=$1 log=$2 text=$3 pidfile=$4 start
@@ -115,6 +136,10 @@ start_ray() {
     [ "$saved_mode" = "$FOLD_RAY_AUTH_MODE" ] || \
       fold_log "note: Ray head already runs with auth mode '$saved_mode'; run cluster_down.sh first to change it"
     FOLD_RAY_AUTH_MODE="$saved_mode"
+    local saved_host
+    saved_host="$(cat "$FOLD_CLUSTER_DIR/ray_host" 2>/dev/null || echo 127.0.0.1)"
+    if fold_is_loopback "$FOLD_RAY_HOST"; then [ "$saved_host" = 127.0.0.1 ]; else [ "$saved_host" = "$FOLD_RAY_HOST" ]; fi || \
+      fold_log "note: Ray head already listens on '$saved_host'; run cluster_down.sh first to change it"
     fold_ray_client_env
     if [ "$(fold_http_status "$FOLD_DASHBOARD_URL/api/version" token)" = 200 ]; then
       fold_log "Ray head already running (pid $(cat "$pidfile")), dashboard $FOLD_DASHBOARD_URL"
@@ -140,6 +165,32 @@ start_ray() {
     fold_die "port $FOLD_RAY_AGENT_PORT (FOLD_RAY_AGENT_PORT) is taken by another process"
   fi
 
+  # Where Ray listens. On loopback, Ray 2.60 would still replace 127.0.0.1 by the machine's LAN
+  # address (`ray start --node-ip-address 127.0.0.1` is resolved to a "remotely reachable" IP) and
+  # then bind its RPC servers, agents and metrics ports to that address or to 0.0.0.0; with
+  # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (Ray's single-machine mode, its default on macOS) the node
+  # IP stays 127.0.0.1 and every Ray port binds to 127.0.0.1.
+  local node_ip
+  if fold_is_loopback "$FOLD_RAY_HOST"; then
+    node_ip=127.0.0.1
+    export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+  else
+    node_ip=$FOLD_RAY_HOST
+  fi
+
+  # A new head's auth mode: the one asked for, else disabled on loopback and token off loopback.
+  if [ -n "$FOLD_RAY_AUTH_MODE_GIVEN" ]; then
+    FOLD_RAY_AUTH_MODE=$FOLD_RAY_AUTH_MODE_GIVEN
+  elif [ "$node_ip" = 127.0.0.1 ]; then
+    FOLD_RAY_AUTH_MODE=disabled
+  else
+    FOLD_RAY_AUTH_MODE=token
+    fold_log "Ray listens on $node_ip (not loopback): token auth is ON by default (FOLD_RAY_AUTH_MODE=disabled or --auth disabled turns it off)"
+  fi
+  if [ "$node_ip" != 127.0.0.1 ] && [ "$FOLD_RAY_AUTH_MODE" = disabled ]; then
+    fold_log "WARNING: Ray listens on $node_ip with auth disabled: anyone who reaches this machine's Ray ports can run commands as $(id -un) (e.g. through the dashboard agent's job API on port $FOLD_RAY_AGENT_PORT); use --auth token or a firewall"
+  fi
+
   if [ "$FOLD_RAY_AUTH_MODE" = token ] && [ -z "${RAY_AUTH_TOKEN:-}" ] && [ -z "${RAY_AUTH_TOKEN_PATH:-}" ]; then
     if [ ! -s "$FOLD_AUTH_TOKEN_FILE" ]; then
       (umask 077; "$FOLD_PYTHON" -c 'import secrets; print(secrets.token_hex(32), end="")' >"$FOLD_AUTH_TOKEN_FILE")
@@ -148,18 +199,19 @@ start_ray() {
   fi
   echo "$FOLD_RAY_AUTH_MODE" >"$FOLD_CLUSTER_DIR/auth_mode"
   fold_ray_client_env
+  choose_ray_temp_dir
 
   local ray_bin args
   ray_bin="$(fold_tool ray)"
   args=(start --head --block
-        --node-ip-address "${FOLD_RAY_NODE_IP:-127.0.0.1}"
+        --node-ip-address "$node_ip"
         --port "$FOLD_RAY_PORT"
         --ray-client-server-port "$FOLD_RAY_CLIENT_PORT"
         --dashboard-agent-listen-port "$FOLD_RAY_AGENT_PORT"
         --include-dashboard true
         --dashboard-host 127.0.0.1
         --dashboard-port "$FOLD_RAY_DASHBOARD_PORT"
-        --temp-dir "$FOLD_RAY_TEMP_DIR"
+        --temp-dir "$RAY_TEMP_ROOT"
         --disable-usage-stats)
   [ -n "${FOLD_RAY_NUM_CPUS:-}" ] && args+=(--num-cpus "$FOLD_RAY_NUM_CPUS")
   # shellcheck disable=SC2206
@@ -173,13 +225,14 @@ start_ray() {
   echo "$FOLD_RAY_CLIENT_PORT" >"$FOLD_CLUSTER_DIR/ray_client.port"
   echo "$FOLD_RAY_AGENT_PORT" >"$FOLD_CLUSTER_DIR/ray_agent.port"
   echo "$FOLD_RAY_TEMP_DIR" >"$FOLD_CLUSTER_DIR/ray_temp_dir"
-  ln -sfn "$FOLD_RAY_TEMP_DIR" "$FOLD_CLUSTER_DIR/ray-temp"
+  echo "$node_ip" >"$FOLD_CLUSTER_DIR/ray_host"
+  ln -sfn "$RAY_TEMP_ROOT" "$FOLD_CLUSTER_DIR/ray-temp"
 
   # `ray start` gives the raylet a fixed 30 s to register; on a busy machine that can fail, so a
   # failed start is retried (FOLD_RAY_START_TRIES, default 2).
   local try tries=${FOLD_RAY_START_TRIES:-2}
   for ((try = 1; try <= tries; try++)); do
-    fold_log "starting Ray head (try $try/$tries; auth: $FOLD_RAY_AUTH_MODE, GCS port $FOLD_RAY_PORT, dashboard $FOLD_DASHBOARD_URL)"
+    fold_log "starting Ray head (try $try/$tries; listens on $node_ip, auth: $FOLD_RAY_AUTH_MODE, GCS port $FOLD_RAY_PORT, dashboard $FOLD_DASHBOARD_URL)"
     # setsid: the head and everything it spawns share one session, so cluster_down.sh can
     # stop exactly these processes. --block keeps `ray start` alive as the session leader.
     [ -s "$LOG_DIR/ray.log" ] && mv -f "$LOG_DIR/ray.log" "$LOG_DIR/ray.previous.log"
@@ -231,10 +284,17 @@ start_mlflow() {
 start_ray
 start_mlflow
 
+RAY_HOST_NOW="$(cat "$FOLD_CLUSTER_DIR/ray_host" 2>/dev/null || echo 127.0.0.1)"
+if [ "$RAY_HOST_NOW" = 127.0.0.1 ]; then
+  LISTENS="127.0.0.1 only (every Ray and MLflow port)"
+else
+  LISTENS="$RAY_HOST_NOW and all interfaces (Ray's RPC and metrics ports; see README, Network exposure)"
+fi
 cat <<EOF
 Cluster is up (state: $FOLD_CLUSTER_DIR, logs: $FOLD_CLUSTER_DIR/logs)
+  Ray listens on              : $LISTENS
   Ray dashboard / job address : $FOLD_DASHBOARD_URL
-  Ray GCS address             : 127.0.0.1:$FOLD_RAY_PORT
+  Ray GCS address             : $RAY_HOST_NOW:$FOLD_RAY_PORT
   Ray auth mode               : $FOLD_RAY_AUTH_MODE$( [ "$FOLD_RAY_AUTH_MODE" = token ] && printf '  (clients: RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=%s)' "${RAY_AUTH_TOKEN_PATH:-\$RAY_AUTH_TOKEN}" )
   MLflow tracking URI / UI    : $FOLD_MLFLOW_URL
 Submit with: bash scripts/submit.sh EXPERIMENT [key=value ...]    Stop with: bash scripts/cluster_down.sh

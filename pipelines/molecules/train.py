@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from pipelines.config import merged_schema, parse_cli
+from pipelines.checkpoint import read_best_model
 from pipelines.train import BEST_FILE, RunResult, run
 
 from .experiment import SCHEMA, MoleculeExperiment, TargetScaling
@@ -159,7 +160,6 @@ def roc_figure(labels: np.ndarray, probs: np.ndarray, tasks: Sequence[str]):
 def after_run(experiment: MoleculeExperiment, cfg: dict, res: RunResult) -> dict[str, float]:
     """Extra MLflow logging on the finished run (see module docstring); returns what it logged."""
     import pandas as pd
-    import torch
 
     from pipelines.tracking import Tracker
 
@@ -169,7 +169,7 @@ def after_run(experiment: MoleculeExperiment, cfg: dict, res: RunResult) -> dict
     if experiment.classification and res.checkpoint_path:
         best_path = os.path.join(res.checkpoint_path, BEST_FILE)
         if os.path.exists(best_path):
-            pred = predict_test_split(experiment, cfg, torch.load(best_path, map_location="cpu"), res.context)
+            pred = predict_test_split(experiment, cfg, read_best_model(res.checkpoint_path), res.context)
             if pred is not None:
                 ids, smiles, labels, probs = pred
                 tracker.figures([("roc_curves", roc_figure(labels, probs, experiment.tasks))])

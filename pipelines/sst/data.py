@@ -35,6 +35,7 @@ import os
 import pathlib
 import pickle
 import re
+import stat
 import sys
 import tempfile
 from collections import Counter
@@ -246,6 +247,35 @@ def _tree_cache_path(sha256: str) -> pathlib.Path:
     return datadir.cache_dir() / "sst" / "parsed" / f"{sha256}.v{_PARSER_VERSION}.pkl"
 
 
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles plain data only (tuples, lists, dicts, str, int, float, bool, None): every class
+    or function reference is refused, so a crafted cache file cannot run code; it fails with
+    ``pickle.UnpicklingError`` and the file is re-parsed instead."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a parse cache")
+
+
+def _read_tree_cache(cache: pathlib.Path) -> Optional[list]:
+    """The trees in ``cache``, or None when it is missing, not a regular file of this user that
+    only this user can write (the cache dir may be shared: ``FOLD_CACHE_DIR``), or not a list
+    of plain data."""
+    try:
+        fd = os.open(cache, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid()
+                or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+            return None
+        try:
+            trees = _PlainUnpickler(f).load()
+        except Exception:  # corrupt, partial or crafted: re-parse
+            return None
+    return trees if isinstance(trees, list) else None
+
+
 def load_file(path: Union[str, os.PathLike], skip_bad: bool = False,
               expected_sha256: Optional[str] = None, use_cache: bool = False) -> tuple[list, LoadReport]:
     """Parse an SST-format file: one tree per line, UTF-8.
@@ -254,7 +284,9 @@ def load_file(path: Union[str, os.PathLike], skip_bad: bool = False,
     Raises :class:`SSTFormatError` for an empty file, a file with no valid tree, or (unless
     ``skip_bad``) the first malformed line; :class:`SSTChecksumError` when ``expected_sha256``
     is given and does not match.  ``use_cache`` reads/writes a pickle of the parsed trees in
-    the user cache, keyed by the file's SHA-256 (only files with no malformed line are cached).
+    the user cache, keyed by the file's SHA-256 (only files with no malformed line are cached);
+    a cache file is used only when it is this user's (mode 0600 as written) and holds plain data
+    (tuples, strings, numbers: no class or function is ever unpickled from it).
     """
     path = str(path)
     data = pathlib.Path(path).read_bytes()
@@ -263,13 +295,9 @@ def load_file(path: Union[str, os.PathLike], skip_bad: bool = False,
         raise SSTChecksumError(f"{path}: sha256 {sha} != expected {expected_sha256}; the file is "
                                "not the canonical SST split (pass verify=False to load it anyway)")
     cache = _tree_cache_path(sha) if use_cache else None
-    if cache is not None and cache.is_file():
-        try:
-            with open(cache, "rb") as f:
-                trees = pickle.load(f)
-            return trees, LoadReport(path=path, n_read=len(trees), sha256=sha, from_cache=True)
-        except Exception:  # corrupt/partial cache: fall through and re-parse
-            pass
+    trees = _read_tree_cache(cache) if cache is not None else None
+    if trees is not None:
+        return trees, LoadReport(path=path, n_read=len(trees), sha256=sha, from_cache=True)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:

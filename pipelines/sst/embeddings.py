@@ -139,7 +139,7 @@ def _cache_load(paths, n_rows: int):
     if not (npy.is_file() and meta.is_file()):
         return None
     try:
-        matrix = np.load(npy)
+        matrix = np.load(npy, allow_pickle=False)  # data only, never pickled objects
         d = json.loads(meta.read_text(encoding="utf-8"))
         d["oov_words"] = tuple(d["oov_words"])
         d["from_cache"] = True

@@ -60,7 +60,7 @@ def test_checkpoint_is_a_plain_dict_on_disk(tmp_path):
                                   best={"epoch": 1}, rng=[rng_state()], param_hashes=["h"], resumes=[1],
                                   config={"seed": 0})
     checkpoint.write(str(tmp_path), st, {"w": torch.zeros(2)})
-    raw = torch.load(tmp_path / checkpoint.STATE_FILE, weights_only=False)
+    raw = torch.load(tmp_path / checkpoint.STATE_FILE, weights_only=True)
     assert list(raw) == ["model", "optimizer", "epoch", "history", "best", "rng", "param_hashes",
                          "resumes", "config"]
     back = checkpoint.read_state(str(tmp_path))

@@ -112,7 +112,7 @@ def test_resume_from_checkpoint_matches_uninterrupted(baseline, tmp_path):
     ref, ref_tmp = baseline
     ckpts = {}
     for state in glob.glob(f"{ref_tmp}/ray_results/*/checkpoint_*/{STATE_FILE}"):
-        ckpts[torch.load(state, map_location="cpu", weights_only=False)["epoch"]] = os.path.dirname(state)
+        ckpts[torch.load(state, map_location="cpu", weights_only=True)["epoch"]] = os.path.dirname(state)
     assert set(ckpts) == {2, 3}
     exp, cfg = _config(tmp_path, f"resume_from={ckpts[2]}")
     t0 = time.perf_counter()

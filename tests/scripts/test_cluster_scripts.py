@@ -1,11 +1,14 @@
 """End-to-end test of scripts/cluster_up.sh, submit.sh and cluster_down.sh.
 
-Real Ray head and real MLflow tracking server on loopback, in a temporary state dir with
-non-default free ports; no mocks. One test walks the whole life cycle, because starting a Ray
-head costs ~20 s on a 2-core machine.
+Real Ray head and real MLflow tracking server, in a temporary state dir with non-default free
+ports; no mocks. One test walks the whole life cycle, because starting a Ray head costs ~20 s on
+a 2-core machine. The network tests list the TCP sockets the cluster's processes listen on (read
+from /proc, what ``ss -ltnp`` shows): with the default settings every one is on loopback; with a
+LAN address (``--host``) token auth is on and the job API refuses an unauthenticated job.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import pathlib
@@ -65,6 +68,110 @@ def _pids_naming(marker: str) -> list[int]:
         if marker in cmd:
             pids.append(int(d.name))
     return pids
+
+
+def _cluster_pids(state: pathlib.Path) -> set[int]:
+    """Every process of the cluster started from ``state``: the sessions of its pid files, the
+    processes naming its Ray temp dir, and all their descendants (a job's driver, Ray workers)."""
+    pids: set[int] = set()
+    for name in ("ray", "mlflow"):
+        f = state / f"{name}.pid"
+        if f.exists():
+            pids.update(_pids_in_session(int(f.read_text())))
+    pids.update(_pids_naming((state / "ray_temp_dir").read_text().strip() + "/"))
+    children: dict[int, list[int]] = {}
+    for d in pathlib.Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    todo = list(pids)
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in pids:
+                pids.add(c)
+                todo.append(c)
+    return pids
+
+
+def _proc_net_address(hex_addr: str) -> str:
+    """``/proc/net/tcp{,6}`` address (host-order 32-bit words in hex) as text."""
+    raw = bytes.fromhex(hex_addr)
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    addr = ipaddress.ip_address(raw)
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return str(addr)
+
+
+def listening_sockets(pids: set[int]) -> list[tuple[str, int, int, str]]:
+    """``(address, port, pid, process name)`` of every listening TCP socket (IPv4 and IPv6) held
+    by one of ``pids``: /proc/net/tcp and tcp6 joined with the sockets in /proc/PID/fd."""
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        try:
+            for fd in os.scandir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(fd.path)
+                except OSError:
+                    continue
+                if target.startswith("socket:["):
+                    inodes[target[8:-1]] = pid
+        except OSError:  # exited meanwhile
+            continue
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in pathlib.Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            local, state, inode = f[1], f[3], f[9]
+            if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                continue
+            addr, port = local.rsplit(":", 1)
+            pid = inodes[inode]
+            try:
+                name = pathlib.Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                name = "?"
+            found.append((_proc_net_address(addr), int(port, 16), pid, name))
+    return sorted(set(found))
+
+
+def _is_loopback(address: str) -> bool:
+    return ipaddress.ip_address(address).is_loopback
+
+
+def _lan_addresses() -> list[str]:
+    """This machine's non-loopback IPv4 addresses (those a LAN peer could connect to)."""
+    found = set()
+    try:
+        found.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    for probe in ("192.0.2.1", "10.255.255.255", "8.8.8.8"):  # a UDP connect sends nothing
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect((probe, 9))
+                found.add(s.getsockname()[0])
+            except OSError:
+                pass
+    return sorted(a for a in found if not _is_loopback(a) and a != "0.0.0.0")
+
+
+def _post_job(url: str, marker: pathlib.Path) -> int:
+    """POST a job whose entrypoint would create ``marker`` to a dashboard agent's job endpoint,
+    with no token; the HTTP status (0 when nothing accepts the connection)."""
+    req = urllib.request.Request(
+        url, data=json.dumps({"entrypoint": f"touch {marker}"}).encode(), method="POST",
+        headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (urllib.error.URLError, OSError):
+        return 0
 
 
 @pytest.fixture
@@ -226,3 +333,122 @@ def test_token_auth_mode(cluster_env):
 
     down = _run("cluster_down.sh", env, timeout=120)
     assert down.returncode == 0, down.stderr
+
+
+def test_default_cluster_listens_on_loopback_only(cluster_env, tmp_path):
+    """Default cluster_up.sh: every TCP socket its processes listen on is on 127.0.0.1 / ::1, so
+    the unauthenticated job API is unreachable from the LAN; Ray's temp dir is private (0700)."""
+    env, state, ports = cluster_env
+    env.pop("FOLD_RAY_AUTH_MODE")  # the default, as a user gets it
+    up = _run("cluster_up.sh", env)
+    assert up.returncode == 0, up.stderr
+    assert "127.0.0.1 only" in up.stdout
+    assert (state / "auth_mode").read_text().strip() == "disabled"
+
+    sockets = listening_sockets(_cluster_pids(state))
+    print("listening:", *sockets, sep="\n  ")
+    off_loopback = [s for s in sockets if not _is_loopback(s[0])]
+    assert not off_loopback, f"listening off loopback: {off_loopback}"
+    # not vacuous: the services' own ports are among them
+    seen = {port for _, port, _, _ in sockets}
+    assert {ports["ray"], ports["dashboard"], ports["client"], ports["agent"], ports["mlflow"]} <= seen
+    assert len(sockets) >= 8, sockets  # + raylet, agents' RPC ports, metrics ports
+
+    marker = tmp_path / "pwned"
+    for lan in _lan_addresses():
+        assert _post_job(f"http://{lan}:{ports['agent']}/api/job_agent/jobs/", marker) == 0, lan
+    time.sleep(2)
+    assert not marker.exists()
+
+    # While a job runs, its driver and Ray's worker processes listen on loopback only, too.
+    started = {port for _, port, _, _ in sockets}
+    job = ("import ray, time\n"
+           "ray.init()\n"
+           "@ray.remote\n"
+           "class Holder:\n"
+           "    def ready(self): return True\n"
+           "h = Holder.remote(); ray.get(h.ready.remote())\n"
+           "print('JOB-READY', flush=True); time.sleep(25)\n")
+    proc = subprocess.Popen(["bash", str(SCRIPTS / "submit.sh"), "--raw", "--", "python", "-c", job],
+                            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    during: set = set()
+    try:
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline:
+            during.update(listening_sockets(_cluster_pids(state)))
+            time.sleep(1)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "JOB-READY" in out, out[-3000:]
+    new = sorted(s for s in during if s[1] not in started)
+    print("listening while a job ran (new):", *new, sep="\n  ")
+    assert new, "the job's driver and actor opened no listening socket?"
+    assert not [s for s in during if not _is_loopback(s[0])], sorted(during)
+
+    # Ray's temp root (world-writable, as Ray makes it) sits in a private dir of ours.
+    private = pathlib.Path((state / "ray_temp_dir").read_text().strip())
+    st = private.lstat()
+    assert private.is_dir() and not private.is_symlink()
+    assert st.st_uid == os.getuid() and (st.st_mode & 0o777) == 0o700, oct(st.st_mode)
+    assert private.name.startswith("fold-ray.") and (private / "ray" / "session_latest").exists()
+    assert (state / "ray-temp").resolve() == (private / "ray").resolve()
+
+    down = _run("cluster_down.sh", env, timeout=120)
+    assert down.returncode == 0, down.stderr
+    # a second start reuses the same private dir (no new /tmp dir per start)
+    again = _run("cluster_up.sh", env)
+    assert again.returncode == 0, again.stderr
+    assert (state / "ray_temp_dir").read_text().strip() == str(private)
+
+
+def test_lan_host_turns_token_auth_on(cluster_env, tmp_path):
+    """``--host <LAN address>``: token auth is on by default and the script says so; the dashboard
+    agent's job API on that address refuses a job without the token and runs nothing; Ray's RPC
+    entry point (GCS) refuses a client without the token; the only off-loopback HTTP endpoints
+    that answer without the token are Prometheus ``/metrics`` (read-only)."""
+    lans = _lan_addresses()
+    if not lans:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    lan = lans[0]
+    env, state, ports = cluster_env
+    env.pop("FOLD_RAY_AUTH_MODE")
+    up = _run("cluster_up.sh", env, "--host", lan)
+    assert up.returncode == 0, up.stderr
+    assert "token auth is ON by default" in up.stderr
+    assert (state / "auth_mode").read_text().strip() == "token"
+    assert f"Ray GCS address             : {lan}:{ports['ray']}" in up.stdout
+
+    marker = tmp_path / "pwned"
+    assert _post_job(f"http://{lan}:{ports['agent']}/api/job_agent/jobs/", marker) == 401
+    time.sleep(2)
+    assert not marker.exists()
+
+    sockets = listening_sockets(_cluster_pids(state))
+    print("listening:", *sockets, sep="\n  ")
+    # the dashboard / job API and MLflow stay on loopback
+    for port in (ports["dashboard"], ports["mlflow"]):
+        assert all(_is_loopback(a) for a, p, _, _ in sockets if p == port), port
+    open_http = []
+    for addr, port, _, name in sockets:
+        if _is_loopback(addr):
+            continue
+        with socket.create_connection((lan, port), timeout=5) as s:
+            s.sendall(b"GET /api/version HTTP/1.0\r\n\r\n")
+            s.settimeout(5)
+            try:
+                head = s.recv(64)
+            except OSError:
+                head = b""
+        if head.startswith(b"HTTP/1") and b" 401 " not in head.split(b"\r\n")[0]:
+            status, _ = _get(f"http://{lan}:{port}/metrics")
+            assert status == 200, (addr, port, name, head)
+            open_http.append(port)
+    print("unauthenticated /metrics ports:", open_http)
+    gcs = f"{lan}:{ports['ray']}"
+    probe = subprocess.run(
+        [sys.executable, "-c", f"import ray; ray.init({gcs!r}); print('CONNECTED')"],
+        env={k: v for k, v in env.items() if not k.startswith("RAY_AUTH")},
+        capture_output=True, text=True, timeout=180)
+    assert probe.returncode != 0 and "CONNECTED" not in probe.stdout, probe.stdout + probe.stderr

@@ -81,6 +81,40 @@ def test_second_load_uses_cache(splits):
     assert report.from_cache and trees == splits["dev"][0]
 
 
+class _RunsCommand:
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        import os
+        return (os.system, (self.command,))
+
+
+def test_crafted_parse_cache_runs_nothing_and_is_reparsed(splits, tmp_path):
+    """The parse cache has a predictable name (the file's SHA-256) in a cache dir that may be
+    shared: a planted pickle whose unpickling runs a command is refused, the file re-parsed."""
+    from pipelines.datadir import cache_dir
+
+    sha = splits["dev"][1].sha256
+    (cached,) = (cache_dir() / "sst" / "parsed").glob(f"{sha}.v*.pkl")
+    assert cached.stat().st_mode & 0o077 == 0  # written private to the user
+    good = cached.read_bytes()
+    marker = tmp_path / "ran"
+    try:
+        cached.write_bytes(pickle.dumps([_RunsCommand(f"touch {marker}")]))
+        trees, report = D.load_split("dev")
+        assert not marker.exists()
+        assert not report.from_cache and trees == splits["dev"][0]
+        # a cache file others can write is not trusted either, whatever it holds
+        cached.write_bytes(good)
+        cached.chmod(0o666)
+        assert not D.load_split("dev")[1].from_cache
+    finally:
+        cached.write_bytes(good)
+        cached.chmod(0o600)
+    assert D.load_split("dev")[1].from_cache
+
+
 GOOD = "(3 (2 It) (4 (2 is) (4 great)))"
 BAD_LINES = {
     "(3 (2 It) (4 (2 is) (4 great))": "unbalanced",

@@ -107,7 +107,7 @@ def test_resume_from_checkpoint_gives_identical_metrics(baseline, tmp_path):
     for d in glob.glob(str(tmp / "ray_results" / "*" / "checkpoint_*")):
         if not os.path.isfile(os.path.join(d, STATE_FILE)):
             continue
-        st = torch.load(os.path.join(d, STATE_FILE), map_location="cpu", weights_only=False)
+        st = torch.load(os.path.join(d, STATE_FILE), map_location="cpu", weights_only=True)
         ckpts.append((st["epoch"], d))
     first = dict(ckpts)[1]
     cfg = _config(tmp_path, f"resume_from={first}")
