@@ -51,7 +51,7 @@ from . import layers as _layers
 from .ops import make_flattener, make_unflattener
 from .trace import BlockInputError
 from .types import (BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType,
-                    as_type, flatten_tensor_types, torch_dtype)
+                    as_type, flatten_tensor_types, numpy_dtype, torch_dtype)
 
 __all__ = [
     "Block", "BlockTypeError", "BlockInputError", "Scalar", "Tensor", "Vector", "FromTensor", "Function",
@@ -595,6 +595,7 @@ class Scalar(Block):
         dtype = self.type.dtype
         self._kind = "f" if torch_dtype(dtype).is_floating_point else ("b" if dtype == "bool" else "i")
         self._lo, self._hi = _dtype_range(dtype)
+        self._np_dtype = numpy_dtype(dtype)
         return self.type
 
     def _check(self, x):
@@ -607,9 +608,9 @@ class Scalar(Block):
         """``xs`` (1-d) converted to the dtype when every value is valid, else None."""
         k = xs.dtype.kind
         if not len(xs):
-            return xs.astype(self.type.dtype)
+            return xs.astype(self._np_dtype)
         if k == "b":
-            return xs.astype(self.type.dtype)
+            return xs.astype(self._np_dtype)
         if k not in "iuf":
             return None
         if self._kind == "f":
@@ -617,7 +618,7 @@ class Scalar(Block):
                 finite = xs[np.isfinite(xs)]
                 if len(finite) and (finite.min() < self._lo or finite.max() > self._hi):
                     return None
-            return xs.astype(self.type.dtype)
+            return xs.astype(self._np_dtype)
         if k == "f" and (not np.isfinite(xs).all() or (xs != np.round(xs)).any()):
             return None
         lo, hi = self._lo, self._hi
@@ -625,7 +626,7 @@ class Scalar(Block):
             lo, hi = 0, self._bound[0] - 1
         if xs.min() < lo or xs.max() > hi:
             return None
-        return xs.astype(self.type.dtype)
+        return xs.astype(self._np_dtype)
 
     def _trace_many(self, xs, ctx):
         if isinstance(xs, np.ndarray) and xs.ndim == 1:
@@ -649,15 +650,23 @@ class Scalar(Block):
         return "" if self.type.dtype == "float32" else f"dtype={self.type.dtype!r}"
 
 
+def _as_numpy(x: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a NumPy array (bfloat16, which NumPy lacks, as float32)."""
+    x = x.detach().cpu()
+    return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
+
+
 def _tensor_value(block, x, t: TensorType) -> np.ndarray:
     """``x`` as an array of ``t`` (checked: numeric, integral for integer dtypes, in range,
-    of the right shape), or the block's input error."""
+    of the right shape), or the block's input error.  Floating-point arrays are kept in
+    their own dtype (the batch casts them); others become ``numpy_dtype(t.dtype)``."""
     dtype = t.dtype
-    if isinstance(x, np.ndarray) and x.dtype == dtype:
+    np_dtype = numpy_dtype(dtype)
+    if isinstance(x, np.ndarray) and x.dtype == np_dtype:
         arr = x
     else:
         if isinstance(x, torch.Tensor):
-            x = x.detach().cpu().numpy()
+            x = _as_numpy(x)
         try:
             arr = np.asarray(x)
         except (TypeError, ValueError) as err:
@@ -665,7 +674,7 @@ def _tensor_value(block, x, t: TensorType) -> np.ndarray:
         k = arr.dtype.kind
         if k == "O" and arr.size and all(isinstance(v, numbers.Real) for v in arr.ravel().tolist()):
             try:   # Python ints beyond int64
-                arr = arr.astype(dtype)
+                arr = arr.astype(np_dtype)
             except OverflowError:
                 block._fail(f"values overflow {dtype}")
             k = arr.dtype.kind
@@ -679,7 +688,7 @@ def _tensor_value(block, x, t: TensorType) -> np.ndarray:
             if arr.shape != t.shape:
                 block._fail(f"expected an array of shape {list(t.shape)}, got shape {list(arr.shape)}")
             return arr
-        if arr.dtype != dtype and arr.size:
+        if arr.dtype != np_dtype and arr.size:
             if not target.is_floating_point and target != torch.bool:
                 if k == "f" and (not np.isfinite(arr).all() or (arr != np.round(arr)).any()):
                     block._fail(f"expected integers for an array of dtype {dtype}, got non-integral values "
@@ -687,7 +696,7 @@ def _tensor_value(block, x, t: TensorType) -> np.ndarray:
                 lo, hi = _dtype_range(dtype)
                 if k != "b" and (arr.min() < lo or arr.max() > hi):
                     block._fail(f"values overflow {dtype} (range [{lo}, {hi}])")
-        arr = arr.astype(dtype, copy=False)
+        arr = arr.astype(np_dtype, copy=False)
     if arr.shape != t.shape:
         block._fail(f"expected an array of shape {list(t.shape)}, got shape {list(arr.shape)}")
     return arr
@@ -741,7 +750,7 @@ class Tensor(Block):
         if isinstance(xs, np.ndarray) and xs.ndim == len(self.type.shape) + 1:
             if xs.shape[1:] != self.type.shape:
                 self._fail(f"expected rows of shape {list(self.type.shape)}, got an array of shape {list(xs.shape)}")
-            if xs.dtype != self.type.dtype:
+            if xs.dtype != numpy_dtype(self.type.dtype):
                 xs = _tensor_value(self, xs, TensorType(xs.shape, self.type.dtype))
             return ctx.const_many(self._tid, xs)
         return Block._trace_many(self, xs, ctx)
@@ -840,7 +849,7 @@ class Zeros(Block):
         _check_zeros_type(self.type)
 
     def _infer(self, t, cc):
-        self._tids = {tt: (cc.tid(tt), np.zeros(tt.shape, tt.dtype)) for tt in _all_tensor_types(self.type)}
+        self._tids = {tt: (cc.tid(tt), np.zeros(tt.shape, numpy_dtype(tt.dtype))) for tt in _all_tensor_types(self.type)}
         self._simple = isinstance(self.type, TensorType)
         self._flat = [self._tids[tt] for tt in flatten_tensor_types(self.type)] \
             if self.type.is_tensor_structure else None
@@ -921,14 +930,14 @@ class FromTensor(Block):
             self.value = None
         else:
             self.fn = None
-            self.value = tensor.detach().cpu().numpy() if isinstance(tensor, torch.Tensor) else tensor.copy()
+            self.value = _as_numpy(tensor) if isinstance(tensor, torch.Tensor) else tensor.copy()
 
     def _infer(self, t, cc):
         if self.fn is None:
             self._tid = cc.tid(self.type)
         else:
             empty = TensorType((0,), self.type.dtype)
-            self._empty = (cc.tid(empty), np.zeros((0,), empty.dtype))
+            self._empty = (cc.tid(empty), np.zeros((0,), numpy_dtype(empty.dtype)))
             self._op = cc.function_op(self, empty, self.type)
         return self.type
 
@@ -1327,7 +1336,7 @@ class OneHot(Block):
         super().__init__(name)
         self.start, self.stop = start, stop
         self.type = TensorType((n,), dtype)
-        rows = np.identity(n, self.type.dtype)
+        rows = np.identity(n, numpy_dtype(self.type.dtype))
         self._rows = {k: row for k, row in enumerate(rows, start)}
         self._strict = True
 
@@ -1409,12 +1418,12 @@ class OneHotFromList(OneHot):
         self.elements = elements
         self.start, self.stop = 0, n
         self.type = TensorType((n,), dtype)
-        rows = np.identity(n, self.type.dtype)
+        rows = np.identity(n, numpy_dtype(self.type.dtype))
         self._rows = {e: rows[i] for i, e in enumerate(elements)}
         if len(self._rows) != n:
             raise ValueError("OneHotFromList was given duplicate elements")
         self._strict = bool(strict)
-        self._zero = np.zeros(n, self.type.dtype)
+        self._zero = np.zeros(n, numpy_dtype(self.type.dtype))
 
     def _row(self, x):
         if self._strict:

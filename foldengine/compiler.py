@@ -49,7 +49,7 @@ from .plan.traces import InputTrace, MergedTraces, merge_traces, split_traces
 from .ops import Operation, OperationError, unflatten_value
 from .trace import BlockInputError, EagerContext, GraphTracer
 from .types import (BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType,
-                    canonical_dtype, flatten_tensor_types, torch_dtype)
+                    canonical_dtype, flatten_tensor_types, numpy_dtype, torch_dtype)
 
 __all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext", "evaluate_block", "ROW_LAYOUTS", "EXECUTORS"]
 
@@ -375,8 +375,8 @@ class CompileContext:
             mod.eval()
         flat = [torch.zeros((1,) + t.shape, dtype=torch_dtype(t.dtype), device=device)
                 for t in flatten_tensor_types(in_type)]
-        try:
-            with torch.no_grad():
+        try:   # in the declared dtypes, even when compiled inside torch.autocast
+            with torch.no_grad(), torch.autocast(device.type, enabled=False):
                 if isinstance(in_type, TensorType):
                     value = fn(flat[0])
                 else:
@@ -622,7 +622,7 @@ class Compiler(nn.Module):
         self.signature = hashlib.sha1(sig.encode()).hexdigest()[:16]
         self._metric_names = tuple(self.metric_tids)
         self._output_is_handle = _output_is_handle(self.output_type, [])
-        self._empty_consts = [np.zeros((0,) + t.shape, t.dtype) for t in self.types]
+        self._empty_consts = [np.zeros((0,) + t.shape, numpy_dtype(t.dtype)) for t in self.types]
         #: blocks declared random (``InputTransform(..., deterministic=False)``): their
         #: traces must not be reused, so :meth:`trace` refuses to make any
         self._blocks = _walk(block)
@@ -751,7 +751,8 @@ class Compiler(nn.Module):
         consts = []
         for tid, t in enumerate(self.exec_types):
             vals = tracer.consts[tid]
-            arr = np.array(vals, dtype=t.dtype) if vals else np.zeros((0,) + t.shape, t.dtype)
+            dtype = numpy_dtype(t.dtype)
+            arr = np.array(vals, dtype=dtype) if vals else np.zeros((0,) + t.shape, dtype)
             consts.append(arr.reshape((len(vals),) + t.shape))
         metrics = {name: (tid, np.asarray(tracer.metrics.get(name, ()), np.int64))
                    for name, tid in self.metric_tids.items()}
@@ -926,9 +927,10 @@ class Compiler(nn.Module):
         if batch.signature != self.signature:
             raise ValueError("this Batch was built by a different compiler (operation tables differ)")
         types = self.exec_types
-        if any(c.dtype != t.dtype for c, t in zip(batch.consts, types)):   # after compiler.to(dtype)
-            batch = dataclasses.replace(batch, consts=[c if c.dtype == t.dtype else c.astype(t.dtype)
-                                                       for c, t in zip(batch.consts, types)])
+        np_dtypes = [numpy_dtype(t.dtype) for t in types]
+        if any(c.dtype != d for c, d in zip(batch.consts, np_dtypes)):   # after compiler.to(dtype)
+            batch = dataclasses.replace(batch, consts=[c if c.dtype == d else c.astype(d)
+                                                       for c, d in zip(batch.consts, np_dtypes)])
         with batch_weight_grads(getattr(self, "defer_weight_grads", True)):
             executor = getattr(self, "executor", "auto")    # compilers pickled before the setting existed
             rows = getattr(batch, "rows", None)             # batches pickled before row plans existed

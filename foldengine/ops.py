@@ -124,6 +124,13 @@ def make_unflattener(t: Type) -> Callable:
     return _Unflattener(t)
 
 
+def _autocast_output(o: torch.Tensor, dtype: torch.dtype) -> bool:
+    """True when ``o`` is a floating-point output that ``torch.autocast`` (enabled for its
+    device) computed in another floating-point dtype than the declared ``dtype``."""
+    return (o.is_floating_point() and dtype.is_floating_point
+            and torch.is_autocast_enabled(o.device.type))
+
+
 class Operation:
     """A batched operation with fixed tensor types.
 
@@ -173,7 +180,17 @@ class Operation:
         return -1 if self.kind == "reduce" else len(self.in_tids)
 
     def apply(self, flat_inputs: List[torch.Tensor]) -> List[torch.Tensor]:
-        """Run a ``"call"`` operation on batched inputs (all with the same leading size)."""
+        """Run a ``"call"`` operation on batched inputs (all with the same leading size).
+
+        Returns the flat outputs, each checked against the declared output type (shape,
+        dtype, one row per input row).  Inside ``torch.autocast`` an output computed in the
+        autocast dtype (``bfloat16``, ``float16``) is cast back to the declared (or, after
+        ``Compiler.to(dtype)``, the executed) floating-point dtype: values are kept, and
+        passed on, in that dtype, and each operation computes under autocast's rules.
+
+        Raises:
+            OperationError: the callable raised, or returned something else than the type.
+        """
         try:
             if self._simple_in:
                 out = self.fn(flat_inputs[0])
@@ -199,7 +216,9 @@ class Operation:
             except OperationError as err:
                 raise OperationError(f"operation {self.name}{self._where()}: {err}", self.block) from None
         n = flat_inputs[0].shape[0] if flat_inputs else None
-        for o, shape, dtype in zip(outs, self.out_shapes, self.out_dtypes):
+        for k, (o, shape, dtype) in enumerate(zip(outs, self.out_shapes, self.out_dtypes)):
+            if isinstance(o, torch.Tensor) and o.dtype != dtype and _autocast_output(o, dtype):
+                o = outs[k] = o.to(dtype)
             if isinstance(o, torch.Tensor) and o.dim() == 0:
                 raise OperationError(
                     f"operation {self.name}{self._where()} returned a 0-d tensor for a batch of {n}: an "
