@@ -1514,6 +1514,14 @@ class Function(Block):
     the input type (a batch of one, in eval mode, without grad).  Blocks wrapping the same
     ``fn`` with the same types batch together.
 
+    Inputs: ``fn`` gets views of values that other blocks may read too.  It may modify them
+    in place (``nn.ReLU(inplace=True)``, ``x.add_(1)``) when it does so on the zeros of the
+    output-type inference: its operation then gets copies of its inputs, at every batch size
+    and with every executor.  A callable that modifies its inputs only in training mode is
+    given copies from the first call autograd refuses; otherwise (without autograd, with the
+    ``"chunks"`` executor) other readers of those values would see the change, so such a
+    callable should not modify its inputs.  It may not keep or resize them.
+
     Parameters: an ``nn.Module`` ``fn`` (or a bound ``module.forward``) is registered with the
     compiler under this block's name.  For other callables, the modules they call (found in
     a closure, as globals, in a ``functools.partial``, as a bound method's ``self`` or as

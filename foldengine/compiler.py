@@ -250,12 +250,14 @@ class CompileContext:
         self._registered: set = set()          # ids of registered modules and their submodules
         self._fn_modules: Dict[int, tuple] = {}
         self._fn_out: Dict[tuple, Type] = {}   # (id(fn), input type) -> inferred output type
+        self._fn_inplace: Dict[tuple, bool] = {}   # (id(fn), input type) -> modified its inputs in place
         self._warned: set = set()
 
     # Tables keyed by object ids are rebuilt after unpickling (ids change between processes).
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_fn_modules"], state["_fn_out"], state["_warned"], state["_registered"] = {}, {}, set(), set()
+        state["_fn_inplace"] = {}
         state["module_names"] = list(self._module_refs.values())
         state["_op_keys"] = [(k, op) for k, op in self._op_keys.items()]
         return state
@@ -303,6 +305,8 @@ class CompileContext:
         path = block._scope  # names of the enclosing named blocks, ending with the Function's
         name = ".".join(path)
         op = self._new_op(("fn", id(fn), in_type, out_type), "call", name, in_type, out_type, fn, block)
+        if getattr(self, "_fn_inplace", {}).get((id(fn), in_type)):
+            op.copies_inputs = True    # it modifies its inputs in place: give it copies
         self._register_modules(block)
         return op
 
@@ -359,7 +363,9 @@ class CompileContext:
 
     def infer_function_output(self, block, in_type: Type) -> Type:
         """Call the function once on zeros (batch of 1, eval mode, no grad) to learn its
-        output type (once per callable and input type)."""
+        output type (once per callable and input type), and whether it modifies its inputs
+        in place (their version counters moved): then its operation gets copies
+        (``Operation.copies_inputs``)."""
         fn = block.fn
         key = (id(fn), in_type)
         out = self._fn_out.get(key)
@@ -389,6 +395,8 @@ class CompileContext:
             for m, mode in modes:
                 m.training = mode
         out = self._fn_out[key] = _type_of_value(value, block, in_type)
+        if any(x._version for x in flat):
+            self.__dict__.setdefault("_fn_inplace", {})[key] = True
         return out
 
     # -- recursion -------------------------------------------------------------------------
