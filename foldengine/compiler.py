@@ -49,7 +49,7 @@ from .plan.traces import InputTrace, MergedTraces, merge_traces, split_traces
 from .ops import Operation, OperationError, unflatten_value
 from .trace import BlockInputError, EagerContext, GraphTracer
 from .types import (BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType,
-                    canonical_dtype, flatten_tensor_types, numpy_dtype, torch_dtype)
+                    as_type, canonical_dtype, flatten_tensor_types, numpy_dtype, torch_dtype)
 
 __all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext", "evaluate_block", "ROW_LAYOUTS", "EXECUTORS"]
 
@@ -66,6 +66,23 @@ EXECUTORS = ("auto", "tables", "chunks")
 TABLES_MAX_ROWS_PER_CALL = 256
 
 _RECURSION_LIMIT = 100_000
+
+
+def _checked_max_call_rows(n):
+    """``n`` if it is None or a positive int, else the ValueError / TypeError saying so."""
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"max_call_rows must be a positive int or None (no limit), got {n!r}")
+    if n < 1:
+        raise ValueError(f"max_call_rows must be a positive int or None (no limit), got {n}")
+    return int(n)
+
+
+def _checked_executor(name):
+    if name not in EXECUTORS:
+        raise ValueError(f"unknown executor {name!r}; expected one of {EXECUTORS}")
+    return name
 
 
 class InputError(ValueError):
@@ -530,7 +547,7 @@ class Compiler(nn.Module):
         scheduler: a scheduler name (``'depth'``, ``'agenda'``, ``'coalesce'``; see
             ``schedulers.SCHEDULERS``) or instance.
         input_type: the root block's input type (Python objects by default).
-        max_call_rows: run batched calls larger than this in row blocks (same results).  An
+        max_call_rows: a positive int: run batched calls larger than this in row blocks (same results).  An
             execution setting, not part of the schedule (batches do not depend on it; it may
             be changed between forwards).  On CPUs, blocks of about 1024 rows ran fastest in
             ``scripts/bench_table1.py`` (inference and training); None: no limit (GPUs).
@@ -574,6 +591,10 @@ class Compiler(nn.Module):
 
     Raises:
         BlockTypeError: the block tree does not type-check (names the blocks and both types).
+        ValueError / TypeError: an unknown ``scheduler``, ``row_layout`` or ``executor``, a
+            ``max_call_rows`` that is not a positive int or None, an ``input_type`` that is
+            not a type, a ``defer_weight_grads`` that is not a bool (``max_call_rows`` and
+            ``executor`` are checked again by ``forward`` when changed).
 
     Shape:
         - Input of ``forward``: a :class:`~foldengine.batch.Batch` of ``B`` inputs.
@@ -598,14 +619,16 @@ class Compiler(nn.Module):
         block = _as_block(block)
         self.root = block
         self.scheduler = get_scheduler(scheduler)
-        self.max_call_rows = max_call_rows
+        self.max_call_rows = _checked_max_call_rows(max_call_rows)
+        if not isinstance(defer_weight_grads, (bool, np.bool_)):
+            raise TypeError(f"defer_weight_grads must be True or False, got {defer_weight_grads!r}")
         self.defer_weight_grads = bool(defer_weight_grads)
         if row_layout not in ROW_LAYOUTS:
             raise ValueError(f"unknown row_layout {row_layout!r}; expected one of {ROW_LAYOUTS}")
         self.row_layout = row_layout
-        if executor not in EXECUTORS:
-            raise ValueError(f"unknown executor {executor!r}; expected one of {EXECUTORS}")
-        self.executor = executor
+        self.executor = _checked_executor(executor)
+        if not isinstance(input_type, Type):
+            input_type = as_type(input_type)
         cc = CompileContext(self)
         self._cc = cc
         self.input_type = input_type
@@ -940,13 +963,16 @@ class Compiler(nn.Module):
             batch = dataclasses.replace(batch, consts=[c if c.dtype == d else c.astype(d)
                                                        for c, d in zip(batch.consts, np_dtypes)])
         with batch_weight_grads(getattr(self, "defer_weight_grads", True)):
-            executor = getattr(self, "executor", "auto")    # compilers pickled before the setting existed
+            # compilers pickled before the setting existed run "auto"; settings changed since
+            # construction are checked again (one check per forward)
+            executor = _checked_executor(getattr(self, "executor", "auto"))
+            block_rows = _checked_max_call_rows(self.max_call_rows) or 0
             rows = getattr(batch, "rows", None)             # batches pickled before row plans existed
             if executor == "tables" or (executor == "auto" and rows is not None):
                 rows = rows if rows is not None else row_plan(batch, self.op_info.out_tids)
-                result = execute_tables(batch, rows, self.ops, types, self.device, self.max_call_rows or 0)
+                result = execute_tables(batch, rows, self.ops, types, self.device, block_rows)
             else:
-                result = execute(batch, self.ops, types, self.device, self.max_call_rows or 0)
+                result = execute(batch, self.ops, types, self.device, block_rows)
         self.metrics = result.metrics
         lengths = getattr(batch, "metric_lengths", None) or {}
         self._metric_lengths = {name: np.asarray(lengths[name], np.int64) for name in self.metrics if name in lengths}

@@ -7,6 +7,7 @@ import functools
 import io
 import pickle
 import random
+import re
 import warnings
 
 import numpy as np
@@ -292,3 +293,36 @@ def test_every_block_kind_pickles():
     for a, b in zip(out, again(again.build_batch(inputs))):
         for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
             torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+# ----- issue 34 item 7: Compiler arguments checked at construction -------------------------------------
+
+@pytest.mark.parametrize("kw, error, words", [
+    (dict(max_call_rows=-5), ValueError, "max_call_rows must be a positive int or None"),
+    (dict(max_call_rows=0), ValueError, "max_call_rows must be a positive int or None"),
+    (dict(max_call_rows=2.5), TypeError, "max_call_rows must be a positive int or None"),
+    (dict(max_call_rows=True), TypeError, "max_call_rows must be a positive int or None"),
+    (dict(executor="fast"), ValueError, "unknown executor 'fast'"),
+    (dict(row_layout=None), ValueError, "unknown row_layout None"),
+    (dict(scheduler="nope"), ValueError, "unknown scheduler 'nope'"),
+    (dict(defer_weight_grads="no"), TypeError, "defer_weight_grads must be True or False"),
+    (dict(input_type="x"), TypeError, "cannot interpret 'x' as a type"),
+])
+def test_compiler_arguments_checked_at_construction(kw, error, words):
+    with pytest.raises(error, match=re.escape(words)):
+        fe.Compiler(fb.Vector(2) >> fb.Function(nn.Linear(2, 2)), **kw)
+
+
+def test_execution_settings_changed_later_are_checked_by_forward():
+    c = fe.Compiler(fb.Vector(2) >> fb.Function(nn.Linear(2, 2)), max_call_rows=np.int64(2))
+    assert c.max_call_rows == 2 and type(c.max_call_rows) is int
+    batch = c.build_batch([[1.0, 2.0]] * 5)
+    want = c(batch)
+    c.max_call_rows = -5
+    with pytest.raises(ValueError, match="max_call_rows must be a positive int or None"):
+        c(batch)
+    c.max_call_rows, c.executor = None, "nope"
+    with pytest.raises(ValueError, match="unknown executor 'nope'"):
+        c(batch)
+    c.executor = "chunks"
+    torch.testing.assert_close(c(batch), want)
