@@ -29,6 +29,7 @@ import sys
 import time
 import uuid
 import warnings
+from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -77,6 +78,18 @@ def _checked_max_call_rows(n):
     if n < 1:
         raise ValueError(f"max_call_rows must be a positive int or None (no limit), got {n}")
     return int(n)
+
+
+def _checked_inputs(inputs, method: str):
+    """``inputs`` unless it is a str, bytes or mapping (iterating one gives characters or keys,
+    never what was meant), else the TypeError saying what to pass."""
+    if isinstance(inputs, (str, bytes, bytearray)):
+        raise TypeError(f"{method} takes an iterable of inputs, got a {type(inputs).__name__} (iterating it gives "
+                        f"one input per character); for one input pass [x]")
+    if isinstance(inputs, Mapping):
+        raise TypeError(f"{method} takes an iterable of inputs, got a {type(inputs).__name__} (iterating it gives "
+                        f"its keys); pass list(d.values()) for its values as inputs, or [d] for one input")
+    return inputs
 
 
 def _checked_executor(name):
@@ -756,11 +769,12 @@ class Compiler(nn.Module):
         return self._device_probe.device
 
     # -- planning ------------------------------------------------------------------------------
-    def _trace_together(self, inputs: Iterable) -> Tuple[GraphTracer, list]:
+    def _trace_together(self, inputs: Iterable, method: str = "build_batch") -> Tuple[GraphTracer, list]:
         """Trace ``inputs`` into one tracer (each input ended by ``end_input``); returns the
         tracer and each input's output value (handles)."""
         self._bind()
         tracer = GraphTracer(len(self.types), self.op_info.out_tids)
+        inputs = _checked_inputs(inputs, method)
         metric_names = self._metric_names
         end_input = tracer.end_input
         roots = []
@@ -812,6 +826,7 @@ class Compiler(nn.Module):
 
         Raises:
             InputError: an input cannot be traced (names its index and the block).
+            TypeError: ``inputs`` is a str, bytes or a mapping, not an iterable of inputs.
             RandomBlockError: the block tree holds a block declared random
                 (``InputTransform(fn, deterministic=False)``), whose trace must not be
                 reused: build each batch from the inputs with :meth:`build_batch`.
@@ -820,8 +835,8 @@ class Compiler(nn.Module):
             raise RandomBlockError(self.random_blocks)
         return self._traces(inputs)
 
-    def _traces(self, inputs: Iterable) -> List[InputTrace]:
-        tracer, roots = self._trace_together(inputs)
+    def _traces(self, inputs: Iterable, method: str = "trace") -> List[InputTrace]:
+        tracer, roots = self._trace_together(inputs, method)
         merged = self._merged(tracer, roots)
         is_handle = self._output_is_handle
         per_input = [_output_arrays([r], self.output_type, []) for r in roots]
@@ -867,10 +882,11 @@ class Compiler(nn.Module):
 
         Raises:
             InputError: an input cannot be traced (names its index and the block).
+            TypeError: ``inputs`` is a str, bytes or a mapping, not an iterable of inputs.
         """
         t0 = time.perf_counter()
         if self.row_layout == "concat":
-            traces = self._traces(inputs)
+            traces = self._traces(inputs, "build_batch")
             return self._concat_batch(traces, time.perf_counter() - t0)
         merged = self._merged(*self._trace_together(inputs))
         return self._plan(merged, time.perf_counter() - t0)
@@ -986,7 +1002,9 @@ class Compiler(nn.Module):
         ``metric_lengths``) likewise.  This is the unbatched reference the batched executor is
         tested against; as each input runs alone, an operation failing on one input (an
         embedding index out of range, say) raises an :class:`InputError` naming that input.
+        ``inputs`` may not be a str, bytes or a mapping (TypeError), as for :meth:`build_batch`.
         """
+        inputs = _checked_inputs(inputs, "reference")
         self._bind()
         ctx = EagerContext(self.exec_types, self.device)
         values = []

@@ -2,6 +2,8 @@
 block's path and what was expected; every bad model a compile-time type error."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -188,3 +190,17 @@ def test_failing_operation_names_it_and_reference_names_the_input():
         c(batch)
     with pytest.raises(fe.InputError, match=r"input 1: Function\('words'\) at root/2: its operation raised IndexError"):
         c.reference([1, 3])
+
+
+# ----- issue 34 item 6: a str, bytes or mapping is not an iterable of inputs ---------------------------
+
+@pytest.mark.parametrize("layout", ["readers", "concat"])
+@pytest.mark.parametrize("inputs, words", [("hello", "got a str (iterating it gives one input per character)"),
+                                           (b"ab", "got a bytes"),
+                                           ({"a": 1, "b": 2}, "got a dict (iterating it gives its keys)")])
+def test_str_bytes_and_mappings_are_refused_as_the_inputs(inputs, words, layout):
+    c = fe.Compiler(fb.InputTransform(str) >> fb.Length(), row_layout=layout)
+    for method in ("build_batch", "trace", "reference"):
+        with pytest.raises(TypeError, match=re.escape(f"{method} takes an iterable of inputs, {words}")):
+            getattr(c, method)(inputs)
+    assert c(c.build_batch(["hello"])).tolist() == [5.0]       # one input: [x]
