@@ -2416,8 +2416,8 @@ class OneOf(Block):
 
     Raises:
         ValueError: ``case_blocks`` is empty.
-        InputError: ``key_fn`` raised, or returned a key with no case; names the input's index,
-            the block's path and the key.
+        InputError: ``key_fn`` raised, or returned a key with no case or one that is not
+            hashable; names the input's index, the block's path and the key.
 
     Types:
         - ``t -> u``: every case gets the input type ``t`` and must output the same type ``u``.
@@ -2491,7 +2491,11 @@ class OneOf(Block):
             key = self.key_fn(x)
         except Exception as err:
             raise BlockInputError(self, f"key_fn raised {err!r}") from err
-        b = self.cases.get(key)
+        try:
+            b = self.cases.get(key)
+        except TypeError:   # unhashable
+            self._fail(f"key_fn returned {key!r:.60}, a {type(key).__name__}, which cannot be a case key "
+                       f"(not hashable; cases: {list(self.cases)})")
         if b is None:
             self._fail(f"no case for key {key!r} (cases: {list(self.cases)})")
         return b._trace(x, ctx)

@@ -204,3 +204,17 @@ def test_str_bytes_and_mappings_are_refused_as_the_inputs(inputs, words, layout)
         with pytest.raises(TypeError, match=re.escape(f"{method} takes an iterable of inputs, {words}")):
             getattr(c, method)(inputs)
     assert c(c.build_batch(["hello"])).tolist() == [5.0]       # one input: [x]
+
+
+# ----- issue 34 item 5: OneOf's key_fn returning an unhashable key --------------------------------------
+
+def test_one_of_unhashable_key_is_an_input_error():
+    block = fb.OneOf(lambda x: x if x == 1 else [x], {1: fb.Scalar()})
+    c = fe.Compiler(block)
+    for method in ("build_batch", "reference"):
+        with pytest.raises(fe.InputError, match=re.escape(
+                "input 1: OneOf(<lambda>, {1: Scalar()}) at root: key_fn returned [2], a list, which cannot "
+                "be a case key (not hashable; cases: [1])")):
+            getattr(c, method)([1, 2])
+    with pytest.raises(fe.InputError, match=r"input 0: .* at root/fn: key_fn returned \[3\], a list"):
+        fe.Compiler(fb.Map(block)).build_batch([[3]])
