@@ -656,6 +656,18 @@ def _as_numpy(x: torch.Tensor) -> np.ndarray:
     return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
 
 
+def _check_float_range(block, arr: np.ndarray, dtype: str) -> None:
+    """The block's input error if a finite value of the float array ``arr`` overflows the
+    floating-point ``dtype`` (infinities and NaN pass, as given)."""
+    hi = _dtype_range(dtype)[1]
+    mag = np.abs(arr)
+    if not np.fmax.reduce(mag, axis=None) > hi:    # the common case (fmax skips NaN)
+        return
+    over = (mag > hi) & np.isfinite(mag)
+    if over.any():
+        block._fail(f"{float(arr[over].flat[0])!r} overflows {dtype} (largest magnitude {hi:.4g})")
+
+
 def _tensor_value(block, x, t: TensorType) -> np.ndarray:
     """``x`` as an array of ``t`` (checked: numeric, integral for integer dtypes, in range,
     of the right shape), or the block's input error.  Floating-point arrays are kept in
@@ -672,8 +684,11 @@ def _tensor_value(block, x, t: TensorType) -> np.ndarray:
         except (TypeError, ValueError) as err:
             block._fail(f"cannot convert the input to an array of dtype {dtype}: {err}")
         k = arr.dtype.kind
+        target = torch_dtype(dtype)
         if k == "O" and arr.size and all(isinstance(v, numbers.Real) for v in arr.ravel().tolist()):
             try:   # Python ints beyond int64
+                if target.is_floating_point:
+                    _check_float_range(block, arr.astype(np.float64), dtype)
                 arr = arr.astype(np_dtype)
             except OverflowError:
                 block._fail(f"values overflow {dtype}")
@@ -681,12 +696,13 @@ def _tensor_value(block, x, t: TensorType) -> np.ndarray:
         if k not in "biuf":
             block._fail(f"expected numbers for an array of dtype {dtype}, got {type(x).__name__} {x!r:.60} "
                         f"(NumPy dtype {arr.dtype})")
-        target = torch_dtype(dtype)
         if k == "f" and target.is_floating_point:
             # kept as given: the batch converts to the executed dtype (float64 after
             # compiler.to(torch.float64) keeps the input's precision)
             if arr.shape != t.shape:
                 block._fail(f"expected an array of shape {list(t.shape)}, got shape {list(arr.shape)}")
+            if arr.dtype.itemsize > target.itemsize and arr.size:
+                _check_float_range(block, arr, dtype)
             return arr
         if arr.dtype != np_dtype and arr.size:
             if not target.is_floating_point and target != torch.bool:
@@ -706,8 +722,9 @@ class Tensor(Block):
     """Converts a NumPy array (or nested lists) of a fixed shape to a tensor (paper sec. 3.2).
 
     Values are checked like :class:`Scalar`'s (numbers only, integral for an integer dtype,
-    within the dtype's range) and the array's shape must be ``shape`` (the batch dimension is
-    not part of it).
+    finite values within the declared dtype's range: ``1e39`` for float32 is an input error,
+    not ``inf``; infinities and NaN pass as given) and the array's shape must be ``shape``
+    (the batch dimension is not part of it).
 
     Args:
         shape: the tensor's shape, a tuple of ints (an int ``n`` means ``(n,)``).

@@ -3,6 +3,7 @@ block's path and what was expected; every bad model a compile-time type error.""
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -218,3 +219,31 @@ def test_one_of_unhashable_key_is_an_input_error():
             getattr(c, method)([1, 2])
     with pytest.raises(fe.InputError, match=r"input 0: .* at root/fn: key_fn returned \[3\], a list"):
         fe.Compiler(fb.Map(block)).build_batch([[3]])
+
+
+# ----- issue 34 item 3: floating-point overflow is an input error, as for Scalar -------------------------
+
+@pytest.mark.parametrize("block, value, words", [
+    (fb.Vector(2), [1e39, 1], "1e+39 overflows float32 (largest magnitude 3.403e+38)"),
+    (fb.Vector(2), [10 ** 39, 1], "1e+39 overflows float32"),
+    (fb.Vector(2), np.array([1, -1e39]), "-1e+39 overflows float32"),
+    (fb.Vector(3), [float("nan"), 1, 1e39], "1e+39 overflows float32"),
+    (fb.Vector(2, "float16"), np.array([7e4, 1], np.float32), "70000.0 overflows float16"),
+    (fb.Vector(2, "bfloat16"), [1e39, 1], "1e+39 overflows bfloat16"),
+    (fb.Scalar(), 1e39, "1e+39 overflows float32"),
+])
+def test_float_overflow_is_an_input_error(block, value, words):
+    c = fe.Compiler(fb.Map(block))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")     # no numpy overflow warning on the way
+        for method in ("build_batch", "reference"):
+            with pytest.raises(fe.InputError, match=re.escape(words)):
+                getattr(c, method)([[value]])
+        with pytest.raises(fe.InputError, match=re.escape(words)):    # a stacked array (Map's fast path)
+            c.build_batch([np.array([value, value])])
+
+
+def test_float_values_in_range_infinities_and_wider_dtypes_pass():
+    assert fb.Vector(2).eval([3e38, float("inf")]).tolist() == [float(np.float32(3e38)), float("inf")]
+    assert fb.Vector(2, "float64").eval([1e39, 1]).tolist() == [1e39, 1.0]
+    assert torch.isnan(fb.Vector(1).eval([float("nan")])).all()
