@@ -52,7 +52,8 @@ from .trace import BlockInputError, EagerContext, GraphTracer
 from .types import (BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType,
                     as_type, canonical_dtype, flatten_tensor_types, numpy_dtype, torch_dtype)
 
-__all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext", "evaluate_block", "ROW_LAYOUTS", "EXECUTORS"]
+__all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext", "evaluate_block", "ROW_LAYOUTS", "EXECUTORS",
+           "RECURSION_LIMIT"]
 
 #: row layouts a Compiler knows (``row_layout``); the first is the default
 ROW_LAYOUTS = LAYOUTS + ("concat",)
@@ -66,7 +67,8 @@ EXECUTORS = ("auto", "tables", "chunks")
 #: and copying each output into its table does.
 TABLES_MAX_ROWS_PER_CALL = 256
 
-_RECURSION_LIMIT = 100_000
+#: the default of ``Compiler.recursion_limit``
+RECURSION_LIMIT = 100_000
 
 
 def _checked_max_call_rows(n):
@@ -472,6 +474,31 @@ class CompileContext:
         return out
 
 
+def _input_nesting(x, max_nodes: int = 10_000_000) -> Tuple[int, bool]:
+    """``(depth, contains_itself)``: how many levels of lists, tuples and dicts (their values)
+    ``x`` nests, walked without recursion (each container once; at most ``max_nodes``), and
+    whether one of them holds itself (then ``depth``: where it does)."""
+    best, on_path, seen = 0, set(), set()
+    stack = [(x, 1, False)]
+    while stack and len(seen) < max_nodes:
+        v, d, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(v))
+            continue
+        if not isinstance(v, (list, tuple, dict)):
+            continue
+        if id(v) in on_path:
+            return d - 1, True
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        best = max(best, d)
+        on_path.add(id(v))
+        stack.append((v, d, True))
+        stack.extend((c, d + 1, False) for c in (v.values() if isinstance(v, dict) else v))
+    return best, False
+
+
 def _output_arrays(values: list, t: Type, out: list) -> list:
     """The traced outputs ``values`` (one per input, structured as ``t``, of handles)
     flattened depth first into int64 arrays, the ``output_arrays`` of
@@ -599,6 +626,11 @@ class Compiler(nn.Module):
         random_blocks: blocks declared random (``InputTransform(fn, deterministic=False)``);
             when not empty, :meth:`trace` refuses to cache traces.
         row_layout: how a batch's rows are laid out (see ``Args``).
+        recursion_limit: the Python recursion limit while tracing (``build_batch``, ``trace``,
+            ``reference``; at least the interpreter's own): tracing recurses through nested
+            inputs, a few frames per level, so the default (:data:`RECURSION_LIMIT`, 100,000)
+            covers inputs nesting about 25,000 levels; set it higher for deeper ones.  An
+            input that goes past it, or contains itself, is an :class:`InputError`.
         executor: ``"auto"``, ``"tables"`` or ``"chunks"`` (see ``Args``).
         defer_weight_grads: see ``Args``.
 
@@ -623,6 +655,9 @@ class Compiler(nn.Module):
         >>> compiler(compiler.build_batch_from_traces(traces[1:])).shape
         torch.Size([2])
     """
+
+    #: see ``Attributes``; per instance or for every Compiler
+    recursion_limit = RECURSION_LIMIT
 
     def __init__(self, block: Block, scheduler="depth", input_type: Type = PyObjectType(),
                  max_call_rows: Optional[int] = None, row_layout: str = "readers", executor: str = "auto",
@@ -779,18 +814,37 @@ class Compiler(nn.Module):
         end_input = tracer.end_input
         roots = []
         old = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(old, _RECURSION_LIMIT))
+        sys.setrecursionlimit(max(old, self.recursion_limit))
         try:
             trace_fn = compile_tracer(self.root, tracer)
             for i, x in enumerate(inputs):
                 try:
                     roots.append(trace_fn(x))
+                except RecursionError:
+                    raise self._too_deep(i, x) from None
                 except BlockInputError as err:
+                    if isinstance(err.__cause__, RecursionError):
+                        raise self._too_deep(i, x) from None
                     raise InputError(i, err) from err
                 end_input(metric_names)
         finally:
             sys.setrecursionlimit(old)
         return tracer, roots
+
+    def _too_deep(self, index: int, x) -> InputError:
+        """The InputError for input ``index`` (``x``), whose tracing went past the recursion
+        limit: ``x`` contains itself, or nests too deeply."""
+        depth, cyclic = _input_nesting(x)
+        if cyclic:
+            msg = (f"the input contains itself (a list, tuple or dict at nesting level {depth} holds itself): "
+                   f"tracing it would never end")
+        else:
+            nests = f"it nests {depth:,} levels of lists, tuples and dicts, and " if depth > 1 else ""
+            limit = self.recursion_limit
+            msg = (f"the input is too deep to trace: {nests}tracing it went past the recursion limit of {limit:,} "
+                   f"Python frames (Compiler.recursion_limit); raise it for deeper inputs, e.g. "
+                   f"compiler.recursion_limit = {4 * limit:_}")
+        return InputError(index, BlockInputError(self.root, msg))
 
     def _merged(self, tracer: GraphTracer, roots: list) -> MergedTraces:
         consts = []
@@ -1010,12 +1064,16 @@ class Compiler(nn.Module):
         values = []
         counts = []
         old = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(old, _RECURSION_LIMIT))
+        sys.setrecursionlimit(max(old, self.recursion_limit))
         try:
             for i, x in enumerate(inputs):
                 try:
                     values.append(self.root._trace(x, ctx))
+                except RecursionError:
+                    raise self._too_deep(i, x) from None
                 except BlockInputError as err:
+                    if isinstance(err.__cause__, RecursionError):
+                        raise self._too_deep(i, x) from None
                     raise InputError(i, err) from err
                 except OperationError as err:   # per example: the input is known
                     cause = err.__cause__

@@ -247,3 +247,44 @@ def test_float_values_in_range_infinities_and_wider_dtypes_pass():
     assert fb.Vector(2).eval([3e38, float("inf")]).tolist() == [float(np.float32(3e38)), float("inf")]
     assert fb.Vector(2, "float64").eval([1e39, 1]).tolist() == [1e39, 1.0]
     assert torch.isnan(fb.Vector(1).eval([float("nan")])).all()
+
+
+# ----- issue 34 item 4: inputs that contain themselves or nest too deeply ----------------------------------
+
+def _nested_sum_compiler():
+    expr = fb.ForwardDeclaration(fe.PyObjectType(), fe.TensorType([]))
+    expr.resolve_to(fb.OneOf(lambda x: isinstance(x, list), {False: fb.Scalar(), True: fb.Map(expr()) >> fb.Sum()}))
+    return fe.Compiler(expr())
+
+
+def _nest(depth):
+    x = 1.0
+    for _ in range(depth):
+        x = [x]
+    return x
+
+
+def test_an_input_that_contains_itself_is_an_input_error():
+    c = _nested_sum_compiler()
+    cyclic = [1.0, [2.0]]
+    cyclic[1].append(cyclic)
+    for method in ("build_batch", "trace", "reference"):
+        with pytest.raises(fe.InputError, match=re.escape(
+                "input 1: forward() at root: the input contains itself (a list, tuple or dict at nesting level 2 "
+                "holds itself): tracing it would never end")) as info:
+            getattr(c, method)([[3.0], cyclic])
+        assert info.value.__cause__ is None and info.value.__suppress_context__   # no 100,000-frame traceback
+
+
+def test_a_too_deep_input_names_its_depth_and_the_limit_and_how_to_raise_it():
+    c = _nested_sum_compiler()
+    deep = _nest(30_000)
+    for method in ("build_batch", "trace", "reference"):
+        with pytest.raises(fe.InputError, match=re.escape(
+                "input 1: forward() at root: the input is too deep to trace: it nests 30,000 levels of lists, "
+                "tuples and dicts, and tracing it went past the recursion limit of 100,000 Python frames "
+                "(Compiler.recursion_limit); raise it for deeper inputs, e.g. compiler.recursion_limit = 400_000")):
+            getattr(c, method)([1.0, deep])
+    c.recursion_limit = 400_000
+    assert c(c.build_batch([1.0, deep])).tolist() == [1.0, 1.0]
+    assert c.reference([deep]).tolist() == [1.0]
