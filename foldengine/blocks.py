@@ -1552,12 +1552,17 @@ class Function(Block):
         output_type: the output type (a type or anything :func:`foldengine.types.as_type`
             converts; a tuple of types is a tuple type); default: inferred from ``fn``.
         name: the operation's name in errors and the prefix of its parameters' names
-            (default: the module's class in snake case, or the callable's name).
+            (default: the module's class in snake case, or the callable's name; default
+            names that clash get a numeric suffix, ``linear``, ``linear_1``, and the
+            Compiler warns: name the Functions, or an enclosing block, for parameter names
+            that say what they are).
         modules: the ``nn.Module`` objects to register, explicitly (turns the search off;
             ``modules=()`` registers none, silently).
 
     Raises:
-        TypeError: ``fn`` is not callable, or ``modules`` holds something else than modules.
+        TypeError: ``fn`` is not callable, or is a block (``Function(FC(3))``, TF Fold's idiom:
+            here the layer block ``FC(3)`` is used as it is), or ``modules`` holds something
+            else than modules.
         OperationError: (``forward``) ``fn`` failed on its batched inputs or returned something
             else than its output type; names the operation and its block's path
             (``compiler.reference`` names the input).
@@ -1583,6 +1588,10 @@ class Function(Block):
 
     def __init__(self, fn: Callable, input_type: Optional[Type] = None,
                  output_type: Optional[Type] = None, name: Optional[str] = None, modules=None):
+        if isinstance(fn, Block):
+            raise TypeError(f"Function takes a callable on batched tensors (an nn.Module, a function), not a block: "
+                            f"{fn!r:.60} is already a block; chain it as one (`... >> block`; TF Fold's "
+                            f"td.Function(td.FC(3)) is fb.FC(3) here)")
         if not callable(fn):
             raise TypeError(f"Function needs a callable, got {fn!r:.60}")
         if name is None:

@@ -284,6 +284,8 @@ class CompileContext:
         self._fn_out: Dict[tuple, Type] = {}   # (id(fn), input type) -> inferred output type
         self._fn_inplace: Dict[tuple, bool] = {}   # (id(fn), input type) -> modified its inputs in place
         self._warned: set = set()
+        #: parameter prefixes of default-named Functions numbered to avoid a clash
+        self.numbered: List[str] = []
 
     # Tables keyed by object ids are rebuilt after unpickling (ids change between processes).
     def __getstate__(self):
@@ -375,8 +377,10 @@ class CompileContext:
                 p = path[:-1] + (label,)
             else:
                 p = path + (label,)
-            self.module_names[id(m)] = self.owner._register_module(p, m)
-            self._module_refs[id(m)] = (m, self.module_names[id(m)])
+            self.module_names[id(m)] = full = self.owner._register_module(p, m)
+            self._module_refs[id(m)] = (m, full)
+            if auto and full.rsplit(".", 1)[-1] != re.sub(r"\W", "_", p[-1]):
+                self.__dict__.setdefault("numbered", []).append(f"{full} ({block!r}{where(block)})")
             if isinstance(m, nn.Module):
                 self._registered.update(id(sub) for sub in m.modules())
         if unresolved and id(block) not in self._warned:   # once per block
@@ -682,6 +686,10 @@ class Compiler(nn.Module):
         self.input_type = input_type
         self.output_type = block.infer(input_type, cc, block.name or "root", ())
         _check_output_type(self.output_type, block, self.output_type)
+        if cc.numbered:
+            warnings.warn(f"Functions named by default after their modules' class clash, so their parameters "
+                          f"are numbered: {', '.join(cc.numbered)}; give Function(..., name=...) (or name an "
+                          f"enclosing block) for parameter names that say what they are", UserWarning, stacklevel=2)
         self.types: List[TensorType] = cc.types
         floats = {t.dtype for t in self.types if torch_dtype(t.dtype).is_floating_point}
         #: the floating-point dtype the block tree declares (float32 unless all its floating

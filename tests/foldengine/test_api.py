@@ -326,3 +326,26 @@ def test_execution_settings_changed_later_are_checked_by_forward():
         c(batch)
     c.executor = "chunks"
     torch.testing.assert_close(c(batch), want)
+
+
+# ----- issue 34 item 9: TF Fold's Function(FC(3)); parameter names of default-named Functions -----------
+
+@pytest.mark.parametrize("layer", [fb.FC(3), fb.Embedding(4, 2), fb.Vector(2) >> fb.FC(3)])
+def test_function_of_a_block_says_what_to_write(layer):
+    with pytest.raises(TypeError, match=re.escape("not a block: ") + ".*" + re.escape(
+            "is already a block; chain it as one (`... >> block`; TF Fold's td.Function(td.FC(3)) is fb.FC(3) here)")):
+        fb.Function(layer)
+
+
+def test_numbered_default_names_warn_and_explicit_names_are_kept():
+    two = fb.Record([(0, fb.Vector(3) >> fb.Function(nn.Linear(3, 3))), (1, fb.Vector(3) >> fb.Function(nn.Linear(3, 3)))])
+    with pytest.warns(UserWarning, match=re.escape("their parameters are numbered: linear_1 (Function('linear') at "
+                                                   "root/1/1); give Function(..., name=...)")):
+        c = fe.Compiler(two)
+    assert [n for n, _ in c.named_parameters()] == ["linear.weight", "linear.bias", "linear_1.weight", "linear_1.bias"]
+    named = fb.Record([(0, fb.Vector(3) >> fb.Function(nn.Linear(3, 3), name="left")),
+                       (1, fb.Vector(3) >> fb.Function(nn.Linear(3, 3), name="right"))])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = fe.Compiler(named)
+    assert [n for n, _ in c.named_parameters()] == ["left.weight", "left.bias", "right.weight", "right.bias"]
