@@ -51,7 +51,7 @@ from . import layers as _layers
 from .ops import make_flattener, make_unflattener
 from .trace import BlockInputError
 from .types import (BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType,
-                    as_type, flatten_tensor_types, torch_dtype)
+                    as_type, flatten_tensor_types, numpy_dtype, torch_dtype)
 
 __all__ = [
     "Block", "BlockTypeError", "BlockInputError", "Scalar", "Tensor", "Vector", "FromTensor", "Function",
@@ -595,6 +595,7 @@ class Scalar(Block):
         dtype = self.type.dtype
         self._kind = "f" if torch_dtype(dtype).is_floating_point else ("b" if dtype == "bool" else "i")
         self._lo, self._hi = _dtype_range(dtype)
+        self._np_dtype = numpy_dtype(dtype)
         return self.type
 
     def _check(self, x):
@@ -607,9 +608,9 @@ class Scalar(Block):
         """``xs`` (1-d) converted to the dtype when every value is valid, else None."""
         k = xs.dtype.kind
         if not len(xs):
-            return xs.astype(self.type.dtype)
+            return xs.astype(self._np_dtype)
         if k == "b":
-            return xs.astype(self.type.dtype)
+            return xs.astype(self._np_dtype)
         if k not in "iuf":
             return None
         if self._kind == "f":
@@ -617,7 +618,7 @@ class Scalar(Block):
                 finite = xs[np.isfinite(xs)]
                 if len(finite) and (finite.min() < self._lo or finite.max() > self._hi):
                     return None
-            return xs.astype(self.type.dtype)
+            return xs.astype(self._np_dtype)
         if k == "f" and (not np.isfinite(xs).all() or (xs != np.round(xs)).any()):
             return None
         lo, hi = self._lo, self._hi
@@ -625,7 +626,7 @@ class Scalar(Block):
             lo, hi = 0, self._bound[0] - 1
         if xs.min() < lo or xs.max() > hi:
             return None
-        return xs.astype(self.type.dtype)
+        return xs.astype(self._np_dtype)
 
     def _trace_many(self, xs, ctx):
         if isinstance(xs, np.ndarray) and xs.ndim == 1:
@@ -649,37 +650,61 @@ class Scalar(Block):
         return "" if self.type.dtype == "float32" else f"dtype={self.type.dtype!r}"
 
 
+def _as_numpy(x: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a NumPy array (bfloat16, which NumPy lacks, as float32)."""
+    x = x.detach().cpu()
+    return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
+
+
+def _check_float_range(block, arr: np.ndarray, dtype: str) -> None:
+    """The block's input error if a finite value of the float array ``arr`` overflows the
+    floating-point ``dtype`` (infinities and NaN pass, as given)."""
+    hi = _dtype_range(dtype)[1]
+    mag = np.abs(arr)
+    if not np.fmax.reduce(mag, axis=None) > hi:    # the common case (fmax skips NaN)
+        return
+    over = (mag > hi) & np.isfinite(mag)
+    if over.any():
+        block._fail(f"{float(arr[over].flat[0])!r} overflows {dtype} (largest magnitude {hi:.4g})")
+
+
 def _tensor_value(block, x, t: TensorType) -> np.ndarray:
     """``x`` as an array of ``t`` (checked: numeric, integral for integer dtypes, in range,
-    of the right shape), or the block's input error."""
+    of the right shape), or the block's input error.  Floating-point arrays are kept in
+    their own dtype (the batch casts them); others become ``numpy_dtype(t.dtype)``."""
     dtype = t.dtype
-    if isinstance(x, np.ndarray) and x.dtype == dtype:
+    np_dtype = numpy_dtype(dtype)
+    if isinstance(x, np.ndarray) and x.dtype == np_dtype:
         arr = x
     else:
         if isinstance(x, torch.Tensor):
-            x = x.detach().cpu().numpy()
+            x = _as_numpy(x)
         try:
             arr = np.asarray(x)
         except (TypeError, ValueError) as err:
             block._fail(f"cannot convert the input to an array of dtype {dtype}: {err}")
         k = arr.dtype.kind
+        target = torch_dtype(dtype)
         if k == "O" and arr.size and all(isinstance(v, numbers.Real) for v in arr.ravel().tolist()):
             try:   # Python ints beyond int64
-                arr = arr.astype(dtype)
+                if target.is_floating_point:
+                    _check_float_range(block, arr.astype(np.float64), dtype)
+                arr = arr.astype(np_dtype)
             except OverflowError:
                 block._fail(f"values overflow {dtype}")
             k = arr.dtype.kind
         if k not in "biuf":
             block._fail(f"expected numbers for an array of dtype {dtype}, got {type(x).__name__} {x!r:.60} "
                         f"(NumPy dtype {arr.dtype})")
-        target = torch_dtype(dtype)
         if k == "f" and target.is_floating_point:
             # kept as given: the batch converts to the executed dtype (float64 after
             # compiler.to(torch.float64) keeps the input's precision)
             if arr.shape != t.shape:
                 block._fail(f"expected an array of shape {list(t.shape)}, got shape {list(arr.shape)}")
+            if arr.dtype.itemsize > target.itemsize and arr.size:
+                _check_float_range(block, arr, dtype)
             return arr
-        if arr.dtype != dtype and arr.size:
+        if arr.dtype != np_dtype and arr.size:
             if not target.is_floating_point and target != torch.bool:
                 if k == "f" and (not np.isfinite(arr).all() or (arr != np.round(arr)).any()):
                     block._fail(f"expected integers for an array of dtype {dtype}, got non-integral values "
@@ -687,7 +712,7 @@ def _tensor_value(block, x, t: TensorType) -> np.ndarray:
                 lo, hi = _dtype_range(dtype)
                 if k != "b" and (arr.min() < lo or arr.max() > hi):
                     block._fail(f"values overflow {dtype} (range [{lo}, {hi}])")
-        arr = arr.astype(dtype, copy=False)
+        arr = arr.astype(np_dtype, copy=False)
     if arr.shape != t.shape:
         block._fail(f"expected an array of shape {list(t.shape)}, got shape {list(arr.shape)}")
     return arr
@@ -697,8 +722,9 @@ class Tensor(Block):
     """Converts a NumPy array (or nested lists) of a fixed shape to a tensor (paper sec. 3.2).
 
     Values are checked like :class:`Scalar`'s (numbers only, integral for an integer dtype,
-    within the dtype's range) and the array's shape must be ``shape`` (the batch dimension is
-    not part of it).
+    finite values within the declared dtype's range: ``1e39`` for float32 is an input error,
+    not ``inf``; infinities and NaN pass as given) and the array's shape must be ``shape``
+    (the batch dimension is not part of it).
 
     Args:
         shape: the tensor's shape, a tuple of ints (an int ``n`` means ``(n,)``).
@@ -741,7 +767,7 @@ class Tensor(Block):
         if isinstance(xs, np.ndarray) and xs.ndim == len(self.type.shape) + 1:
             if xs.shape[1:] != self.type.shape:
                 self._fail(f"expected rows of shape {list(self.type.shape)}, got an array of shape {list(xs.shape)}")
-            if xs.dtype != self.type.dtype:
+            if xs.dtype != numpy_dtype(self.type.dtype):
                 xs = _tensor_value(self, xs, TensorType(xs.shape, self.type.dtype))
             return ctx.const_many(self._tid, xs)
         return Block._trace_many(self, xs, ctx)
@@ -840,7 +866,7 @@ class Zeros(Block):
         _check_zeros_type(self.type)
 
     def _infer(self, t, cc):
-        self._tids = {tt: (cc.tid(tt), np.zeros(tt.shape, tt.dtype)) for tt in _all_tensor_types(self.type)}
+        self._tids = {tt: (cc.tid(tt), np.zeros(tt.shape, numpy_dtype(tt.dtype))) for tt in _all_tensor_types(self.type)}
         self._simple = isinstance(self.type, TensorType)
         self._flat = [self._tids[tt] for tt in flatten_tensor_types(self.type)] \
             if self.type.is_tensor_structure else None
@@ -921,14 +947,14 @@ class FromTensor(Block):
             self.value = None
         else:
             self.fn = None
-            self.value = tensor.detach().cpu().numpy() if isinstance(tensor, torch.Tensor) else tensor.copy()
+            self.value = _as_numpy(tensor) if isinstance(tensor, torch.Tensor) else tensor.copy()
 
     def _infer(self, t, cc):
         if self.fn is None:
             self._tid = cc.tid(self.type)
         else:
             empty = TensorType((0,), self.type.dtype)
-            self._empty = (cc.tid(empty), np.zeros((0,), empty.dtype))
+            self._empty = (cc.tid(empty), np.zeros((0,), numpy_dtype(empty.dtype)))
             self._op = cc.function_op(self, empty, self.type)
         return self.type
 
@@ -1327,7 +1353,7 @@ class OneHot(Block):
         super().__init__(name)
         self.start, self.stop = start, stop
         self.type = TensorType((n,), dtype)
-        rows = np.identity(n, self.type.dtype)
+        rows = np.identity(n, numpy_dtype(self.type.dtype))
         self._rows = {k: row for k, row in enumerate(rows, start)}
         self._strict = True
 
@@ -1409,12 +1435,12 @@ class OneHotFromList(OneHot):
         self.elements = elements
         self.start, self.stop = 0, n
         self.type = TensorType((n,), dtype)
-        rows = np.identity(n, self.type.dtype)
+        rows = np.identity(n, numpy_dtype(self.type.dtype))
         self._rows = {e: rows[i] for i, e in enumerate(elements)}
         if len(self._rows) != n:
             raise ValueError("OneHotFromList was given duplicate elements")
         self._strict = bool(strict)
-        self._zero = np.zeros(n, self.type.dtype)
+        self._zero = np.zeros(n, numpy_dtype(self.type.dtype))
 
     def _row(self, x):
         if self._strict:
@@ -1505,6 +1531,14 @@ class Function(Block):
     the input type (a batch of one, in eval mode, without grad).  Blocks wrapping the same
     ``fn`` with the same types batch together.
 
+    Inputs: ``fn`` gets views of values that other blocks may read too.  It may modify them
+    in place (``nn.ReLU(inplace=True)``, ``x.add_(1)``) when it does so on the zeros of the
+    output-type inference: its operation then gets copies of its inputs, at every batch size
+    and with every executor.  A callable that modifies its inputs only in training mode is
+    given copies from the first call autograd refuses; otherwise (without autograd, with the
+    ``"chunks"`` executor) other readers of those values would see the change, so such a
+    callable should not modify its inputs.  It may not keep or resize them.
+
     Parameters: an ``nn.Module`` ``fn`` (or a bound ``module.forward``) is registered with the
     compiler under this block's name.  For other callables, the modules they call (found in
     a closure, as globals, in a ``functools.partial``, as a bound method's ``self`` or as
@@ -1518,12 +1552,17 @@ class Function(Block):
         output_type: the output type (a type or anything :func:`foldengine.types.as_type`
             converts; a tuple of types is a tuple type); default: inferred from ``fn``.
         name: the operation's name in errors and the prefix of its parameters' names
-            (default: the module's class in snake case, or the callable's name).
+            (default: the module's class in snake case, or the callable's name; default
+            names that clash get a numeric suffix, ``linear``, ``linear_1``, and the
+            Compiler warns: name the Functions, or an enclosing block, for parameter names
+            that say what they are).
         modules: the ``nn.Module`` objects to register, explicitly (turns the search off;
             ``modules=()`` registers none, silently).
 
     Raises:
-        TypeError: ``fn`` is not callable, or ``modules`` holds something else than modules.
+        TypeError: ``fn`` is not callable, or is a block (``Function(FC(3))``, TF Fold's idiom:
+            here the layer block ``FC(3)`` is used as it is), or ``modules`` holds something
+            else than modules.
         OperationError: (``forward``) ``fn`` failed on its batched inputs or returned something
             else than its output type; names the operation and its block's path
             (``compiler.reference`` names the input).
@@ -1549,6 +1588,10 @@ class Function(Block):
 
     def __init__(self, fn: Callable, input_type: Optional[Type] = None,
                  output_type: Optional[Type] = None, name: Optional[str] = None, modules=None):
+        if isinstance(fn, Block):
+            raise TypeError(f"Function takes a callable on batched tensors (an nn.Module, a function), not a block: "
+                            f"{fn!r:.60} is already a block; chain it as one (`... >> block`; TF Fold's "
+                            f"td.Function(td.FC(3)) is fb.FC(3) here)")
         if not callable(fn):
             raise TypeError(f"Function needs a callable, got {fn!r:.60}")
         if name is None:
@@ -2399,8 +2442,8 @@ class OneOf(Block):
 
     Raises:
         ValueError: ``case_blocks`` is empty.
-        InputError: ``key_fn`` raised, or returned a key with no case; names the input's index,
-            the block's path and the key.
+        InputError: ``key_fn`` raised, or returned a key with no case or one that is not
+            hashable; names the input's index, the block's path and the key.
 
     Types:
         - ``t -> u``: every case gets the input type ``t`` and must output the same type ``u``.
@@ -2474,7 +2517,11 @@ class OneOf(Block):
             key = self.key_fn(x)
         except Exception as err:
             raise BlockInputError(self, f"key_fn raised {err!r}") from err
-        b = self.cases.get(key)
+        try:
+            b = self.cases.get(key)
+        except TypeError:   # unhashable
+            self._fail(f"key_fn returned {key!r:.60}, a {type(key).__name__}, which cannot be a case key "
+                       f"(not hashable; cases: {list(self.cases)})")
         if b is None:
             self._fail(f"no case for key {key!r} (cases: {list(self.cases)})")
         return b._trace(x, ctx)

@@ -29,6 +29,7 @@ import sys
 import time
 import uuid
 import warnings
+from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -49,9 +50,10 @@ from .plan.traces import InputTrace, MergedTraces, merge_traces, split_traces
 from .ops import Operation, OperationError, unflatten_value
 from .trace import BlockInputError, EagerContext, GraphTracer
 from .types import (BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType,
-                    canonical_dtype, flatten_tensor_types, torch_dtype)
+                    as_type, canonical_dtype, flatten_tensor_types, numpy_dtype, torch_dtype)
 
-__all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext", "evaluate_block", "ROW_LAYOUTS", "EXECUTORS"]
+__all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext", "evaluate_block", "ROW_LAYOUTS", "EXECUTORS",
+           "RECURSION_LIMIT"]
 
 #: row layouts a Compiler knows (``row_layout``); the first is the default
 ROW_LAYOUTS = LAYOUTS + ("concat",)
@@ -65,7 +67,37 @@ EXECUTORS = ("auto", "tables", "chunks")
 #: and copying each output into its table does.
 TABLES_MAX_ROWS_PER_CALL = 256
 
-_RECURSION_LIMIT = 100_000
+#: the default of ``Compiler.recursion_limit``
+RECURSION_LIMIT = 100_000
+
+
+def _checked_max_call_rows(n):
+    """``n`` if it is None or a positive int, else the ValueError / TypeError saying so."""
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"max_call_rows must be a positive int or None (no limit), got {n!r}")
+    if n < 1:
+        raise ValueError(f"max_call_rows must be a positive int or None (no limit), got {n}")
+    return int(n)
+
+
+def _checked_inputs(inputs, method: str):
+    """``inputs`` unless it is a str, bytes or mapping (iterating one gives characters or keys,
+    never what was meant), else the TypeError saying what to pass."""
+    if isinstance(inputs, (str, bytes, bytearray)):
+        raise TypeError(f"{method} takes an iterable of inputs, got a {type(inputs).__name__} (iterating it gives "
+                        f"one input per character); for one input pass [x]")
+    if isinstance(inputs, Mapping):
+        raise TypeError(f"{method} takes an iterable of inputs, got a {type(inputs).__name__} (iterating it gives "
+                        f"its keys); pass list(d.values()) for its values as inputs, or [d] for one input")
+    return inputs
+
+
+def _checked_executor(name):
+    if name not in EXECUTORS:
+        raise ValueError(f"unknown executor {name!r}; expected one of {EXECUTORS}")
+    return name
 
 
 class InputError(ValueError):
@@ -250,12 +282,16 @@ class CompileContext:
         self._registered: set = set()          # ids of registered modules and their submodules
         self._fn_modules: Dict[int, tuple] = {}
         self._fn_out: Dict[tuple, Type] = {}   # (id(fn), input type) -> inferred output type
+        self._fn_inplace: Dict[tuple, bool] = {}   # (id(fn), input type) -> modified its inputs in place
         self._warned: set = set()
+        #: parameter prefixes of default-named Functions numbered to avoid a clash
+        self.numbered: List[str] = []
 
     # Tables keyed by object ids are rebuilt after unpickling (ids change between processes).
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_fn_modules"], state["_fn_out"], state["_warned"], state["_registered"] = {}, {}, set(), set()
+        state["_fn_inplace"] = {}
         state["module_names"] = list(self._module_refs.values())
         state["_op_keys"] = [(k, op) for k, op in self._op_keys.items()]
         return state
@@ -303,6 +339,8 @@ class CompileContext:
         path = block._scope  # names of the enclosing named blocks, ending with the Function's
         name = ".".join(path)
         op = self._new_op(("fn", id(fn), in_type, out_type), "call", name, in_type, out_type, fn, block)
+        if getattr(self, "_fn_inplace", {}).get((id(fn), in_type)):
+            op.copies_inputs = True    # it modifies its inputs in place: give it copies
         self._register_modules(block)
         return op
 
@@ -339,8 +377,10 @@ class CompileContext:
                 p = path[:-1] + (label,)
             else:
                 p = path + (label,)
-            self.module_names[id(m)] = self.owner._register_module(p, m)
-            self._module_refs[id(m)] = (m, self.module_names[id(m)])
+            self.module_names[id(m)] = full = self.owner._register_module(p, m)
+            self._module_refs[id(m)] = (m, full)
+            if auto and full.rsplit(".", 1)[-1] != re.sub(r"\W", "_", p[-1]):
+                self.__dict__.setdefault("numbered", []).append(f"{full} ({block!r}{where(block)})")
             if isinstance(m, nn.Module):
                 self._registered.update(id(sub) for sub in m.modules())
         if unresolved and id(block) not in self._warned:   # once per block
@@ -359,7 +399,9 @@ class CompileContext:
 
     def infer_function_output(self, block, in_type: Type) -> Type:
         """Call the function once on zeros (batch of 1, eval mode, no grad) to learn its
-        output type (once per callable and input type)."""
+        output type (once per callable and input type), and whether it modifies its inputs
+        in place (their version counters moved): then its operation gets copies
+        (``Operation.copies_inputs``)."""
         fn = block.fn
         key = (id(fn), in_type)
         out = self._fn_out.get(key)
@@ -375,8 +417,8 @@ class CompileContext:
             mod.eval()
         flat = [torch.zeros((1,) + t.shape, dtype=torch_dtype(t.dtype), device=device)
                 for t in flatten_tensor_types(in_type)]
-        try:
-            with torch.no_grad():
+        try:   # in the declared dtypes, even when compiled inside torch.autocast
+            with torch.no_grad(), torch.autocast(device.type, enabled=False):
                 if isinstance(in_type, TensorType):
                     value = fn(flat[0])
                 else:
@@ -389,6 +431,8 @@ class CompileContext:
             for m, mode in modes:
                 m.training = mode
         out = self._fn_out[key] = _type_of_value(value, block, in_type)
+        if any(x._version for x in flat):
+            self.__dict__.setdefault("_fn_inplace", {})[key] = True
         return out
 
     # -- recursion -------------------------------------------------------------------------
@@ -432,6 +476,31 @@ class CompileContext:
         decl.output_type = out
         self._decl_state[decl] = "done"
         return out
+
+
+def _input_nesting(x, max_nodes: int = 10_000_000) -> Tuple[int, bool]:
+    """``(depth, contains_itself)``: how many levels of lists, tuples and dicts (their values)
+    ``x`` nests, walked without recursion (each container once; at most ``max_nodes``), and
+    whether one of them holds itself (then ``depth``: where it does)."""
+    best, on_path, seen = 0, set(), set()
+    stack = [(x, 1, False)]
+    while stack and len(seen) < max_nodes:
+        v, d, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(v))
+            continue
+        if not isinstance(v, (list, tuple, dict)):
+            continue
+        if id(v) in on_path:
+            return d - 1, True
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        best = max(best, d)
+        on_path.add(id(v))
+        stack.append((v, d, True))
+        stack.extend((c, d + 1, False) for c in (v.values() if isinstance(v, dict) else v))
+    return best, False
 
 
 def _output_arrays(values: list, t: Type, out: list) -> list:
@@ -522,7 +591,7 @@ class Compiler(nn.Module):
         scheduler: a scheduler name (``'depth'``, ``'agenda'``, ``'coalesce'``; see
             ``schedulers.SCHEDULERS``) or instance.
         input_type: the root block's input type (Python objects by default).
-        max_call_rows: run batched calls larger than this in row blocks (same results).  An
+        max_call_rows: a positive int: run batched calls larger than this in row blocks (same results).  An
             execution setting, not part of the schedule (batches do not depend on it; it may
             be changed between forwards).  On CPUs, blocks of about 1024 rows ran fastest in
             ``scripts/bench_table1.py`` (inference and training); None: no limit (GPUs).
@@ -561,11 +630,20 @@ class Compiler(nn.Module):
         random_blocks: blocks declared random (``InputTransform(fn, deterministic=False)``);
             when not empty, :meth:`trace` refuses to cache traces.
         row_layout: how a batch's rows are laid out (see ``Args``).
+        recursion_limit: the Python recursion limit while tracing (``build_batch``, ``trace``,
+            ``reference``; at least the interpreter's own): tracing recurses through nested
+            inputs, a few frames per level, so the default (:data:`RECURSION_LIMIT`, 100,000)
+            covers inputs nesting about 25,000 levels; set it higher for deeper ones.  An
+            input that goes past it, or contains itself, is an :class:`InputError`.
         executor: ``"auto"``, ``"tables"`` or ``"chunks"`` (see ``Args``).
         defer_weight_grads: see ``Args``.
 
     Raises:
         BlockTypeError: the block tree does not type-check (names the blocks and both types).
+        ValueError / TypeError: an unknown ``scheduler``, ``row_layout`` or ``executor``, a
+            ``max_call_rows`` that is not a positive int or None, an ``input_type`` that is
+            not a type, a ``defer_weight_grads`` that is not a bool (``max_call_rows`` and
+            ``executor`` are checked again by ``forward`` when changed).
 
     Shape:
         - Input of ``forward``: a :class:`~foldengine.batch.Batch` of ``B`` inputs.
@@ -582,6 +660,9 @@ class Compiler(nn.Module):
         torch.Size([2])
     """
 
+    #: see ``Attributes``; per instance or for every Compiler
+    recursion_limit = RECURSION_LIMIT
+
     def __init__(self, block: Block, scheduler="depth", input_type: Type = PyObjectType(),
                  max_call_rows: Optional[int] = None, row_layout: str = "readers", executor: str = "auto",
                  defer_weight_grads: bool = True):
@@ -590,19 +671,25 @@ class Compiler(nn.Module):
         block = _as_block(block)
         self.root = block
         self.scheduler = get_scheduler(scheduler)
-        self.max_call_rows = max_call_rows
+        self.max_call_rows = _checked_max_call_rows(max_call_rows)
+        if not isinstance(defer_weight_grads, (bool, np.bool_)):
+            raise TypeError(f"defer_weight_grads must be True or False, got {defer_weight_grads!r}")
         self.defer_weight_grads = bool(defer_weight_grads)
         if row_layout not in ROW_LAYOUTS:
             raise ValueError(f"unknown row_layout {row_layout!r}; expected one of {ROW_LAYOUTS}")
         self.row_layout = row_layout
-        if executor not in EXECUTORS:
-            raise ValueError(f"unknown executor {executor!r}; expected one of {EXECUTORS}")
-        self.executor = executor
+        self.executor = _checked_executor(executor)
+        if not isinstance(input_type, Type):
+            input_type = as_type(input_type)
         cc = CompileContext(self)
         self._cc = cc
         self.input_type = input_type
         self.output_type = block.infer(input_type, cc, block.name or "root", ())
         _check_output_type(self.output_type, block, self.output_type)
+        if cc.numbered:
+            warnings.warn(f"Functions named by default after their modules' class clash, so their parameters "
+                          f"are numbered: {', '.join(cc.numbered)}; give Function(..., name=...) (or name an "
+                          f"enclosing block) for parameter names that say what they are", UserWarning, stacklevel=2)
         self.types: List[TensorType] = cc.types
         floats = {t.dtype for t in self.types if torch_dtype(t.dtype).is_floating_point}
         #: the floating-point dtype the block tree declares (float32 unless all its floating
@@ -622,7 +709,7 @@ class Compiler(nn.Module):
         self.signature = hashlib.sha1(sig.encode()).hexdigest()[:16]
         self._metric_names = tuple(self.metric_tids)
         self._output_is_handle = _output_is_handle(self.output_type, [])
-        self._empty_consts = [np.zeros((0,) + t.shape, t.dtype) for t in self.types]
+        self._empty_consts = [np.zeros((0,) + t.shape, numpy_dtype(t.dtype)) for t in self.types]
         #: blocks declared random (``InputTransform(..., deterministic=False)``): their
         #: traces must not be reused, so :meth:`trace` refuses to make any
         self._blocks = _walk(block)
@@ -725,33 +812,54 @@ class Compiler(nn.Module):
         return self._device_probe.device
 
     # -- planning ------------------------------------------------------------------------------
-    def _trace_together(self, inputs: Iterable) -> Tuple[GraphTracer, list]:
+    def _trace_together(self, inputs: Iterable, method: str = "build_batch") -> Tuple[GraphTracer, list]:
         """Trace ``inputs`` into one tracer (each input ended by ``end_input``); returns the
         tracer and each input's output value (handles)."""
         self._bind()
         tracer = GraphTracer(len(self.types), self.op_info.out_tids)
+        inputs = _checked_inputs(inputs, method)
         metric_names = self._metric_names
         end_input = tracer.end_input
         roots = []
         old = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(old, _RECURSION_LIMIT))
+        sys.setrecursionlimit(max(old, self.recursion_limit))
         try:
             trace_fn = compile_tracer(self.root, tracer)
             for i, x in enumerate(inputs):
                 try:
                     roots.append(trace_fn(x))
+                except RecursionError:
+                    raise self._too_deep(i, x) from None
                 except BlockInputError as err:
+                    if isinstance(err.__cause__, RecursionError):
+                        raise self._too_deep(i, x) from None
                     raise InputError(i, err) from err
                 end_input(metric_names)
         finally:
             sys.setrecursionlimit(old)
         return tracer, roots
 
+    def _too_deep(self, index: int, x) -> InputError:
+        """The InputError for input ``index`` (``x``), whose tracing went past the recursion
+        limit: ``x`` contains itself, or nests too deeply."""
+        depth, cyclic = _input_nesting(x)
+        if cyclic:
+            msg = (f"the input contains itself (a list, tuple or dict at nesting level {depth} holds itself): "
+                   f"tracing it would never end")
+        else:
+            nests = f"it nests {depth:,} levels of lists, tuples and dicts, and " if depth > 1 else ""
+            limit = self.recursion_limit
+            msg = (f"the input is too deep to trace: {nests}tracing it went past the recursion limit of {limit:,} "
+                   f"Python frames (Compiler.recursion_limit); raise it for deeper inputs, e.g. "
+                   f"compiler.recursion_limit = {4 * limit:_}")
+        return InputError(index, BlockInputError(self.root, msg))
+
     def _merged(self, tracer: GraphTracer, roots: list) -> MergedTraces:
         consts = []
         for tid, t in enumerate(self.exec_types):
             vals = tracer.consts[tid]
-            arr = np.array(vals, dtype=t.dtype) if vals else np.zeros((0,) + t.shape, t.dtype)
+            dtype = numpy_dtype(t.dtype)
+            arr = np.array(vals, dtype=dtype) if vals else np.zeros((0,) + t.shape, dtype)
             consts.append(arr.reshape((len(vals),) + t.shape))
         metrics = {name: (tid, np.asarray(tracer.metrics.get(name, ()), np.int64))
                    for name, tid in self.metric_tids.items()}
@@ -780,6 +888,7 @@ class Compiler(nn.Module):
 
         Raises:
             InputError: an input cannot be traced (names its index and the block).
+            TypeError: ``inputs`` is a str, bytes or a mapping, not an iterable of inputs.
             RandomBlockError: the block tree holds a block declared random
                 (``InputTransform(fn, deterministic=False)``), whose trace must not be
                 reused: build each batch from the inputs with :meth:`build_batch`.
@@ -788,8 +897,8 @@ class Compiler(nn.Module):
             raise RandomBlockError(self.random_blocks)
         return self._traces(inputs)
 
-    def _traces(self, inputs: Iterable) -> List[InputTrace]:
-        tracer, roots = self._trace_together(inputs)
+    def _traces(self, inputs: Iterable, method: str = "trace") -> List[InputTrace]:
+        tracer, roots = self._trace_together(inputs, method)
         merged = self._merged(tracer, roots)
         is_handle = self._output_is_handle
         per_input = [_output_arrays([r], self.output_type, []) for r in roots]
@@ -835,10 +944,11 @@ class Compiler(nn.Module):
 
         Raises:
             InputError: an input cannot be traced (names its index and the block).
+            TypeError: ``inputs`` is a str, bytes or a mapping, not an iterable of inputs.
         """
         t0 = time.perf_counter()
         if self.row_layout == "concat":
-            traces = self._traces(inputs)
+            traces = self._traces(inputs, "build_batch")
             return self._concat_batch(traces, time.perf_counter() - t0)
         merged = self._merged(*self._trace_together(inputs))
         return self._plan(merged, time.perf_counter() - t0)
@@ -926,17 +1036,21 @@ class Compiler(nn.Module):
         if batch.signature != self.signature:
             raise ValueError("this Batch was built by a different compiler (operation tables differ)")
         types = self.exec_types
-        if any(c.dtype != t.dtype for c, t in zip(batch.consts, types)):   # after compiler.to(dtype)
-            batch = dataclasses.replace(batch, consts=[c if c.dtype == t.dtype else c.astype(t.dtype)
-                                                       for c, t in zip(batch.consts, types)])
+        np_dtypes = [numpy_dtype(t.dtype) for t in types]
+        if any(c.dtype != d for c, d in zip(batch.consts, np_dtypes)):   # after compiler.to(dtype)
+            batch = dataclasses.replace(batch, consts=[c if c.dtype == d else c.astype(d)
+                                                       for c, d in zip(batch.consts, np_dtypes)])
         with batch_weight_grads(getattr(self, "defer_weight_grads", True)):
-            executor = getattr(self, "executor", "auto")    # compilers pickled before the setting existed
+            # compilers pickled before the setting existed run "auto"; settings changed since
+            # construction are checked again (one check per forward)
+            executor = _checked_executor(getattr(self, "executor", "auto"))
+            block_rows = _checked_max_call_rows(self.max_call_rows) or 0
             rows = getattr(batch, "rows", None)             # batches pickled before row plans existed
             if executor == "tables" or (executor == "auto" and rows is not None):
                 rows = rows if rows is not None else row_plan(batch, self.op_info.out_tids)
-                result = execute_tables(batch, rows, self.ops, types, self.device, self.max_call_rows or 0)
+                result = execute_tables(batch, rows, self.ops, types, self.device, block_rows)
             else:
-                result = execute(batch, self.ops, types, self.device, self.max_call_rows or 0)
+                result = execute(batch, self.ops, types, self.device, block_rows)
         self.metrics = result.metrics
         lengths = getattr(batch, "metric_lengths", None) or {}
         self._metric_lengths = {name: np.asarray(lengths[name], np.int64) for name in self.metrics if name in lengths}
@@ -950,18 +1064,24 @@ class Compiler(nn.Module):
         ``metric_lengths``) likewise.  This is the unbatched reference the batched executor is
         tested against; as each input runs alone, an operation failing on one input (an
         embedding index out of range, say) raises an :class:`InputError` naming that input.
+        ``inputs`` may not be a str, bytes or a mapping (TypeError), as for :meth:`build_batch`.
         """
+        inputs = _checked_inputs(inputs, "reference")
         self._bind()
         ctx = EagerContext(self.exec_types, self.device)
         values = []
         counts = []
         old = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(old, _RECURSION_LIMIT))
+        sys.setrecursionlimit(max(old, self.recursion_limit))
         try:
             for i, x in enumerate(inputs):
                 try:
                     values.append(self.root._trace(x, ctx))
+                except RecursionError:
+                    raise self._too_deep(i, x) from None
                 except BlockInputError as err:
+                    if isinstance(err.__cause__, RecursionError):
+                        raise self._too_deep(i, x) from None
                     raise InputError(i, err) from err
                 except OperationError as err:   # per example: the input is known
                     cause = err.__cause__

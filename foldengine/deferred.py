@@ -9,8 +9,9 @@ keeps each step's ``x`` and ``dy`` and computes ``dW = dY^T X`` and ``db = sum(d
 over all the steps' rows concatenated, when the batch's backward has passed every step: one
 large, efficient GEMM instead of one small one per step (the same sum, in another order).
 
-Outside that context (eager code, ``Compiler.reference``), and when nothing needs a
-gradient, :func:`linear` is ``torch.nn.functional.linear``.  The deferred path supports
+Outside that context (eager code, ``Compiler.reference``), when nothing needs a gradient,
+and inside ``torch.autocast`` (whose casts ``F.linear`` follows), :func:`linear` is
+``torch.nn.functional.linear``.  The deferred path supports
 first derivatives only (no double backward).
 """
 from __future__ import annotations
@@ -101,10 +102,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     """``torch.nn.functional.linear(x, weight, bias)``: ``x W^T + b``, with ``x: [N, in]``,
     ``weight: [out, in]``, ``bias: [out]`` (or None) -> ``[N, out]``.  Inside
     :func:`batch_weight_grads` and with autograd recording, the gradients of ``weight`` and
-    ``bias`` are summed once per batch (module docstring); same values."""
+    ``bias`` are summed once per batch (module docstring); same values.  Inside
+    ``torch.autocast`` for ``x``'s device it is ``F.linear`` (computed in the autocast dtype)."""
     pending: Optional[Dict] = getattr(_state, "pending", None)
     if (pending is None or not torch.is_grad_enabled() or x.dim() != 2
-            or not (weight.requires_grad or (bias is not None and bias.requires_grad))):
+            or not (weight.requires_grad or (bias is not None and bias.requires_grad))
+            or torch.is_autocast_enabled(x.device.type)):
         return F.linear(x, weight, bias)
     key = (id(weight), id(bias))
     p = pending.get(key)

@@ -277,7 +277,8 @@ def execute(batch: Batch, ops: Sequence[Operation], types: Sequence[TensorType],
     if non_blocking:
         idx = idx.pin_memory()
     idx = idx.to(device, non_blocking=non_blocking)
-    chunks = [[_tensor(c).to(device, non_blocking=non_blocking)] for c in batch.consts]
+    chunks = [[_tensor(c).to(device, torch_dtype(t.dtype), non_blocking=non_blocking)]
+              for c, t in zip(batch.consts, types)]
     for op_id, n, gathers, seg, split in batch.calls:   # Call records
         op = ops[op_id]
         if seg is None:

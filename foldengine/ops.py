@@ -124,6 +124,18 @@ def make_unflattener(t: Type) -> Callable:
     return _Unflattener(t)
 
 
+#: autograd's refusal of an in-place change of a view it cannot rebase (the value
+#: tables' views): checked before anything is written
+_INPLACE_ON_VIEW = "is a view and is being modified inplace"
+
+
+def _autocast_output(o: torch.Tensor, dtype: torch.dtype) -> bool:
+    """True when ``o`` is a floating-point output that ``torch.autocast`` (enabled for its
+    device) computed in another floating-point dtype than the declared ``dtype``."""
+    return (o.is_floating_point() and dtype.is_floating_point
+            and torch.is_autocast_enabled(o.device.type))
+
+
 class Operation:
     """A batched operation with fixed tensor types.
 
@@ -134,7 +146,13 @@ class Operation:
       in_type / out_type: the block-level types (tensor structures).
       in_tids / out_tids: type ids of the flattened input and output slots.
       fn: the callable on batched tensors (``"call"``) or the mode ``"sum"|"mean"|"max"|"min"``.
+      copies_inputs: ``fn`` modifies its inputs in place, so :meth:`apply` passes it copies
+        (set when the compiler sees it do so, on zeros at compile time or at a first call
+        that autograd refuses).  The executors hand operations views of shared values; a
+        callable that changes them would change what other readers see.
     """
+
+    copies_inputs = False
 
     def __init__(self, op_id: int, kind: str, name: str, in_type: Type, out_type: Type,
                  in_tids: Sequence[int], out_tids: Sequence[int], fn: Any, block=None):
@@ -173,7 +191,20 @@ class Operation:
         return -1 if self.kind == "reduce" else len(self.in_tids)
 
     def apply(self, flat_inputs: List[torch.Tensor]) -> List[torch.Tensor]:
-        """Run a ``"call"`` operation on batched inputs (all with the same leading size)."""
+        """Run a ``"call"`` operation on batched inputs (all with the same leading size).
+
+        Returns the flat outputs, each checked against the declared output type (shape,
+        dtype, one row per input row).  Inside ``torch.autocast`` an output computed in the
+        autocast dtype (``bfloat16``, ``float16``) is cast back to the declared (or, after
+        ``Compiler.to(dtype)``, the executed) floating-point dtype: values are kept, and
+        passed on, in that dtype, and each operation computes under autocast's rules.
+
+        Raises:
+            OperationError: the callable raised, or returned something else than the type.
+        """
+        given = flat_inputs
+        if self.copies_inputs:
+            flat_inputs = [x.clone() for x in flat_inputs]
         try:
             if self._simple_in:
                 out = self.fn(flat_inputs[0])
@@ -187,6 +218,9 @@ class Operation:
         except OperationError:
             raise
         except Exception as err:  # name the operation and where its block is used
+            if not self.copies_inputs and isinstance(err, RuntimeError) and _INPLACE_ON_VIEW in str(err):
+                self.copies_inputs = True    # autograd refused the change before it was made
+                return self.apply(given)
             n = flat_inputs[0].shape[0] if flat_inputs else 0
             raise OperationError(f"operation {self.name}{self._where()} raised {err!r} on a batch of {n} "
                                  "rows; compiler.reference(inputs) evaluates the inputs one at a time and "
@@ -199,7 +233,9 @@ class Operation:
             except OperationError as err:
                 raise OperationError(f"operation {self.name}{self._where()}: {err}", self.block) from None
         n = flat_inputs[0].shape[0] if flat_inputs else None
-        for o, shape, dtype in zip(outs, self.out_shapes, self.out_dtypes):
+        for k, (o, shape, dtype) in enumerate(zip(outs, self.out_shapes, self.out_dtypes)):
+            if isinstance(o, torch.Tensor) and o.dtype != dtype and _autocast_output(o, dtype):
+                o = outs[k] = o.to(dtype)
             if isinstance(o, torch.Tensor) and o.dim() == 0:
                 raise OperationError(
                     f"operation {self.name}{self._where()} returned a 0-d tensor for a batch of {n}: an "

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from schedulers.base import Trace, ranges
+from .types import numpy_dtype, torch_dtype
 
 __all__ = ["GraphTracer", "EagerContext", "BlockInputError"]
 
@@ -304,8 +305,8 @@ class EagerContext:
 
     def const(self, tid: int, value):
         t = self.types[tid]
-        arr = np.asarray(value, dtype=t.dtype).reshape((1,) + t.shape)
-        return torch.from_numpy(arr.copy()).to(self.device)
+        arr = np.asarray(value, dtype=numpy_dtype(t.dtype)).reshape((1,) + t.shape)
+        return torch.from_numpy(arr.copy()).to(self.device, torch_dtype(t.dtype))
 
     def zeros(self, tid: int, value):
         return self.const(tid, value)

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 __all__ = ["Type", "TensorType", "TupleType", "SequenceType", "BroadcastSequenceType", "PyObjectType", "VoidType",
-           "unify", "flatten_tensor_types", "canonical_dtype", "torch_dtype", "TypeMismatch", "as_type"]
+           "unify", "flatten_tensor_types", "canonical_dtype", "torch_dtype", "numpy_dtype", "TypeMismatch",
+           "as_type"]
 
 
 _DTYPE_ALIASES = {"float": "float32", "double": "float64", "int": "int64", "long": "int64",
@@ -44,6 +45,26 @@ def canonical_dtype(dtype) -> str:
 def torch_dtype(dtype: str) -> torch.dtype:
     """The torch dtype for a canonical dtype name."""
     return getattr(torch, dtype)
+
+
+#: dtypes NumPy lacks, and the NumPy dtype that holds their values in a plan
+_NUMPY_STORAGE = {"bfloat16": np.dtype("float32")}
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The NumPy dtype in which plans (constants of a :class:`~foldengine.batch.Batch`, traces)
+    hold values of the canonical dtype ``dtype``: the same dtype, except ``bfloat16``, which
+    NumPy lacks, held as ``float32`` (every bfloat16 value is exactly a float32 value) and
+    rounded to bfloat16 when it becomes a tensor.
+
+    Examples::
+
+        >>> from foldengine.types import numpy_dtype
+        >>> numpy_dtype('bfloat16'), numpy_dtype('int64')
+        (dtype('float32'), dtype('int64'))
+    """
+    got = _NUMPY_STORAGE.get(dtype)
+    return got if got is not None else np.dtype(dtype)
 
 
 class TypeMismatch(TypeError):
@@ -101,9 +122,11 @@ class TensorType(Type):
 
     Args:
         shape: a tuple of non-negative ints (an int ``n`` means ``(n,)``; ``()`` a scalar).
-        dtype: a NumPy-style name (``'float32'``, ``'int64'``...; aliases ``'float'``,
-            ``'double'``, ``'int'``, ``'long'``, ``'half'``), a NumPy dtype or a torch dtype;
-            stored as the canonical name.
+        dtype: a NumPy-style name (``'float32'``, ``'float64'``, ``'float16'``,
+            ``'bfloat16'``, ``'int64'``, ``'int32'``, ``'int16'``, ``'int8'``, ``'uint8'``,
+            ``'bool'``; aliases ``'float'``, ``'double'``, ``'int'``, ``'long'``, ``'half'``),
+            a NumPy dtype or a torch dtype; stored as the canonical name.  Plans hold
+            ``bfloat16`` values as float32 (:func:`numpy_dtype`); they are bfloat16 tensors.
 
     Attributes:
         shape / dtype: as given (a tuple of ints; the canonical dtype name).

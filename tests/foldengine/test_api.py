@@ -7,6 +7,7 @@ import functools
 import io
 import pickle
 import random
+import re
 import warnings
 
 import numpy as np
@@ -292,3 +293,59 @@ def test_every_block_kind_pickles():
     for a, b in zip(out, again(again.build_batch(inputs))):
         for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
             torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+# ----- issue 34 item 7: Compiler arguments checked at construction -------------------------------------
+
+@pytest.mark.parametrize("kw, error, words", [
+    (dict(max_call_rows=-5), ValueError, "max_call_rows must be a positive int or None"),
+    (dict(max_call_rows=0), ValueError, "max_call_rows must be a positive int or None"),
+    (dict(max_call_rows=2.5), TypeError, "max_call_rows must be a positive int or None"),
+    (dict(max_call_rows=True), TypeError, "max_call_rows must be a positive int or None"),
+    (dict(executor="fast"), ValueError, "unknown executor 'fast'"),
+    (dict(row_layout=None), ValueError, "unknown row_layout None"),
+    (dict(scheduler="nope"), ValueError, "unknown scheduler 'nope'"),
+    (dict(defer_weight_grads="no"), TypeError, "defer_weight_grads must be True or False"),
+    (dict(input_type="x"), TypeError, "cannot interpret 'x' as a type"),
+])
+def test_compiler_arguments_checked_at_construction(kw, error, words):
+    with pytest.raises(error, match=re.escape(words)):
+        fe.Compiler(fb.Vector(2) >> fb.Function(nn.Linear(2, 2)), **kw)
+
+
+def test_execution_settings_changed_later_are_checked_by_forward():
+    c = fe.Compiler(fb.Vector(2) >> fb.Function(nn.Linear(2, 2)), max_call_rows=np.int64(2))
+    assert c.max_call_rows == 2 and type(c.max_call_rows) is int
+    batch = c.build_batch([[1.0, 2.0]] * 5)
+    want = c(batch)
+    c.max_call_rows = -5
+    with pytest.raises(ValueError, match="max_call_rows must be a positive int or None"):
+        c(batch)
+    c.max_call_rows, c.executor = None, "nope"
+    with pytest.raises(ValueError, match="unknown executor 'nope'"):
+        c(batch)
+    c.executor = "chunks"
+    torch.testing.assert_close(c(batch), want)
+
+
+# ----- issue 34 item 9: TF Fold's Function(FC(3)); parameter names of default-named Functions -----------
+
+@pytest.mark.parametrize("layer", [fb.FC(3), fb.Embedding(4, 2), fb.Vector(2) >> fb.FC(3)])
+def test_function_of_a_block_says_what_to_write(layer):
+    with pytest.raises(TypeError, match=re.escape("not a block: ") + ".*" + re.escape(
+            "is already a block; chain it as one (`... >> block`; TF Fold's td.Function(td.FC(3)) is fb.FC(3) here)")):
+        fb.Function(layer)
+
+
+def test_numbered_default_names_warn_and_explicit_names_are_kept():
+    two = fb.Record([(0, fb.Vector(3) >> fb.Function(nn.Linear(3, 3))), (1, fb.Vector(3) >> fb.Function(nn.Linear(3, 3)))])
+    with pytest.warns(UserWarning, match=re.escape("their parameters are numbered: linear_1 (Function('linear') at "
+                                                   "root/1/1); give Function(..., name=...)")):
+        c = fe.Compiler(two)
+    assert [n for n, _ in c.named_parameters()] == ["linear.weight", "linear.bias", "linear_1.weight", "linear_1.bias"]
+    named = fb.Record([(0, fb.Vector(3) >> fb.Function(nn.Linear(3, 3), name="left")),
+                       (1, fb.Vector(3) >> fb.Function(nn.Linear(3, 3), name="right"))])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = fe.Compiler(named)
+    assert [n for n, _ in c.named_parameters()] == ["left.weight", "left.bias", "right.weight", "right.bias"]

@@ -2,6 +2,9 @@
 block's path and what was expected; every bad model a compile-time type error."""
 from __future__ import annotations
 
+import re
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -188,3 +191,100 @@ def test_failing_operation_names_it_and_reference_names_the_input():
         c(batch)
     with pytest.raises(fe.InputError, match=r"input 1: Function\('words'\) at root/2: its operation raised IndexError"):
         c.reference([1, 3])
+
+
+# ----- issue 34 item 6: a str, bytes or mapping is not an iterable of inputs ---------------------------
+
+@pytest.mark.parametrize("layout", ["readers", "concat"])
+@pytest.mark.parametrize("inputs, words", [("hello", "got a str (iterating it gives one input per character)"),
+                                           (b"ab", "got a bytes"),
+                                           ({"a": 1, "b": 2}, "got a dict (iterating it gives its keys)")])
+def test_str_bytes_and_mappings_are_refused_as_the_inputs(inputs, words, layout):
+    c = fe.Compiler(fb.InputTransform(str) >> fb.Length(), row_layout=layout)
+    for method in ("build_batch", "trace", "reference"):
+        with pytest.raises(TypeError, match=re.escape(f"{method} takes an iterable of inputs, {words}")):
+            getattr(c, method)(inputs)
+    assert c(c.build_batch(["hello"])).tolist() == [5.0]       # one input: [x]
+
+
+# ----- issue 34 item 5: OneOf's key_fn returning an unhashable key --------------------------------------
+
+def test_one_of_unhashable_key_is_an_input_error():
+    block = fb.OneOf(lambda x: x if x == 1 else [x], {1: fb.Scalar()})
+    c = fe.Compiler(block)
+    for method in ("build_batch", "reference"):
+        with pytest.raises(fe.InputError, match=re.escape(
+                "input 1: OneOf(<lambda>, {1: Scalar()}) at root: key_fn returned [2], a list, which cannot "
+                "be a case key (not hashable; cases: [1])")):
+            getattr(c, method)([1, 2])
+    with pytest.raises(fe.InputError, match=r"input 0: .* at root/fn: key_fn returned \[3\], a list"):
+        fe.Compiler(fb.Map(block)).build_batch([[3]])
+
+
+# ----- issue 34 item 3: floating-point overflow is an input error, as for Scalar -------------------------
+
+@pytest.mark.parametrize("block, value, words", [
+    (fb.Vector(2), [1e39, 1], "1e+39 overflows float32 (largest magnitude 3.403e+38)"),
+    (fb.Vector(2), [10 ** 39, 1], "1e+39 overflows float32"),
+    (fb.Vector(2), np.array([1, -1e39]), "-1e+39 overflows float32"),
+    (fb.Vector(3), [float("nan"), 1, 1e39], "1e+39 overflows float32"),
+    (fb.Vector(2, "float16"), np.array([7e4, 1], np.float32), "70000.0 overflows float16"),
+    (fb.Vector(2, "bfloat16"), [1e39, 1], "1e+39 overflows bfloat16"),
+    (fb.Scalar(), 1e39, "1e+39 overflows float32"),
+])
+def test_float_overflow_is_an_input_error(block, value, words):
+    c = fe.Compiler(fb.Map(block))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")     # no numpy overflow warning on the way
+        for method in ("build_batch", "reference"):
+            with pytest.raises(fe.InputError, match=re.escape(words)):
+                getattr(c, method)([[value]])
+        with pytest.raises(fe.InputError, match=re.escape(words)):    # a stacked array (Map's fast path)
+            c.build_batch([np.array([value, value])])
+
+
+def test_float_values_in_range_infinities_and_wider_dtypes_pass():
+    assert fb.Vector(2).eval([3e38, float("inf")]).tolist() == [float(np.float32(3e38)), float("inf")]
+    assert fb.Vector(2, "float64").eval([1e39, 1]).tolist() == [1e39, 1.0]
+    assert torch.isnan(fb.Vector(1).eval([float("nan")])).all()
+
+
+# ----- issue 34 item 4: inputs that contain themselves or nest too deeply ----------------------------------
+
+def _nested_sum_compiler():
+    expr = fb.ForwardDeclaration(fe.PyObjectType(), fe.TensorType([]))
+    expr.resolve_to(fb.OneOf(lambda x: isinstance(x, list), {False: fb.Scalar(), True: fb.Map(expr()) >> fb.Sum()}))
+    return fe.Compiler(expr())
+
+
+def _nest(depth):
+    x = 1.0
+    for _ in range(depth):
+        x = [x]
+    return x
+
+
+def test_an_input_that_contains_itself_is_an_input_error():
+    c = _nested_sum_compiler()
+    cyclic = [1.0, [2.0]]
+    cyclic[1].append(cyclic)
+    for method in ("build_batch", "trace", "reference"):
+        with pytest.raises(fe.InputError, match=re.escape(
+                "input 1: forward() at root: the input contains itself (a list, tuple or dict at nesting level 2 "
+                "holds itself): tracing it would never end")) as info:
+            getattr(c, method)([[3.0], cyclic])
+        assert info.value.__cause__ is None and info.value.__suppress_context__   # no 100,000-frame traceback
+
+
+def test_a_too_deep_input_names_its_depth_and_the_limit_and_how_to_raise_it():
+    c = _nested_sum_compiler()
+    deep = _nest(30_000)
+    for method in ("build_batch", "trace", "reference"):
+        with pytest.raises(fe.InputError, match=re.escape(
+                "input 1: forward() at root: the input is too deep to trace: it nests 30,000 levels of lists, "
+                "tuples and dicts, and tracing it went past the recursion limit of 100,000 Python frames "
+                "(Compiler.recursion_limit); raise it for deeper inputs, e.g. compiler.recursion_limit = 400_000")):
+            getattr(c, method)([1.0, deep])
+    c.recursion_limit = 400_000
+    assert c(c.build_batch([1.0, deep])).tolist() == [1.0, 1.0]
+    assert c.reference([deep]).tolist() == [1.0]
