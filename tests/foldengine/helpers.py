@@ -143,3 +143,18 @@ def assert_runs_close(got, want, rtol, atol):
     assert g_got.keys() == g_want.keys() and g_want
     for name in g_want:
         torch.testing.assert_close(g_got[name], g_want[name], rtol=rtol, atol=atol, msg=name)
+
+
+def assert_runs_close_bfloat16(got, want, out_atol=2e-2, grad_rel=5e-2):
+    """A bfloat16 (autocast) :func:`run_on` result against float32: outputs within ``out_atol``
+    and each gradient within ``grad_rel`` in relative norm, ``|g - g32| / |g32|`` (bfloat16 keeps
+    8 mantissa bits; a gradient summed over many nodes is compared as a whole, not per entry)."""
+    (t_got, g_got), (t_want, g_want) = got, want
+    assert len(t_got) == len(t_want)
+    for a, b in zip(t_got, t_want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=0.0, atol=out_atol)
+    assert g_got.keys() == g_want.keys() and g_want
+    for name in g_want:
+        rel = float((g_got[name] - g_want[name]).norm() / g_want[name].norm().clamp_min(1e-12))
+        assert rel <= grad_rel, f"{name}: relative gradient error {rel:.3g} > {grad_rel}"
