@@ -130,6 +130,8 @@ BASE_SCHEMA: dict[str, Field] = {
     "ray.address": F(str, None, nullable=True, doc="default: $RAY_ADDRESS or a local Ray"),
     "ray.num_workers": F(int, 2, min=1),
     "ray.use_gpu": F(bool, False),
+    "ray.wait_for_resources": F(bool, False, doc="skip the preflight check of the workers' CPUs/GPUs against "
+                                                 "the cluster: wait for an autoscaling cluster to grow"),
     "ray.cpus_per_worker": F(float, None, min=0.01, nullable=True,
                              doc="default: sized so Ray Data keeps >= 1 CPU"),
     "ray.placement_strategy": F(str, "PACK", choices=("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),

@@ -127,7 +127,32 @@ def _worker_resources(cfg: dict) -> dict:
     out = {"CPU": per}
     if cfg["ray"]["use_gpu"]:
         out["GPU"] = 1
+    if not cfg["ray"]["wait_for_resources"]:
+        preflight(out, world, res)
     return out
+
+
+def preflight(per_worker: Mapping[str, float], world: int, cluster: Mapping[str, float]) -> None:
+    """Fail in seconds, before any data or training work, when the cluster (``ray.cluster_resources()``)
+    can never hold ``world`` training workers of ``per_worker`` resources: a GPU asked for where
+    the cluster has none or too few, or more CPUs than it has.  Raises :class:`ConfigError`
+    naming the key, the value, what the cluster has and the fix (``ray.wait_for_resources=true``
+    waits for a cluster that will grow instead)."""
+    gpus = float(cluster.get("GPU", 0))
+    if per_worker.get("GPU"):
+        need = world * per_worker["GPU"]
+        if gpus < need:
+            raise ConfigError(
+                f"true asks for {need:g} GPU(s) ({world} worker(s) x {per_worker['GPU']:g}) but the Ray cluster has "
+                f"{gpus:g}; set ray.use_gpu=false, fewer ray.num_workers, or ray.wait_for_resources=true for a "
+                "cluster that will add GPU nodes", "ray.use_gpu")
+    cpus = float(cluster.get("CPU", 0))
+    need = world * per_worker["CPU"]
+    if need > cpus + 1e-9:
+        raise ConfigError(
+            f"{world} workers x {per_worker['CPU']:g} CPUs = {need:g} CPUs, but the Ray cluster has {cpus:g}; "
+            "lower ray.num_workers or ray.cpus_per_worker, or set ray.wait_for_resources=true for a cluster that "
+            "will grow", "ray.num_workers")
 
 
 def _extra_worker_resources(cfg: dict) -> dict[str, float]:

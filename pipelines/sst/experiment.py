@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipelines.config import Field
+from schedulers import SCHEDULERS
 from pipelines.experiment import Experiment, Splits
 
 from .model import SentimentModules, build_compiler, count_stats, node_outputs, summarize_counts
@@ -58,7 +59,8 @@ PAPER_TABLE2 = [
 
 F_ = Field
 SCHEMA: dict[str, Field] = {
-    "scheduler": F_(str, "depth", doc="foldengine scheduler (schedulers.SCHEDULERS: depth, agenda, ...)"),
+    "scheduler": F_(str, "depth", choices=tuple(sorted(SCHEDULERS)),
+                    doc="foldengine scheduler (schedulers.SCHEDULERS: depth, agenda, coalesce)"),
     "sst.data_dir": F_(str, None, nullable=True, doc="default: $FOLD_DATA_DIR / cache"),
     "sst.train_file": F_(str, None, nullable=True,
                          doc="your own training trees: a PTB-format file, one tree per line, a label "
