@@ -256,6 +256,37 @@ def run_name_for(cfg: Mapping[str, Any], experiment: Optional[str] = None) -> st
     return "-".join(parts)
 
 
+def run_tags(cfg: Mapping[str, Any], experiment: str, entry_point: Optional[str] = None) -> dict[str, str]:
+    """The tags of a training run: ``experiment`` (the preset, the config's ``name``), ``model``
+    (the Experiment's name), MLflow's source tags (``mlflow.source.name``: the entry point,
+    ``mlflow.source.type``, ``mlflow.source.git.commit`` when the code is a git checkout) and a
+    one-line description (``mlflow.note.content``)."""
+    preset = cfg.get("name") or experiment
+    tags = {"experiment": str(preset), "model": experiment, "mlflow.source.type": "LOCAL",
+            "mlflow.source.name": entry_point or os.path.basename(sys.argv[0] or "python") or "python"}
+    commit = _git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    what = ", ".join(f"{k} {v}" for k, v in (("scheduler", cfg.get("scheduler")), ("seed", cfg.get("seed")),
+                                             ("epochs", cfg.get("epochs")), ("batch", cfg.get("batch_size")))
+                     if v is not None)
+    tags["mlflow.note.content"] = (f"{preset}: {experiment} trained with foldengine on Ray Train "
+                                   f"({(cfg.get('ray') or {}).get('num_workers', 1)} workers); {what}")
+    return tags
+
+
+def _git_commit() -> Optional[str]:
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and len(commit) == 40 else None
+
+
 def ensure_experiment(client, name: str, kind: str = MODEL_TRAINING_KIND) -> str:
     """The id of experiment ``name``, created if missing, tagged ``mlflow.experimentKind=kind``
     (model training by default) unless it already has a kind (a choice made in the UI stays)."""

@@ -179,7 +179,7 @@ def _setup_tracking(experiment: Experiment, cfg: dict) -> trk.Tracker:
         tracker = trk.Tracker.start(
             uri, cfg["tracking"]["experiment"] or cfg["name"],
             run_name=trk.run_name_for(cfg, experiment.name),
-            tags={"experiment": experiment.name, **{k: str(v) for k, v in cfg["tracking"]["tags"].items()}})
+            tags={**trk.run_tags(cfg, experiment.name), **{k: str(v) for k, v in cfg["tracking"]["tags"].items()}})
     except Exception as e:  # noqa: BLE001
         if mode == "required":
             if isinstance(e, trk.TrackingUnavailable):
@@ -386,7 +386,6 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
         tracker.params(trk.flatten_params(cfg))
         tracker.params({**trk.system_info(world, cfg["ray"]["use_gpu"]),
                         "sys.cpus_per_worker": str(resources["CPU"])})
-        tracker.tags({"mlflow.note.content": f"{experiment.name} via pipelines.train.run"})
 
         _configure_ray_data(cfg)
         splits = _read_splits(experiment, cfg, tracker) or _load_splits(experiment, cfg, tracker)

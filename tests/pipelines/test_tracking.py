@@ -72,7 +72,7 @@ def test_tracker_logs_everything(tmp_path):
     assert run.data.params["opt.lr"] == "0.1" and "sys.torch" in run.data.params
     assert set(run.data.metrics) == {"dev/acc", "n"}  # NaN and strings dropped
     arts = {a.path for a in client.list_artifacts(t.run_id)}
-    assert {"results.json", "plots", "model", "tables"} <= arts
+    assert {"results.json", "plots", "weights", "tables"} <= arts
     png = client.download_artifacts(t.run_id, "plots/curve.png", str(tmp_path))
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     df = client.load_table(run.info.experiment_id, "results.json", run_ids=[t.run_id])
@@ -152,3 +152,14 @@ def test_ui_url():
         "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning")
     assert trk.ui_url("http://h:5000", "3").endswith("/#/experiments/3?workflowType=machine_learning")
     assert trk.ui_url("sqlite:///x.db", "3") is None
+
+
+def test_run_tags_name_the_preset_the_model_and_the_source():
+    cfg = {"name": "sst-tai2015", "scheduler": "coalesce", "seed": 3, "epochs": 10, "batch_size": 25,
+           "ray": {"num_workers": 2}}
+    tags = trk.run_tags(cfg, "sst-treelstm", entry_point="pipelines.sst.train")
+    assert tags["experiment"] == "sst-tai2015" and tags["model"] == "sst-treelstm"
+    assert tags["mlflow.source.name"] == "pipelines.sst.train" and tags["mlflow.source.type"] == "LOCAL"
+    assert len(tags["mlflow.source.git.commit"]) == 40          # the repository is a git checkout
+    assert tags["mlflow.note.content"] == ("sst-tai2015: sst-treelstm trained with foldengine on Ray Train "
+                                           "(2 workers); scheduler coalesce, seed 3, epochs 10, batch 25")

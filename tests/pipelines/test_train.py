@@ -57,6 +57,8 @@ def test_mlflow_run_is_complete(baseline):
     client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
     r = finished_run(f"sqlite:///{tmp}/mlflow.db", "toy-test", res.run_id)
     p = r.data.params
+    assert r.data.tags["experiment"] == "toy-test" and r.data.tags["model"] == ToyExperiment.name
+    assert len(r.data.tags["mlflow.source.git.commit"]) == 40
     assert p["optimizer.name"] == "adagrad" and float(p["optimizer.lr"]) == 0.1
     assert p["ray.num_workers"] == "2" and p["toy.bad_every"] == "50"
     assert p["sys.torch"] == torch.__version__ and p["sys.ray"] == ray.__version__
