@@ -124,6 +124,18 @@ class _Described:
         return self.text
 
 
+def _dtype_hint(params, in_type: Type) -> str:
+    """When the parameters' floating-point dtype differs from the input's: what to do."""
+    have = {str(p.dtype).replace("torch.", "") for p in params if p.is_floating_point()}
+    want = {t.dtype for t in flatten_tensor_types(in_type) if torch_dtype(t.dtype).is_floating_point}
+    if len(have) != 1 or not want or have == want:
+        return ""
+    (p_dtype,) = have
+    return (f"; its parameters are {p_dtype} and its input {', '.join(sorted(want))}: declare the inputs in {p_dtype} "
+            f"(e.g. Vector(n, {p_dtype!r})), or build the modules in {min(want)}, compile, then call "
+            f"compiler.to(torch.{p_dtype}), which casts the parameters and every floating-point value")
+
+
 def _type_of_value(v, block, in_type) -> Type:
     """The type of what a Function returned for a batch of 1 (checked: one row per input)."""
     if isinstance(v, torch.Tensor):
@@ -425,8 +437,10 @@ class CompileContext:
                     value = fn(*unflatten_value(in_type, flat)[0])
         except Exception as err:
             raise BlockTypeError(block, repr(in_type), in_type,
-                                 f"calling it on zeros of that type raised {err!r}; "
-                                 "fix the function or pass output_type=") from err
+                                 f"it raised {err!r}; fix the function or pass output_type="
+                                 + _dtype_hint(params, in_type),
+                                 summary=f"failed on zeros of its input type {in_type!r} (called once at compile "
+                                         f"time to infer its output type)") from err
         finally:
             for m, mode in modes:
                 m.training = mode
