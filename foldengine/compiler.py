@@ -617,7 +617,9 @@ class Compiler(nn.Module):
             (:mod:`foldengine.plan.concat`): much cheaper batches from traces (no sort, no
             pass over the graph) at the price of index gathers across inputs where a reader
             picks rows (trees); pays for graph models whose reads cover whole chunks (the
-            weave model).  ``"inputs"``: an earlier rule kept for benchmarks.  Every layout
+            weave model).  As each input is scheduled alone, a scheduler that groups calls
+            across inputs (``agenda``, ``coalesce``) loses that grouping: use it with
+            ``depth`` (the Compiler warns otherwise).  ``"inputs"``: an earlier rule kept for benchmarks.  Every layout
             computes the same values.
         executor: how batches run. ``"auto"`` (default): ``"tables"`` for batches whose calls
             average at most :data:`TABLES_MAX_ROWS_PER_CALL` rows (small batches, where the
@@ -692,6 +694,13 @@ class Compiler(nn.Module):
         if row_layout not in ROW_LAYOUTS:
             raise ValueError(f"unknown row_layout {row_layout!r}; expected one of {ROW_LAYOUTS}")
         self.row_layout = row_layout
+        sched = getattr(self.scheduler, "name", type(self.scheduler).__name__)
+        if row_layout == "concat" and sched != "depth":
+            warnings.warn(f"row_layout='concat' schedules each input on its own, when traced, and a batch concatenates "
+                          f"its inputs' steps: the {sched!r} scheduler's grouping of calls across inputs is lost (a "
+                          f"batch has more calls than with row_layout='readers' on recursive models); the 'depth' "
+                          f"scheduler loses nothing (a node's depth does not depend on the other inputs)",
+                          UserWarning, stacklevel=2)
         self.executor = _checked_executor(executor)
         if not isinstance(input_type, Type):
             input_type = as_type(input_type)
