@@ -872,7 +872,8 @@ class Zeros(Block):
         _check_zeros_type(self.type)
 
     def _infer(self, t, cc):
-        self._tids = {tt: (cc.tid(tt), np.zeros(tt.shape, numpy_dtype(tt.dtype))) for tt in _all_tensor_types(self.type)}
+        self._tids = {tt: (cc.tid(tt), np.zeros(tt.shape, numpy_dtype(tt.dtype)))
+                      for tt in _all_tensor_types(self.type)}
         self._simple = isinstance(self.type, TensorType)
         self._flat = [self._tids[tt] for tt in flatten_tensor_types(self.type)] \
             if self.type.is_tensor_structure else None

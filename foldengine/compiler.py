@@ -132,7 +132,7 @@ def _dtype_hint(params, in_type: Type) -> str:
         return ""
     (p_dtype,) = have
     return (f"; its parameters are {p_dtype} and its input {', '.join(sorted(want))}: declare the inputs in {p_dtype} "
-            f"(e.g. Vector(n, {p_dtype!r})), or build the modules in {min(want)}, compile, then call "
+            f"(e.g. Vector(n, {p_dtype!r})), or build the modules in {sorted(want)[0]}, compile, then call "
             f"compiler.to(torch.{p_dtype}), which casts the parameters and every floating-point value")
 
 
@@ -605,10 +605,11 @@ class Compiler(nn.Module):
         scheduler: a scheduler name (``'depth'``, ``'agenda'``, ``'coalesce'``; see
             ``schedulers.SCHEDULERS``) or instance.
         input_type: the root block's input type (Python objects by default).
-        max_call_rows: a positive int: run batched calls larger than this in row blocks (same results).  An
-            execution setting, not part of the schedule (batches do not depend on it; it may
-            be changed between forwards).  On CPUs, blocks of about 1024 rows ran fastest in
-            ``scripts/bench_table1.py`` (inference and training); None: no limit (GPUs).
+        max_call_rows: a positive int: run batched calls larger than this in row blocks
+            (same results), or None (no limit).  An execution setting, not part of the
+            schedule (batches do not depend on it; it may be changed between forwards).  On
+            CPUs, blocks of about 1024 rows ran fastest in ``scripts/bench_table1.py``
+            (inference and training); None: no limit (GPUs).
         row_layout: how each batch's calls order their rows. ``"readers"`` (default): from the
             readers of the whole batch (:func:`foldengine.plan.lower`), so that gathers are
             views wherever the graph allows; ``"concat"``: each input is scheduled and arranged
@@ -619,8 +620,8 @@ class Compiler(nn.Module):
             picks rows (trees); pays for graph models whose reads cover whole chunks (the
             weave model).  As each input is scheduled alone, a scheduler that groups calls
             across inputs (``agenda``, ``coalesce``) loses that grouping: use it with
-            ``depth`` (the Compiler warns otherwise).  ``"inputs"``: an earlier rule kept for benchmarks.  Every layout
-            computes the same values.
+            ``depth`` (the Compiler warns otherwise).  ``"inputs"``: an earlier rule kept for
+            benchmarks.  Every layout computes the same values.
         executor: how batches run. ``"auto"`` (default): ``"tables"`` for batches whose calls
             average at most :data:`TABLES_MAX_ROWS_PER_CALL` rows (small batches, where the
             per-call overhead counts), ``"chunks"`` for larger ones.  ``"tables"``
