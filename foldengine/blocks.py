@@ -84,9 +84,12 @@ class BlockTypeError(TypeError):
         expected: what it expects, in words (``"(output) ..."`` when its output is at fault).
         got: the type it got.
         detail: why, when more can be said.
+        summary: what went wrong, in words, when it is not a mismatch of types (a Function
+            failing on zeros of its input type at compile time): replaces ``expects input
+            ..., got ...`` in the message.
 
     Attributes:
-        block / expected / got / detail: as given.
+        block / expected / got / detail / summary: as given.
 
     Examples::
 
@@ -98,12 +101,15 @@ class BlockTypeError(TypeError):
         Map(Scalar()) outputs SequenceType(TensorType([], float32))
     """
 
-    def __init__(self, block, expected: str, got, detail: str = ""):
+    summary = None    # (for errors pickled without it)
+
+    def __init__(self, block, expected: str, got, detail: str = "", summary: Optional[str] = None):
         self.block = block
         self.expected = expected
         self.got = got
         self.detail = detail
-        msg = f"{block!r}{where(block)} expects input {expected}, got {got!r}"
+        self.summary = summary
+        msg = f"{block!r}{where(block)} " + (summary if summary else f"expects input {expected}, got {got!r}")
         super().__init__(msg + (f": {detail}" if detail else ""))
 
 
@@ -866,7 +872,8 @@ class Zeros(Block):
         _check_zeros_type(self.type)
 
     def _infer(self, t, cc):
-        self._tids = {tt: (cc.tid(tt), np.zeros(tt.shape, numpy_dtype(tt.dtype))) for tt in _all_tensor_types(self.type)}
+        self._tids = {tt: (cc.tid(tt), np.zeros(tt.shape, numpy_dtype(tt.dtype)))
+                      for tt in _all_tensor_types(self.type)}
         self._simple = isinstance(self.type, TensorType)
         self._flat = [self._tids[tt] for tt in flatten_tensor_types(self.type)] \
             if self.type.is_tensor_structure else None
@@ -2206,7 +2213,8 @@ class Pipe(Block):
             try:
                 t = self._child(b, t, cc, f"{i}")
             except BlockTypeError as err:
-                if err.block is b and prev is not None and not err.expected.startswith("(output)"):
+                if err.block is b and prev is not None and not err.expected.startswith("(output)") and \
+                        err.summary is None:   # a type mismatch, not a failure on the right type
                     detail = f"cannot compose {prev!r} >> {b!r}: {prev!r} outputs {err.got!r}"
                     raise BlockTypeError(b, err.expected, err.got,
                                          f"{err.detail}; {detail}" if err.detail else detail) from None
@@ -3131,6 +3139,7 @@ class Composition(Block):
         self.input = _CompositionInput(self)
         self.output = _CompositionOutput(self)
         self._reads: Dict[Block, Tuple[Block, ...]] = {}
+        self._unwired: set = set()   # blocks read from before (or without) reading themselves
         self._order: List[Block] = []
 
     @contextlib.contextmanager
@@ -3145,15 +3154,21 @@ class Composition(Block):
     def _connect(self, block: Block, sources: Sequence[Block]):
         if block is self.input:
             raise ValueError("a Composition's input cannot read from other blocks")
-        if block in self._reads:
-            raise ValueError(f"{block!r} already reads from {self._reads[block]!r}")
+        unwired = self.__dict__.setdefault("_unwired", set())   # (Compositions pickled without it)
+        if block in self._reads and block not in unwired:
+            got = self._reads[block]
+            raise ValueError(f"{block!r} already reads from "
+                             + (", ".join(map(repr, got)) if got else "nothing (it was wired with .reads())")
+                             + ": a block reads once, from all its sources (block.reads(a, b))")
+        unwired.discard(block)
         srcs = []
         for s in sources:
             if isinstance(s, ForwardDeclaration):
                 raise TypeError("use decl() to read from a forward declaration")
             s = _as_block(s)
             if s is not self.input and s not in self._reads:
-                self._reads[s] = ()  # a block read without inputs gets Void
+                self._reads[s] = ()  # a block read without inputs gets Void ...
+                unwired.add(s)  # ... unless it is wired later
             srcs.append(s)
         self._reads[block] = tuple(srcs)
 
@@ -3164,23 +3179,27 @@ class Composition(Block):
         return f"{len(self.children())} blocks"
 
     def _topological(self) -> List[Block]:
-        order, state = [], {}
+        order, state, path = [], {}, []
 
-        def visit(b, stack):
+        def visit(b):
             if b is self.input:
                 return
             s = state.get(b)
             if s == 2:
                 return
             if s == 1:
-                raise ValueError(f"{self!r}: cycle through {b!r}")
+                cycle = path[path.index(b):] + [b]
+                raise ValueError(f"{self!r}{where(self)}: its blocks read from each other in a cycle: "
+                                 + " reads from ".join(map(repr, cycle)))
             state[b] = 1
+            path.append(b)
             for src in self._reads.get(b, ()):
-                visit(src, stack)
+                visit(src)
+            path.pop()
             state[b] = 2
             order.append(b)
         for b in self._reads:
-            visit(b, None)
+            visit(b)
         return order
 
     def _source_type(self, srcs, types):

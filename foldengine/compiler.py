@@ -124,6 +124,18 @@ class _Described:
         return self.text
 
 
+def _dtype_hint(params, in_type: Type) -> str:
+    """When the parameters' floating-point dtype differs from the input's: what to do."""
+    have = {str(p.dtype).replace("torch.", "") for p in params if p.is_floating_point()}
+    want = {t.dtype for t in flatten_tensor_types(in_type) if torch_dtype(t.dtype).is_floating_point}
+    if len(have) != 1 or not want or have == want:
+        return ""
+    (p_dtype,) = have
+    return (f"; its parameters are {p_dtype} and its input {', '.join(sorted(want))}: declare the inputs in {p_dtype} "
+            f"(e.g. Vector(n, {p_dtype!r})), or build the modules in {sorted(want)[0]}, compile, then call "
+            f"compiler.to(torch.{p_dtype}), which casts the parameters and every floating-point value")
+
+
 def _type_of_value(v, block, in_type) -> Type:
     """The type of what a Function returned for a batch of 1 (checked: one row per input)."""
     if isinstance(v, torch.Tensor):
@@ -425,8 +437,10 @@ class CompileContext:
                     value = fn(*unflatten_value(in_type, flat)[0])
         except Exception as err:
             raise BlockTypeError(block, repr(in_type), in_type,
-                                 f"calling it on zeros of that type raised {err!r}; "
-                                 "fix the function or pass output_type=") from err
+                                 f"it raised {err!r}; fix the function or pass output_type="
+                                 + _dtype_hint(params, in_type),
+                                 summary=f"failed on zeros of its input type {in_type!r} (called once at compile "
+                                         f"time to infer its output type)") from err
         finally:
             for m, mode in modes:
                 m.training = mode
@@ -591,10 +605,11 @@ class Compiler(nn.Module):
         scheduler: a scheduler name (``'depth'``, ``'agenda'``, ``'coalesce'``; see
             ``schedulers.SCHEDULERS``) or instance.
         input_type: the root block's input type (Python objects by default).
-        max_call_rows: a positive int: run batched calls larger than this in row blocks (same results).  An
-            execution setting, not part of the schedule (batches do not depend on it; it may
-            be changed between forwards).  On CPUs, blocks of about 1024 rows ran fastest in
-            ``scripts/bench_table1.py`` (inference and training); None: no limit (GPUs).
+        max_call_rows: a positive int: run batched calls larger than this in row blocks
+            (same results), or None (no limit).  An execution setting, not part of the
+            schedule (batches do not depend on it; it may be changed between forwards).  On
+            CPUs, blocks of about 1024 rows ran fastest in ``scripts/bench_table1.py``
+            (inference and training); None: no limit (GPUs).
         row_layout: how each batch's calls order their rows. ``"readers"`` (default): from the
             readers of the whole batch (:func:`foldengine.plan.lower`), so that gathers are
             views wherever the graph allows; ``"concat"``: each input is scheduled and arranged
@@ -603,8 +618,10 @@ class Compiler(nn.Module):
             (:mod:`foldengine.plan.concat`): much cheaper batches from traces (no sort, no
             pass over the graph) at the price of index gathers across inputs where a reader
             picks rows (trees); pays for graph models whose reads cover whole chunks (the
-            weave model).  ``"inputs"``: an earlier rule kept for benchmarks.  Every layout
-            computes the same values.
+            weave model).  As each input is scheduled alone, a scheduler that groups calls
+            across inputs (``agenda``, ``coalesce``) loses that grouping: use it with
+            ``depth`` (the Compiler warns otherwise).  ``"inputs"``: an earlier rule kept for
+            benchmarks.  Every layout computes the same values.
         executor: how batches run. ``"auto"`` (default): ``"tables"`` for batches whose calls
             average at most :data:`TABLES_MAX_ROWS_PER_CALL` rows (small batches, where the
             per-call overhead counts), ``"chunks"`` for larger ones.  ``"tables"``
@@ -678,6 +695,13 @@ class Compiler(nn.Module):
         if row_layout not in ROW_LAYOUTS:
             raise ValueError(f"unknown row_layout {row_layout!r}; expected one of {ROW_LAYOUTS}")
         self.row_layout = row_layout
+        sched = getattr(self.scheduler, "name", type(self.scheduler).__name__)
+        if row_layout == "concat" and sched != "depth":
+            warnings.warn(f"row_layout='concat' schedules each input on its own, when traced, and a batch concatenates "
+                          f"its inputs' steps: the {sched!r} scheduler's grouping of calls across inputs is lost (a "
+                          f"batch has more calls than with row_layout='readers' on recursive models); the 'depth' "
+                          f"scheduler loses nothing (a node's depth does not depend on the other inputs)",
+                          UserWarning, stacklevel=2)
         self.executor = _checked_executor(executor)
         if not isinstance(input_type, Type):
             input_type = as_type(input_type)

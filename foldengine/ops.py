@@ -38,7 +38,9 @@ def flatten_value(t: Type, value, out: list) -> list:
         out.append(value)
     else:
         if not isinstance(value, (tuple, list)) or len(value) != len(t.items):
-            raise OperationError(f"expected a tuple of {len(t.items)} values for {t!r}, got {type(value).__name__}")
+            got = (f"a {type(value).__name__} of {len(value)}" if isinstance(value, (tuple, list))
+                   else f"a {type(value).__name__}")
+            raise OperationError(f"expected a tuple of {len(t.items)} values for {t!r}, got {got}")
         for it, v in zip(t.items, value):
             flatten_value(it, v, out)
     return out

@@ -75,7 +75,7 @@ PAGES = doc_pages()
 def test_every_page_is_collected():
     names = {p.name for p in PAGES}
     assert {"index.md", "quickstart.md", "blocks.md", "dynamic-batching.md", "pipeline-tutorial.md",
-            "cluster.md", "reproducing.md"} <= names
+            "cluster.md", "reproducing.md", "graphs.md", "dtypes-and-limits.md", "porting.md"} <= names
     nav = (REPO / "mkdocs.yml").read_text()
     for p in PAGES:  # every page is reachable from the navigation
         assert str(p.relative_to(DOCS)) in nav, p

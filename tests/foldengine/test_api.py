@@ -338,7 +338,8 @@ def test_function_of_a_block_says_what_to_write(layer):
 
 
 def test_numbered_default_names_warn_and_explicit_names_are_kept():
-    two = fb.Record([(0, fb.Vector(3) >> fb.Function(nn.Linear(3, 3))), (1, fb.Vector(3) >> fb.Function(nn.Linear(3, 3)))])
+    two = fb.Record([(0, fb.Vector(3) >> fb.Function(nn.Linear(3, 3))),
+                     (1, fb.Vector(3) >> fb.Function(nn.Linear(3, 3)))])
     with pytest.warns(UserWarning, match=re.escape("their parameters are numbered: linear_1 (Function('linear') at "
                                                    "root/1/1); give Function(..., name=...)")):
         c = fe.Compiler(two)

@@ -140,3 +140,20 @@ def test_plan_only_traces_batch_the_same_and_are_refused_elsewhere():
         readers.build_batch_from_traces(slim)
     with pytest.raises(ValueError, match="needs the trace's plan"):
         readers.trace(inputs)[0].without_graph()
+
+
+# ----- issue 34 item 10: the concat layout schedules each input alone ------------------------------------
+
+@pytest.mark.parametrize("scheduler", ["agenda", "coalesce"])
+def test_concat_layout_with_a_cross_input_scheduler_warns(scheduler):
+    with pytest.warns(UserWarning, match=f"row_layout='concat' schedules each input on its own.*the '{scheduler}' "
+                                         f"scheduler's grouping of calls across inputs is lost"):
+        fe.Compiler(pair_tree_compiler(D).root, scheduler=scheduler, row_layout="concat")
+
+
+def test_concat_layout_with_depth_does_not_warn():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fe.Compiler(pair_tree_compiler(D).root, row_layout="concat")
+        fe.Compiler(pair_tree_compiler(D).root, scheduler="coalesce")

@@ -1,6 +1,8 @@
 """Type errors at compile time and input errors at build_batch name blocks, types and inputs."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -136,3 +138,63 @@ def test_batch_from_another_compiler_rejected():
     b = fe.Compiler(fb.Scalar() >> fb.Function(torch.tanh))
     with pytest.raises(ValueError, match="different compiler"):
         b(a.build_batch([1.0]))
+
+
+# ----- issue 34 item 8: error wording ----------------------------------------------------------------------
+
+def _boom(x):
+    raise ValueError("boom")
+
+
+def test_failed_output_type_probe_says_what_failed_not_a_type_mismatch():
+    with pytest.raises(fe.BlockTypeError) as err:
+        fe.Compiler(fb.Vector(3) >> fb.Function(_boom))
+    assert str(err.value) == ("Function('_boom') at root/1 failed on zeros of its input type TensorType([3], float32) "
+                              "(called once at compile time to infer its output type): it raised ValueError('boom'); "
+                              "fix the function or pass output_type=")
+    assert err.value.got == TensorType(3) and "cannot compose" not in str(err.value)
+
+
+def test_module_in_another_float_dtype_says_how_to_compile_it():
+    with pytest.raises(fe.BlockTypeError, match=r"its parameters are float64 and its input float32: declare the "
+                       r"inputs in float64 \(e\.g\. Vector\(n, 'float64'\)\), or build the modules in float32, "
+                       r"compile, then call compiler\.to\(torch\.float64\)"):
+        fe.Compiler(fb.Vector(3) >> fb.Function(nn.Linear(3, 3).double()))
+    lin = nn.Linear(3, 3)                                   # what the message says to do
+    c = fe.Compiler(fb.Vector(3) >> fb.Function(lin)).to(torch.float64)
+    assert c(c.build_batch([[1, 2, 3]])).dtype == torch.float64
+    c = fe.Compiler(fb.Vector(3, "float64") >> fb.Function(nn.Linear(3, 3).double()))
+    assert c(c.build_batch([[1, 2, 3]])).dtype == torch.float64
+
+
+def test_composition_cycle_names_the_cycle():
+    comp = fb.Composition()
+    with comp.scope():
+        a = fb.Function(torch.tanh)
+        b = fb.Function(torch.relu).reads(a)
+        a.reads(b)                         # a was only read from: it may still be wired
+        comp.output.reads(b)
+    with pytest.raises(ValueError, match=re.escape(
+            "Composition(2 blocks) at root/1: its blocks read from each other in a cycle: Function('tanh') reads "
+            "from Function('relu') reads from Function('tanh')")):
+        fe.Compiler(fb.Vector(3) >> comp)
+
+
+def test_composition_block_wired_twice_names_its_sources():
+    comp = fb.Composition()
+    with comp.scope():
+        a = fb.Function(torch.tanh).reads(comp.input)
+        with pytest.raises(ValueError, match=re.escape(
+                "Function('tanh') already reads from Composition(1 blocks).input: a block reads once")):
+            a.reads(comp.input)
+        c = fb.Function(torch.relu).reads()
+        with pytest.raises(ValueError, match=re.escape("already reads from nothing (it was wired with .reads())")):
+            c.reads(a)
+
+
+def test_wrong_arity_result_gives_the_count():
+    pair = lambda x: (x, x)   # noqa: E731
+    block = fb.Vector(3) >> fb.Function(pair, output_type=(TensorType(3), TensorType(3), TensorType(3)))
+    c = fe.Compiler(block)
+    with pytest.raises(fe.OperationError, match=r"expected a tuple of 3 values for .*, got a tuple of 2$"):
+        c(c.build_batch([[1, 2, 3]]))

@@ -21,7 +21,7 @@ import foldengine as fe
 from foldengine import blocks as fb
 from pipelines.molecules import model as weave
 from pipelines.sst import model as sst
-from tests.foldengine.helpers import flat_tensors
+from .helpers import flat_tensors
 
 #: ``cpu`` always, ``cuda`` when a GPU is present (skipped, not dropped, without one)
 DEVICES = [pytest.param("cpu", id="cpu"),
