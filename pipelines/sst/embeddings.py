@@ -200,7 +200,7 @@ def load_glove_6b_50d(vocab: Vocab, seed: int = 0, oov_scale: float = 0.05,
         return hit
     import pyarrow.parquet as pq  # ray's dependency; only needed on a cache miss
     words = pq.read_table(index_path, columns=["index"]).column("index").to_pylist()
-    table = np.load(emb_path, mmap_mode="r")
+    table = np.load(emb_path, mmap_mode="r", allow_pickle=False)
     if table.shape != (len(words), 50):
         raise ValueError(f"{emb_path}: shape {table.shape} does not match {len(words)} words x 50")
     wanted = _wanted(vocab)
