@@ -51,4 +51,4 @@ say "3/3 paper appendix B: weave graph convolutions on Tox21 (conf/molecules_tox
 say "summary"
 "$PY" scripts/summarize_reproduction.py --table1 "$OUT/table1.json" --sst-log "$OUT/sst.log" \
   --tox21-log "$OUT/tox21.log" --out "$OUT/summary.md" $([ "$QUICK" = 1 ] && echo --quick)
-say "done in $((SECONDS - t0))s; results in $OUT, runs in $MLFLOW_TRACKING_URI (mlflow ui --backend-store-uri $MLFLOW_TRACKING_URI)"
+say "done in $((SECONDS - t0))s; results in $OUT, runs in $MLFLOW_TRACKING_URI (to browse them: MLFLOW_TRACKING_URI=$MLFLOW_TRACKING_URI bash scripts/ui.sh)"
