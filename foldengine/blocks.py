@@ -662,13 +662,26 @@ def _as_numpy(x: torch.Tensor) -> np.ndarray:
     return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
 
 
+#: floating-point dtype -> its largest finite value
+_FLOAT_MAX: Dict[str, float] = {}
+
+
 def _check_float_range(block, arr: np.ndarray, dtype: str) -> None:
     """The block's input error if a finite value of the float array ``arr`` overflows the
     floating-point ``dtype`` (infinities and NaN pass, as given)."""
-    hi = _dtype_range(dtype)[1]
-    mag = np.abs(arr)
-    if not np.fmax.reduce(mag, axis=None) > hi:    # the common case (fmax skips NaN)
+    hi = _FLOAT_MAX.get(dtype)
+    if hi is None:
+        hi = _FLOAT_MAX[dtype] = float(torch.finfo(torch_dtype(dtype)).max)
+    # the common case first: every value in range.  In Python for small arrays: max / min
+    # either return a NaN (then the test fails and the values are looked at one by one) or
+    # skip it; np.fmax skips NaN.
+    if arr.size <= 64:
+        vals = arr.ravel().tolist()
+        if max(vals) <= hi and -hi <= min(vals):
+            return
+    elif np.fmax.reduce(np.abs(arr), axis=None) <= hi:
         return
+    mag = np.abs(arr)
     over = (mag > hi) & np.isfinite(mag)
     if over.any():
         block._fail(f"{float(arr[over].flat[0])!r} overflows {dtype} (largest magnitude {hi:.4g})")
@@ -707,8 +720,11 @@ def _tensor_value(block, x, t: TensorType) -> np.ndarray:
             # compiler.to(torch.float64) keeps the input's precision)
             if arr.shape != t.shape:
                 block._fail(f"expected an array of shape {list(t.shape)}, got shape {list(arr.shape)}")
-            if arr.dtype.itemsize > target.itemsize and arr.size:
-                _check_float_range(block, arr, dtype)
+            if arr.dtype.itemsize > target.itemsize and arr.size:   # may overflow ``dtype``
+                hi = _FLOAT_MAX.get(dtype)
+                if hi is None or arr.ndim != 1 or arr.size > 64 or not (
+                        max(vals := arr.tolist()) <= hi and -hi <= min(vals)):   # (NaN: see below)
+                    _check_float_range(block, arr, dtype)
             return arr
         if arr.dtype != np_dtype and arr.size:
             if not target.is_floating_point and target != torch.bool:

@@ -47,7 +47,8 @@ def torch_dtype(dtype: str) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-#: dtypes NumPy lacks, and the NumPy dtype that holds their values in a plan
+#: canonical dtype name -> the NumPy dtype that holds its values in a plan (filled on use;
+#: bfloat16, which NumPy lacks, is held as float32)
 _NUMPY_STORAGE = {"bfloat16": np.dtype("float32")}
 
 
@@ -64,7 +65,9 @@ def numpy_dtype(dtype: str) -> np.dtype:
         (dtype('float32'), dtype('int64'))
     """
     got = _NUMPY_STORAGE.get(dtype)
-    return got if got is not None else np.dtype(dtype)
+    if got is None:
+        got = _NUMPY_STORAGE[dtype] = np.dtype(dtype)
+    return got
 
 
 class TypeMismatch(TypeError):
