@@ -152,3 +152,39 @@ def test_ui_url():
         "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning")
     assert trk.ui_url("http://h:5000", "3").endswith("/#/experiments/3?workflowType=machine_learning")
     assert trk.ui_url("sqlite:///x.db", "3") is None
+
+
+class _RunsCommand:
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def test_logged_model_is_read_as_plain_data_only(mlflow_sqlite_uri, tmp_path):
+    """``load_logged_state_dict`` reads ``state_dict.pt`` with ``weights_only=True``: an artifact
+    store may be shared, and a planted file whose unpickling runs a command is refused."""
+    import json
+
+    import torch
+
+    from pipelines.checkpoint import CheckpointError
+
+    client = MlflowClient(mlflow_sqlite_uri)
+    exp = client.create_experiment("models", artifact_location=(tmp_path / "artifacts").as_uri())
+    good = client.create_run(exp).info.run_id
+    trk.log_state_dict(client, good, {"w": torch.ones(2)}, {"experiment": "toy"})
+    state, meta = trk.load_logged_state_dict(client, good)
+    assert torch.equal(state["w"], torch.ones(2)) and meta == {"experiment": "toy"}
+
+    bad = client.create_run(exp).info.run_id
+    marker = tmp_path / "ran"
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    torch.save({"w": _RunsCommand(f"touch {marker}")}, planted / "state_dict.pt")
+    (planted / "meta.json").write_text(json.dumps({"experiment": "toy"}))
+    client.log_artifacts(bad, str(planted), artifact_path="model")
+    with pytest.raises(CheckpointError, match="refused to load"):
+        trk.load_logged_state_dict(client, bad)
+    assert not marker.exists()
