@@ -14,8 +14,9 @@ converts numpy scalars and arrays and refuses anything else. So a checkpoint can
 :func:`read_state` / :func:`read_best_model` read them only that way: a checkpoint directory may
 be on shared storage (``ray.storage_path``) or anywhere ``resume_from`` points, and unpickling
 arbitrary objects from it could run code. A file that needs more than plain data (crafted, or
-written by a version that stored numpy RNG states) is refused with :class:`CheckpointError`,
-before any of its objects is built.
+written by a version that stored numpy RNG states) is refused with :class:`CheckpointError`
+and nothing in it runs (``torch.load``'s restricted unpickler stops at the first class or
+function it does not allow).
 """
 from __future__ import annotations
 

@@ -163,3 +163,39 @@ def test_run_tags_name_the_preset_the_model_and_the_source():
     assert len(tags["mlflow.source.git.commit"]) == 40          # the repository is a git checkout
     assert tags["mlflow.note.content"] == ("sst-tai2015: sst-treelstm trained with foldengine on Ray Train "
                                            "(2 workers); scheduler coalesce, seed 3, epochs 10, batch 25")
+
+
+class _RunsCommand:
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def test_logged_model_is_read_as_plain_data_only(mlflow_sqlite_uri, tmp_path):
+    """``load_logged_state_dict`` reads ``state_dict.pt`` with ``weights_only=True``: an artifact
+    store may be shared, and a planted file whose unpickling runs a command is refused."""
+    import json
+
+    import torch
+
+    from pipelines.checkpoint import CheckpointError
+
+    client = MlflowClient(mlflow_sqlite_uri)
+    exp = client.create_experiment("models", artifact_location=(tmp_path / "artifacts").as_uri())
+    good = client.create_run(exp).info.run_id
+    trk.log_state_dict(client, good, {"w": torch.ones(2)}, {"experiment": "toy"})
+    state, meta = trk.load_logged_state_dict(client, good)
+    assert torch.equal(state["w"], torch.ones(2)) and meta == {"experiment": "toy"}
+
+    bad = client.create_run(exp).info.run_id
+    marker = tmp_path / "ran"
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    torch.save({"w": _RunsCommand(f"touch {marker}")}, planted / "state_dict.pt")
+    (planted / "meta.json").write_text(json.dumps({"experiment": "toy"}))
+    client.log_artifacts(bad, str(planted), artifact_path="weights")
+    with pytest.raises(CheckpointError, match="refused to load"):
+        trk.load_logged_state_dict(client, bad)
+    assert not marker.exists()
