@@ -301,7 +301,7 @@ def run_table1(cfg: Table1Config, log: Callable[[str], None] = echo) -> Dict[str
     gen = torch.Generator().manual_seed(cfg.seed)
     L, d = cfg.leaves, cfg.vector_size
     model = Table1Model(d, vocab=L).to(device)
-    rows = max(1024, cfg.vector_size) if cfg.max_call_rows == -1 else cfg.max_call_rows
+    rows = max(1024, cfg.vector_size) if cfg.max_call_rows == -1 else (cfg.max_call_rows or None)   # 0: no limit
     compilers = {s: fold_compiler(model, s, rows).to(device) for s in cfg.schedulers}
     runner = Runner(model, cfg.lr)
     init_state = {k: v.clone() for k, v in model.state_dict().items()}
