@@ -1,4 +1,4 @@
-"""Streaming data path (``data.streaming: true``): records stay Ray Data blocks, never on the driver.
+"""The data path: records stay Ray Data blocks, never on the driver.
 
 An experiment that implements :meth:`pipelines.experiment.Experiment.read_splits` hands the glue
 one :class:`SplitSource` per split: a Ray Data dataset with rows ``pos`` (the record's stable
@@ -12,7 +12,7 @@ record), read and parsed in Ray Data tasks (:mod:`pipelines.reading`).  Then:
   batches are built from the records (tracing as they go); epochs from the second on read the
   traces (:class:`pipelines.background.TracedBlocks`);
 * each ``train_e<epoch>_r<rank>`` dataset gives rank ``rank`` its steps of the epoch (``perm``
-  from ``(seed, epoch)`` as in :mod:`pipelines.sharding`: step ``i`` takes positions
+  from ``(seed, epoch)``, :func:`epoch_permutation`; :mod:`pipelines.sharding`: step ``i`` takes positions
   ``perm[i*B:(i+1)*B]``, rank ``r`` the ``r``-th of ``world`` near-equal parts, in that order),
   each built by :func:`_build_one` (the step's rows in their place order,
   ``experiment.make_batch`` from their traces, seeded from ``(seed, epoch, step, rank)``), in one
@@ -35,8 +35,8 @@ record), read and parsed in Ray Data tasks (:mod:`pipelines.reading`).  Then:
     :func:`estimated_split_bytes`), takes at most :data:`GATHER_STORE_SHARE` of the smallest
     node's object store;
 
-  both give the same batches, in the same order, as :func:`pipelines.sharding.build_rows`
-  (tested);
+  both give the same batches, in the same order (tested against a numpy reference of which
+  record lands in which step on which rank, ``tests/pipelines/step_reference.py``);
 * eval datasets group consecutive positions (group ``g`` on rank ``g % world``) the same way;
   with ``data.cache_eval`` (default) they are built once by a background actor while training
   starts (:func:`pipelines.background.build_eval_in_background`) and read by every epoch's
@@ -52,11 +52,8 @@ columns with typed ones (pyarrow "Schema at index 1 was different"); the sort ne
 shuffle, needs no second ``sort`` for the step order, and every function here returns its full
 typed schema also for empty input.
 
-Used by :func:`pipelines.train.run` by default (``data.streaming``) for experiments that
-implement ``read_splits`` (SST, molecules, the tests' toy); ``data.streaming: false`` keeps the
-old driver path (:mod:`pipelines.sharding`) for comparison (``scripts/bench_input_scale.py
---modes streaming,driver``).  Tested against it: identical rows and batches
-(``tests/pipelines/test_reading.py``) and identical training runs (``tests/pipelines/test_train.py``).
+Used by :func:`pipelines.train.run` for every experiment (``read_splits``: SST, molecules, the
+tests' toy).
 
 Built steps stream: :func:`_build_steps` yields each step as soon as it is built (Ray Data passes
 them on in blocks of at least 1 MiB), and the step sort is cut at known step boundaries
@@ -94,10 +91,10 @@ from .config import ConfigError
 from .background import build_eval_in_background, build_head_in_background, trace_in_background
 from .experiment import Experiment
 from .seeding import derived_seed, seed_all
-from .sharding import (EVAL_SPLITS, DataPlan, DeclaredData, _cached, _cfg_key, eval_dataset_name,
+from .sharding import (EVAL_SPLITS, DataPlan, DeclaredData, cached, config_key, eval_dataset_name,
                        eval_groups, train_dataset_name, train_steps_per_epoch)
 
-__all__ = ["SplitSource", "StreamSplits", "with_positions", "declare_streaming", "assemble_steps",
+__all__ = ["SplitSource", "StreamSplits", "with_positions", "splits_from_records", "declare_streaming", "assemble_steps", "epoch_permutation",
            "step_boundaries", "train_step_positions", "gather_positions", "head_steps"]
 
 
@@ -111,7 +108,9 @@ class SplitSource:
 
 @dataclasses.dataclass
 class StreamSplits:
-    """What ``Experiment.read_splits`` returns (the streaming counterpart of ``Splits``)."""
+    """What ``Experiment.read_splits`` returns: one :class:`SplitSource` per split, skip counts
+    (logged as ``skipped/<key>``), the experiment's loaded context (shipped to every Ray Data task
+    and Ray Train worker: keep it small) and params (strings, logged as MLflow params)."""
 
     sources: dict            #: split -> SplitSource ("train" required)
     skipped: dict = dataclasses.field(default_factory=dict)
@@ -123,7 +122,7 @@ def _positions_block(table, good_ref, limit):
     import pyarrow as pa
     import ray
 
-    good = _cached(("good_idx", good_ref[0].hex()), lambda: ray.get(good_ref[0]))
+    good = cached(("good_idx", good_ref[0].hex()), lambda: ray.get(good_ref[0]))
     pos = np.searchsorted(good, np.asarray(table.column("idx")))
     keep = pos < limit
     return pa.table({"pos": pa.array(pos[keep], pa.int64()),
@@ -142,6 +141,27 @@ def with_positions(data, limit: Optional[int] = None) -> SplitSource:
     return SplitSource(ds, n)
 
 
+def splits_from_records(records: dict, skipped: Optional[dict] = None, context: Any = None,
+                        params: Optional[dict] = None, rows_per_block: int = 1024) -> StreamSplits:
+    """:class:`StreamSplits` of records held in memory (``{split: [record, ...]}``, ``train``
+    required): each split a Ray Data dataset of rows ``pos`` (the list index) and ``rec`` (the
+    pickled record), in blocks of ``rows_per_block`` rows in position order.  For small data and
+    tests: the records go through the same data path as files read in Ray Data tasks."""
+    import pyarrow as pa
+    import ray.data
+
+    sources = {}
+    for split, recs in records.items():
+        blobs = [pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL) for r in recs]
+        tables = [pa.table({"pos": pa.array(range(a, min(a + rows_per_block, len(blobs))), pa.int64()),
+                            "rec": pa.array(blobs[a:a + rows_per_block], pa.binary())})
+                  for a in range(0, len(blobs), rows_per_block)]
+        if not tables:
+            tables = [pa.table({"pos": pa.array([], pa.int64()), "rec": pa.array([], pa.binary())})]
+        sources[split] = SplitSource(ray.data.from_arrow(tables), len(blobs))
+    return StreamSplits(sources, dict(skipped or {}), context, dict(params or {}))
+
+
 # ---------------------------------------------------------------------------- Ray Data tasks
 
 def _builder(experiment: Experiment, cfg: dict, context: Any):
@@ -149,7 +169,7 @@ def _builder(experiment: Experiment, cfg: dict, context: Any):
         seed_all(int(cfg["seed"]))
         return experiment.batch_builder(cfg, context)
 
-    return _cached(("builder", type(experiment).__module__, type(experiment).__qualname__, _cfg_key(cfg)), make)
+    return cached(("builder", type(experiment).__module__, type(experiment).__qualname__, config_key(cfg)), make)
 
 
 #: records traced per ``experiment.trace_records`` call: a trace's Python objects are many times
@@ -176,18 +196,20 @@ def _trace_block(table, experiment, cfg, context):
     return table.append_column("trace", pa.array(blobs, pa.binary()))
 
 
-def _epoch_perm(seed: int, epoch: int, n: int) -> np.ndarray:
-    """The epoch's permutation of positions: step ``i`` takes ``perm[i*B:(i+1)*B]``."""
-    return _cached(("perm", seed, epoch, n), lambda: np.random.default_rng([seed, epoch, 1]).permutation(n))
+def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The epoch's order of the ``n`` positions of the training split,
+    ``np.random.default_rng([seed, epoch, 1]).permutation(n)`` (cached per process): step ``i``
+    takes ``perm[i*B:(i+1)*B]``."""
+    return cached(("perm", seed, epoch, n), lambda: np.random.default_rng([seed, epoch, 1]).permutation(n))
 
 
 def _inverse_perm(seed: int, epoch: int, n: int) -> np.ndarray:
     def make():
         inv = np.empty(n, np.int64)
-        inv[_epoch_perm(seed, epoch, n)] = np.arange(n)
+        inv[epoch_permutation(seed, epoch, n)] = np.arange(n)
         return inv
 
-    return _cached(("inv_perm", seed, epoch, n), make)
+    return cached(("inv_perm", seed, epoch, n), make)
 
 
 def _rank_part(step_len, rank: int, world: int):
@@ -204,7 +226,7 @@ def train_step_positions(seed: int, epoch: int, rank: int, world: int, batch_siz
     step_len = min(batch_size, n - step * batch_size)
     start, size = _rank_part(step_len, rank, world)
     a = step * batch_size + int(start)
-    return _epoch_perm(seed, epoch, n)[a:a + int(size)], step_len
+    return epoch_permutation(seed, epoch, n)[a:a + int(size)], step_len
 
 
 def gather_positions(block_refs: list, positions: np.ndarray, starts: np.ndarray,
@@ -309,7 +331,9 @@ def _expected_train_rows(step: int, rank: int, world: int, batch_size: int, n: i
 
 
 def _build_one(table, experiment, cfg, context, epoch, rank, use_traces):
-    """One step's rows (sorted by ``j``) -> ``(blob, n, denom, build_s, step)`` as ``sharding.build_rows``."""
+    """One step's rows (sorted by ``j``) -> ``(blob, n, denom, build_s, step)``: the pickled
+    ``experiment.make_batch`` of the records (from their traces when ``use_traces`` and every row
+    has one), seeded from ``(seed, epoch, step, rank)``; ``denom`` 0 means the step's size."""
     builder = _builder(experiment, cfg, context)
     i = int(table.column("step")[0].as_py())
     recs = [pickle.loads(b) for b in table.column("rec").to_pylist()]
@@ -352,7 +376,7 @@ def _step_table(rows: list):
 
 def _build_steps(table, experiment, cfg, context, epoch, rank, use_traces, expected):
     """Ray Data task over one block of the step-sorted rows: every complete step in the block
-    -> one row (the pickled batch, as ``sharding.build_rows``), yielded as soon as it is built.
+    -> one row (the pickled batch, :func:`_build_one`), yielded as soon as it is built.
 
     A generator: Ray Data hands its yields downstream while the task goes on, gathered into blocks
     of at least ``DataContext.target_min_block_size`` (1 MiB: tens of SST steps), so the trainer
@@ -400,8 +424,8 @@ def assemble_steps(rows, experiment: Experiment, cfg: dict, context: Any, epoch:
     """The rows of a step dataset with every step built: rows :func:`_build_steps` built pass
     through; the parts of a step that spanned blocks (consecutive rows) are joined and built here,
     as :func:`_build_one` builds in the Ray Data task (the same seed), keeping the caller's RNG
-    state (the training loop's dropout draws do not move).  Rows of the driver path
-    (:mod:`pipelines.sharding`, no ``part`` column) pass through."""
+    state (the training loop's dropout draws do not move).  Rows without a ``part`` column pass
+    through."""
     import pyarrow as pa
 
     pending: list = []
@@ -549,8 +573,10 @@ def step_assembly(cfg: dict, split_bytes: Optional[int]) -> str:
 
 
 def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, world: int) -> DeclaredData:
-    """The datasets of :func:`pipelines.sharding.declare_datasets` (same names, rows and batches)
-    from ``splits.sources`` without bringing records to the driver (see the module docstring)."""
+    """Lazy Ray Data datasets, one per (epoch, rank) and per (eval split, rank) (names and
+    step counts: :mod:`pipelines.sharding`), and their plan, from ``splits.sources`` without
+    bringing records to the driver (see the module docstring).  Raises ``ConfigError`` when the
+    training split cannot make one step on ``world`` ranks."""
     bs = cfg["batch_size"]
     ebs = cfg["eval_batch_size"] or bs
     seed = int(cfg["seed"])

@@ -53,7 +53,7 @@ class TrainPlan:
 
     experiment: Experiment
     config: dict        #: the validated run config
-    context: Any        #: ``Splits.context`` from ``experiment.load_splits`` (for ``build_model``)
+    context: Any        #: ``StreamSplits.context`` from ``experiment.read_splits`` (for ``build_model``)
     data: DataPlan      #: the declared datasets (``pipelines.sharding``)
     #: eval split -> ref of its step rows built by a background actor
     #: (:class:`pipelines.background.CachedEval`): read directly instead of its dataset

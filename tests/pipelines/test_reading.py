@@ -171,11 +171,12 @@ def _plan_bytes(batch) -> bytes:
 
 @pytest.mark.parametrize("block_bytes,head_rows,assembly",
                          [(None, 13, "sort"), (8_000, 0, "sort"), (None, 13, "gather"), (8_000, 0, "auto")])
-def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, cache_env, block_bytes, head_rows,
+def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache_env, block_bytes, head_rows,
                                                                     assembly):
     """``pipelines.streaming.declare_streaming`` (records as Ray Data blocks, traced once,
-    grouped per step) yields, for every (epoch, rank) and eval split, exactly the rows and batches
-    of ``pipelines.sharding.declare_datasets`` over the same records held on the driver.  With
+    grouped per step) yields, for every (epoch, rank) and eval split, exactly the steps of the
+    numpy reference (``step_reference``: which record lands in which step on which rank, from the
+    seed) and the batches ``make_batch`` makes of those records with the step's seed.  With
     ``block_bytes``, Ray Data splits the sorted blocks so that steps span blocks (as Tox21's
     large traces do): ``assemble_steps`` (the trainer's side) joins and builds them.  With
     ``head_rows``, epoch 1's first step per rank comes from the head builders (gathered by
@@ -190,8 +191,7 @@ def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, c
     from pipelines.streaming import assemble_steps
 
     from pipelines.config import load_config, merged_schema
-    from pipelines.experiment import Splits
-    from pipelines.sharding import declare_datasets
+    from pipelines.sharding import eval_dataset_name, train_dataset_name, train_steps_per_epoch
     from pipelines.sst.experiment import SCHEMA, SSTExperiment
     from pipelines.streaming import StreamSplits, declare_streaming, with_positions
 
@@ -201,10 +201,24 @@ def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, c
                        "sst.train_file=" + str(data_dir / "sst" / "dev.txt"), "sst.limit_train=113",
                        "sst.limit_dev=47", "sst.test_file=", "data.blocks_per_epoch=2",
                        f"data.head_rows={head_rows}", f"data.step_assembly={assembly}"], merged_schema(SCHEMA))
+    from . import step_reference as ref
+    from .reference_splits import sst_splits
+
     exp = SSTExperiment()
-    legacy = exp.load_splits(cfg)
+    legacy = sst_splits(cfg)
     world = 2
-    old = declare_datasets(exp, cfg, Splits(legacy.records, {}, legacy.context), world)
+    seed, bs, ebs = int(cfg["seed"]), cfg["batch_size"], cfg["eval_batch_size"]
+    n_train, n_dev = len(legacy.records["train"]), len(legacy.records["dev"])
+    steps = train_steps_per_epoch(n_train, bs, world, cfg["max_steps_per_epoch"])
+    expected = {}   # dataset name -> (epoch, records, [(step, positions, denom)])
+    for epoch in range(1, cfg["epochs"] + 1):
+        for r in range(world):
+            expected[train_dataset_name(epoch, r)] = (epoch, legacy.records["train"],
+                                                  ref.train_rows(seed, epoch, r, world, bs, n_train, steps))
+    for r in range(world):
+        rows = ref.eval_rows(r, world, ebs, n_dev)
+        if rows:
+            expected[eval_dataset_name("dev", r)] = (0, legacy.records["dev"], rows)
     ctx = ray.data.DataContext.get_current()
     saved = ctx.target_max_block_size
     if block_bytes:
@@ -215,10 +229,11 @@ def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, c
                    "dev": with_positions(R.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=50_000,
                                                          rows_per_block=30), 47)}
         new = declare_streaming(exp, cfg, StreamSplits(sources, {}, legacy.context), world)
-        parts = {name: new.datasets[name].take_all() for name in old.plan.datasets}
+        parts = {name: new.datasets[name].take_all() for name in new.plan.datasets}
     finally:
         ctx.target_max_block_size = saved
-    assert new.plan == old.plan
+    assert new.plan.datasets == tuple(sorted(expected)) and new.plan.steps == steps == 5
+    assert new.plan.eval_splits == ("dev",) and new.plan.world == world and new.plan.n_train == n_train == 113
     used = "gather" if assembly == "auto" else assembly
     assert new.params["data/step_assembly"] == used
     from pipelines.background import EpochHead, head_rows as read_head
@@ -253,15 +268,18 @@ def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, c
         direct = list(cached_eval_rows(cached[0].blocks, r))
         assert direct == parts[f"dev_r{r}"] and direct, r
     n_parts = 0
-    for name in old.plan.datasets:
-        a = old.datasets[name].take_all()
+    builder = ref.builder(exp, cfg, legacy.context)
+    for name in new.plan.datasets:
+        epoch_w, records, a = expected[name]
         n_parts += sum(bool(r["part"]) for r in parts[name])
         is_train = name.startswith("train_e")
         epoch = int(name.split("_e")[1].split("_")[0]) if is_train else 0
         rank = int(name.rsplit("_r", 1)[1])
         b = list(assemble_steps(iter(parts[name]), exp, cfg, legacy.context, epoch, rank, is_train))
-        assert [(r["step"], r["n"], r["denom"]) for r in a] == [(r["step"], r["n"], r["denom"]) for r in b], name
-        for x, y in zip(a, b):
-            assert _plan_bytes(pickle.loads(x["batch"])) == _plan_bytes(pickle.loads(y["batch"])), name
+        assert epoch == epoch_w
+        assert [(i, len(idx), d) for i, idx, d in a] == [(r["step"], r["n"], r["denom"]) for r in b], name
+        for (i, idx, _), y in zip(a, b):
+            x = ref.batch(exp, builder, records, idx, seed, epoch, i, rank)
+            assert _plan_bytes(x) == _plan_bytes(pickle.loads(y["batch"])), (name, i)
     # sorted blocks split by size leave steps in parts; a gathered step is always whole
     assert (n_parts > 0) == (bool(block_bytes) and used == "sort")
