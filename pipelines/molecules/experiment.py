@@ -241,10 +241,10 @@ class MoleculeExperiment(Experiment):
 
     def read_splits(self, config: dict):
         """The splits: the CSV read and parsed in
-        Ray Data tasks (:func:`pipelines.reading.read_molecule_csv_ds`), each SMILES checked
+        Ray Data tasks (:func:`pipelines.molecules.reading.read_molecule_csv_ds`), each SMILES checked
         with RDKit (and, for a scaffold split, its scaffold computed) in Ray Data tasks, the
         splits' :class:`MolRecord` s made there and kept as Ray Data blocks, the regression
-        target statistics by a Ray Data aggregation (:func:`pipelines.reading.label_stats`).
+        target statistics by a Ray Data aggregation (:func:`pipelines.molecules.reading.label_stats`).
         The driver holds per-record arrays of a few bytes (which rows are kept, which split and
         position each goes to; the scaffold keys for a scaffold split), never the records.
         Records are :class:`MolRecord` ``(id, smiles, labels)`` with ``id`` = the position in the
@@ -255,7 +255,7 @@ class MoleculeExperiment(Experiment):
         :mod:`pipelines.molecules.splits`)."""
         import ray
 
-        from pipelines.reading import label_stats, read_molecule_csv_ds
+        from .reading import label_stats, read_molecule_csv_ds
         from pipelines.streaming import SplitSource, StreamSplits
 
         from . import data as D
@@ -269,17 +269,17 @@ class MoleculeExperiment(Experiment):
         if self.dataset == "csv":
             path = self._csv_path(mc)
             cols = dict(id_column=mc["id_column"], smiles_column=mc["smiles_column"], label_columns=self.tasks,
-                        parse_label=D._parse_binary if self.classification else D._parse_real)
+                        parse_label=D.parse_binary_label if self.classification else D.parse_real_label)
             expected = None
         elif self.classification:
             path = str(D.resolve_data_file(D.TOX21_RELPATH, url=D.TOX21_URL))
             cols = dict(id_column=D.TOX21_ID_COLUMN, smiles_column=D.TOX21_SMILES_COLUMN,
-                        label_columns=D.TOX21_TASKS, parse_label=D._parse_binary)
+                        label_columns=D.TOX21_TASKS, parse_label=D.parse_binary_label)
             expected = D.TOX21_CSV_SHA256
         else:
             path = str(D.resolve_data_file(D.ESOL_RELPATH, url=D.ESOL_URL, sha256=D.ESOL_SHA256))
             cols = dict(id_column=D.ESOL_ID_COLUMN, smiles_column=D.ESOL_SMILES_COLUMN,
-                        label_columns=D.ESOL_TASKS, parse_label=D._parse_real)
+                        label_columns=D.ESOL_TASKS, parse_label=D.parse_real_label)
             expected = D.ESOL_SHA256
         data = read_molecule_csv_ds(path, check_rdkit=False, **cols)
         s = data.summary

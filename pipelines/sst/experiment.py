@@ -126,17 +126,17 @@ class SSTExperiment(Experiment):
     # ------------------------------------------------------------------ driver
     def read_splits(self, config: dict):
         """The SST splits (``sst.<split>_file``; null: the canonical release, "": none) read and
-        parsed in Ray Data tasks (:func:`pipelines.reading.read_sst_file`; trees as Ray Data
+        parsed in Ray Data tasks (:func:`pipelines.sst.reading.read_sst_file`; trees as Ray Data
         blocks, never on the driver), the first ``sst.limit_<split>`` of each; the vocabulary
         (``sst.vocab_splits``) counted in the parse tasks
-        (:func:`pipelines.reading.vocab_from_counts`), the embeddings, skip counts
+        (:func:`pipelines.sst.reading.vocab_from_counts`), the embeddings, skip counts
         (``<split>/malformed``) and params (``data.<split>.file`` / ``.sha256`` / ``.canonical``).
         The same trees, in file order, as :func:`pipelines.sst.data.load_split_source`."""
         import os
 
         import ray
 
-        from pipelines.reading import read_sst_file, vocab_from_counts
+        from .reading import read_sst_file, vocab_from_counts
         from pipelines.streaming import StreamSplits, with_positions
 
         from .data import SPLITS, SST_SHA256, resolve_split_path

@@ -7,7 +7,7 @@ import torch
 from pipelines import checkpoint
 from pipelines.seeding import derived_seed, param_hash, rng_state, seed_all, set_rng_state
 from pipelines.sharding import eval_groups, train_steps_per_epoch
-from pipelines.streaming import train_step_positions
+from pipelines.steps import train_step_positions
 
 from . import step_reference as ref
 from pipelines.worker import EpochTotals, RunState

@@ -58,11 +58,11 @@ def test_sst_batches_from_cached_traces_equal_batches_from_records(data_dir):
 
 
 def test_trace_block_in_pieces_equals_one_trace_call(data_dir, monkeypatch):
-    """``pipelines.streaming._trace_block`` traces a block ``TRACE_CHUNK_RECORDS`` records at a
+    """``pipelines.steps.trace_block`` traces a block ``TRACE_CHUNK_RECORDS`` records at a
     time (bounded memory); the traces are those of one ``trace_records`` call over the block."""
     import pyarrow as pa
 
-    from pipelines import streaming
+    from pipelines import steps
 
     exp = MoleculeExperiment("tox21")
     cfg = {"seed": 0, "molecules": {"atom_hidden": 5, "pair_hidden": 4, "n_weave": 2, "gather": "sum",
@@ -70,10 +70,10 @@ def test_trace_block_in_pieces_equals_one_trace_call(data_dir, monkeypatch):
     records = _molecule_records(data_dir)
     table = pa.table({"pos": pa.array(range(len(records)), pa.int64()),
                       "rec": pa.array([pickle.dumps(r) for r in records], pa.binary())})
-    monkeypatch.setattr(streaming, "TRACE_CHUNK_RECORDS", 3)
-    pieces = streaming._trace_block(table, exp, cfg, TargetScaling())
+    monkeypatch.setattr(steps, "TRACE_CHUNK_RECORDS", 3)
+    pieces = steps.trace_block(table, exp, cfg, TargetScaling())
     assert pieces.column_names == ["pos", "rec", "trace"] and pieces.num_rows == len(records)
-    builder = streaming._builder(exp, cfg, TargetScaling())
+    builder = steps.batch_builder(exp, cfg, TargetScaling())
     whole = exp.trace_records(builder, records)
     traced = [pickle.loads(b) for b in pieces.column("trace").to_pylist()]
     for idx in ([0, 1, 2, 3, 4, 5, 6, 7], [6, 2]):
@@ -96,9 +96,9 @@ def test_trace_block_leaves_traces_null_for_experiments_without_traces():
     its batches are then built from the records)."""
     import pyarrow as pa
 
-    from pipelines import streaming
+    from pipelines import steps
 
     table = pa.table({"pos": pa.array([0, 1, 2], pa.int64()),
                       "rec": pa.array([pickle.dumps(i) for i in range(3)], pa.binary())})
-    out = streaming._trace_block(table, _NoTraces(), {"seed": 0, "no_traces": True}, None)
+    out = steps.trace_block(table, _NoTraces(), {"seed": 0, "no_traces": True}, None)
     assert out.column("trace").to_pylist() == [None, None, None]
