@@ -6,7 +6,7 @@ DyNet is used: its autobatching finds the batches while executing that graph).
 Optional: needs the ``dynet`` package (``bash scripts/install_dynet.sh``; not on PyPI as a wheel
 for Python 3.11).  :func:`available` says whether it imports, and why not.
 
-The function is the one of :class:`benchmarks.peers.LevelWiseTreeLSTM`, from a copy of the same
+The function is the one of :class:`benchmarks.levelwise.LevelWiseTreeLSTM`, from a copy of the same
 :class:`~pipelines.sst.model.SentimentModules` weights::
 
     leaf:  i, f_l, f_r, o, u = W x + b            c = s(i) * tanh(u)
@@ -135,12 +135,12 @@ class DyNetTrainer:
 
 
 def check_equal(modules, trees: Sequence, stoi, atol: float = 1e-4) -> dict:
-    """Loss and gradients of one batch, DyNet vs :class:`benchmarks.peers.LevelWiseTreeLSTM`, on
+    """Loss and gradients of one batch, DyNet vs :class:`benchmarks.levelwise.LevelWiseTreeLSTM`, on
     copies of ``modules`` with dropout off.  Raises AssertionError when they differ; returns
     ``{"loss": ..., "max_grad_diff": ...}``."""
     import copy
 
-    from .peers import LevelWiseTreeLSTM, level_batch
+    from .levelwise import LevelWiseTreeLSTM, level_batch
     hand_m = copy.deepcopy(modules).eval()
     loss_h = LevelWiseTreeLSTM(hand_m).loss(level_batch(trees, stoi))
     loss_h.backward()

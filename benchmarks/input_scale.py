@@ -5,7 +5,7 @@ CSV's rows repeated ``k`` times, read as ``molecules.dataset: csv``) and each ``
 1, 5, 20), two measurements, each in a fresh Python process (so its peak RSS is its own) with
 its own local Ray:
 
-* ``input``: the input pipeline alone (``data.streaming``): ``experiment.read_splits`` (files
+* ``input``: the input pipeline alone: ``experiment.read_splits`` (files
   read and parsed in Ray Data tasks, vocabulary / label statistics by aggregation), then
   :func:`pipelines.streaming.declare_streaming` (the training split's trace pass started in the
   background, eval batches built and cached), then the first batch of epoch 1 on rank 0 (the
@@ -26,8 +26,7 @@ largest peak RSS, ``VmHWM``, of any process the driver started: Ray's GCS, rayle
 sampled from ``/proc`` every 0.2 s; RSS counts the object-store pages a process touched, so
 ``ray_anon_mb`` also gives the largest private (``RssAnon``) memory seen in any of them, and
 ``ray_anon_proc`` that process's title).
-``--modes driver`` adds the old path (``data.streaming: false``: the driver parses everything)
-for comparison.
+``modes`` names the data path measured (``streaming``, the only one).
 
 The goals of issue 14 at the largest ``k`` vs ``k=1`` (the ``ratios`` table): driver peak RSS
 within +100 MB, time to first step within 1.5x, steady-state data-wait share < 10%.
@@ -85,8 +84,7 @@ def _config(workload: str, path: str, mode: str, steps: int, eval_limit: int, tm
     from pipelines.config import load_config, merged_schema
 
     common = [f"epochs={epochs}", f"max_steps_per_epoch={steps}", "tracking.mode=off", "ray.num_workers=2",
-              f"ray.storage_path={tmp}/ray_results", "log_every=0", "ray.no_progress_timeout_s=600",
-              f"data.streaming={'true' if mode == 'streaming' else 'false'}"]
+              f"ray.storage_path={tmp}/ray_results", "log_every=0", "ray.no_progress_timeout_s=600"]
     if workload == "sst":
         from pipelines.sst.experiment import SCHEMA, SSTExperiment
 
@@ -187,25 +185,21 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
         if phase == "input":
             from pipelines.background import EpochHead, head_rows
             from pipelines.seeding import seed_all
-            from pipelines.sharding import declare_datasets, train_dataset_name
+            from pipelines.sharding import train_dataset_name
             from pipelines.streaming import declare_streaming
-            from pipelines.train import _configure_ray_data
+            from pipelines.train import configure_ray_data
 
-            _configure_ray_data(cfg)
+            configure_ray_data(cfg)
             seed_all(int(cfg["seed"]))
             t0 = time.perf_counter()
-            if mode == "streaming":
-                splits = exp.read_splits(cfg)
-                n = {s: src.n for s, src in splits.sources.items()}
-            else:
-                splits = exp.load_splits(cfg)
-                n = {s: len(r) for s, r in splits.records.items()}
+            splits = exp.read_splits(cfg)
+            n = {s: src.n for s, src in splits.sources.items()}
             out["read_s"] = time.perf_counter() - t0
             rows = sum(n.values()) + sum(splits.skipped.values())
             out["records"] = float(n["train"])
             out["parsed_per_s"] = rows / out["read_s"]
             t0 = time.perf_counter()
-            declared = (declare_streaming if mode == "streaming" else declare_datasets)(exp, cfg, splits, 2)
+            declared = declare_streaming(exp, cfg, splits, 2)
             out["trace_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             heads = [b for b in declared.background if isinstance(b, EpochHead)]
@@ -264,8 +258,8 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 5, 20), mo
         if w not in WORKLOADS:
             raise ValueError(f"unknown workload {w!r}; expected one of {WORKLOADS}")
     for m in modes:
-        if m not in ("streaming", "driver"):
-            raise ValueError(f"unknown mode {m!r}; expected streaming or driver")
+        if m != "streaming":
+            raise ValueError(f"unknown mode {m!r}; expected streaming (the driver path is gone)")
     data_dir = data_dir or os.environ.get("FOLD_DATA_DIR")
     if not data_dir:
         raise ValueError("pass data_dir or set FOLD_DATA_DIR")

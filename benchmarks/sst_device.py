@@ -30,7 +30,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .peers import LevelWiseTreeLSTM, foldengine_loss, level_batch, make_modules, make_optimizer, tai_preset
+from .levelwise import LevelWiseTreeLSTM, level_batch
+from .peers import foldengine_loss, make_modules, make_optimizer, tai_preset
 from .reporting import echo, format_table, log_to_mlflow, system_info
 from .timing import interleaved, median_ratio
 

@@ -1,5 +1,5 @@
 """Data work that runs beside training instead of before it: the training split's trace pass and
-the eval batches' build (the streaming path, :mod:`pipelines.streaming`).
+the eval batches' build (the data path, :mod:`pipelines.streaming`; steps built by :mod:`pipelines.steps`).
 
 Both run in :class:`BackgroundWorker` actors that reserve no logical CPU, run at a low CPU
 priority (``os.nice(BACKGROUND_NICENESS)``) and are pinned to the driver's node: on a busy
@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from .steps import STEP_ROW_FIELDS, EvalExpected, assign_eval, build_gathered_step, build_steps, step_table, trace_block
+
 __all__ = ["BACKGROUND_NICENESS", "BackgroundWorker", "TracedBlocks", "CachedEval", "EpochHead", "trace_in_background",
            "build_eval_in_background", "build_head_in_background", "cached_eval_rows"]
 
@@ -57,18 +59,14 @@ class BackgroundWorker:
 
     def trace(self, table):
         """One block of rows ``pos``, ``rec`` -> the same rows with ``trace``."""
-        from .streaming import _trace_block
-
-        return _trace_block(table, self.experiment, self.cfg, self.context)
+        return trace_block(table, self.experiment, self.cfg, self.context)
 
     def build_train_step(self, block_refs: list, starts: np.ndarray, seed: int, epoch: int, rank: int, world: int,
                          batch_size: int, n: int, step: int) -> dict:
-        """Step ``step`` of rank ``rank`` in ``epoch`` as the row :func:`pipelines.streaming._build_steps`
+        """Step ``step`` of rank ``rank`` in ``epoch`` as the row :func:`pipelines.steps.build_steps`
         makes for it, its records gathered by position from ``block_refs`` (the parsed blocks,
         block ``i`` starting at position ``starts[i]``) without reading the others
         (:func:`pipelines.streaming.build_gathered_step`)."""
-        from .streaming import STEP_ROW_FIELDS, build_gathered_step
-
         return dict(zip(STEP_ROW_FIELDS, build_gathered_step(block_refs, starts, self.experiment, self.cfg, self.context,
                                                              seed, epoch, rank, world, batch_size, n, step, False)))
 
@@ -76,7 +74,7 @@ class BackgroundWorker:
         """The step rows of one eval split (blocks of rows ``pos``, ``rec``; ``n`` records) for
         every rank: ``{rank: [ref of a step-row table, ...]}`` in step order, each table about
         :data:`EVAL_BLOCK_BYTES`.  Group ``g`` (positions ``g*B .. g*B+B-1``) is step
-        ``g // world`` of rank ``g % world``, built as :func:`pipelines.streaming._build_steps`
+        ``g // world`` of rank ``g % world``, built as :func:`pipelines.steps.build_steps`
         builds it in a Ray Data task (same seed, same bytes).
 
         Reads one source block at a time, in position order, and builds each group as soon as
@@ -84,8 +82,6 @@ class BackgroundWorker:
         per rank."""
         import pyarrow as pa
         import ray
-
-        from .streaming import _assign_eval, _build_steps, _EvalExpected, _step_table
 
         firsts = []
         for ref in block_refs:
@@ -118,11 +114,11 @@ class BackgroundWorker:
             if not ready.num_rows:
                 continue
             for r in range(world):
-                rows = _assign_eval(ready, r, world, batch_size)
+                rows = assign_eval(ready, r, world, batch_size)
                 if not rows.num_rows:
                     continue
-                for step_rows in _build_steps(rows, self.experiment, self.cfg, self.context, epoch=0, rank=r,
-                                              use_traces=False, expected=_EvalExpected(r, world, batch_size, n)):
+                for step_rows in build_steps(rows, self.experiment, self.cfg, self.context, epoch=0, rank=r,
+                                             use_traces=False, expected=EvalExpected(r, world, batch_size, n)):
                     if step_rows.num_rows:
                         pending[r].append(step_rows)
                 flush(r)
@@ -132,7 +128,7 @@ class BackgroundWorker:
         for r in range(world):
             flush(r, final=True)
             if not out[r]:
-                out[r].append(ray.put(_step_table([])))
+                out[r].append(ray.put(step_table([])))
         return out
 
 
@@ -203,7 +199,7 @@ class CachedEval:
     """One eval split's step rows, built once by a background actor: ``blocks`` is the ref of
     ``{rank: [ref of a step-row table, ...]}`` (owned by ``worker``: keep this object for the
     run).  :meth:`dataset` is the rank's dataset of step rows (the rows of
-    :func:`pipelines.streaming._build_steps`), declared at once; reading it waits for the build.
+    :func:`pipelines.steps.build_steps`), declared at once; reading it waits for the build.
     The reading task reserves no CPU (it only fetches blocks): with one, every epoch's
     evaluation queued behind the next epoch's batch-building tasks (up to 22 s per eval split
     in a Tai-preset run on 2 cores, 0.1 s when a slot was free)."""
@@ -233,7 +229,7 @@ def build_eval_in_background(split: str, source, experiment, cfg: dict, context:
 class EpochHead:
     """Epoch ``epoch``'s first ``steps`` steps of every rank, built by background actors
     (:meth:`BackgroundWorker.build_train_step`): ``refs[rank][i]`` is the ref of step ``i``'s row
-    (a dict as :func:`pipelines.streaming._build_steps` yields).  The epoch's dataset holds the
+    (a dict as :func:`pipelines.steps.build_steps` yields).  The epoch's dataset holds the
     steps from ``steps`` on.  Keep this object for the run (the actors own the rows)."""
 
     epoch: int

@@ -115,18 +115,15 @@ BASE_SCHEMA: dict[str, Field] = {
     "data.prefetch_next_epoch": F(bool, True, doc="each worker starts reading the next epoch's steps half way "
                                   "through an epoch (its sort and first builds overlap this epoch's training)"),
     "data.blocks_per_epoch": F(int, 16, min=1, doc="Ray Data blocks (parallel tasks) per epoch"),
-    "data.head_rows": F(int, 1024, min=0, doc="streaming: epoch 1's first steps, about this many rows per rank, "
+    "data.head_rows": F(int, 1024, min=0, doc="epoch 1's first steps, about this many rows per rank, "
                         "are gathered by position and built while Ray Train starts, so the first step does not "
                         "wait for the epoch's dataset to start (0 = off)"),
     "data.step_assembly": F(str, "auto", choices=("auto", "gather", "sort"),
-                            doc="streaming: how an epoch's steps get their records: gather (each step reads its "
+                            doc="how an epoch's steps get their records: gather (each step reads its "
                                 "records by position from the blocks holding them; no shuffle) or sort (a "
                                 "range-partitioning sort by step, streaming every block once per epoch and rank; "
                                 "for splits larger than the object store); auto: gather when the training split, "
                                 "traces included, takes at most a quarter of the smallest node's object store"),
-    "data.streaming": F(bool, True, doc="read, parse and trace the files in Ray Data tasks and keep the records "
-                                        "as Ray Data blocks (pipelines.streaming; experiments with read_splits); "
-                                        "false: the driver loads every split (load_splits, pipelines.sharding)"),
     "ray.address": F(str, None, nullable=True, doc="default: $RAY_ADDRESS or a local Ray"),
     "ray.num_workers": F(int, 2, min=1),
     "ray.use_gpu": F(bool, False),

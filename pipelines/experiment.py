@@ -4,17 +4,17 @@
 The glue owns Ray Data, Ray Train (DDP), checkpoints and MLflow; an experiment owns its data,
 model, batch building and metrics.  Where things run:
 
-* driver:            ``load_splits`` (or ``read_splits``: Ray Data reads), ``results_table``, ``plots``
+* driver:            ``read_splits`` (declares Ray Data reads), ``results_table``, ``plots``
 * Ray Data tasks:    ``batch_builder`` (cached per worker process) and ``make_batch``
 * Ray Train workers: ``build_model``, ``param_groups``, ``loss``, ``eval_stats``, ``summarize``
 
 So an ``Experiment`` instance must be picklable and its class importable on every Ray worker.
-"Records" are whatever ``load_splits`` returns (picklable); "a batch" is whatever ``make_batch``
+"Records" are what ``read_splits``' datasets hold (pickled in their ``rec`` column); "a batch" is whatever ``make_batch``
 returns (picklable, e.g. a ``foldengine`` ``Batch`` of numpy arrays) -- the glue never looks inside.
 
-Loaded context: what ``load_splits`` derives from the data besides the records and the model
+Loaded context: what ``read_splits`` derives from the data besides the records and the model
 needs (a vocabulary, a pretrained embedding matrix, target statistics) travels in
-``Splits.context``, never on the instance: the glue hands it explicitly to
+``StreamSplits.context``, never on the instance: the glue hands it explicitly to
 ``build_model(config, context)`` and ``batch_builder(config, context)`` on the workers, so an
 experiment object holds configuration only and any caller can build a model from a context it
 loaded itself.  Whatever ``loss`` / ``eval_stats`` need from the context must come with the model
@@ -28,31 +28,11 @@ and workers and calls ``summarize`` on the totals to get the metrics
 from __future__ import annotations
 
 import abc
-from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 
 from .config import Field
-
-
-class Splits(NamedTuple):
-    """What ``load_splits`` returns.
-
-    ``records``: ``{"train": [...], "dev": [...], "test": [...]}`` (``test`` optional).
-    ``skipped``: counts of records dropped while loading, e.g. ``{"train/unparsable": 3}``;
-    logged as MLflow metrics ``skipped/<key>``.
-    ``context``: the experiment's loaded context (its own typed record, or None): passed to
-    ``build_model`` and ``batch_builder``; shipped (pickled) to every Ray Data task and Ray Train
-    worker, so keep it small (put large arrays in the Ray object store and keep the reference).
-    ``params``: facts about the data read, logged as MLflow params (strings), e.g. which file
-    each split came from and whether it is the canonical release:
-    ``{"data.train.file": "/data/my.txt", "data.train.canonical": "false"}``.
-    """
-
-    records: dict[str, list]
-    skipped: dict[str, int] = {}
-    context: Any = None
-    params: dict[str, str] = {}
 
 
 class Experiment(abc.ABC):
@@ -69,13 +49,18 @@ class Experiment(abc.ABC):
 
     # ------------------------------------------------------------------ required
     @abc.abstractmethod
-    def load_splits(self, config: dict) -> Splits:
-        """Load (and parse) all splits, and the context the model needs (``Splits.context``).
-        Honour ``config["data"]["skip_bad"]``.  Must not change ``self``."""
+    def read_splits(self, config: dict):
+        """All splits as Ray Data datasets and the context the model needs: a
+        :class:`pipelines.streaming.StreamSplits` whose ``sources`` hold one
+        :class:`pipelines.streaming.SplitSource` per split (``train`` required; rows ``pos``, the
+        record's position 0..n-1, and ``rec``, the pickled record), read and parsed in Ray Data
+        tasks (:mod:`pipelines.reading`), with skip counts, ``context`` and params.  Runs on the
+        driver with Ray up; the records never come to the driver.  Honour
+        ``config["data"]["skip_bad"]``.  Must not change ``self``."""
 
     @abc.abstractmethod
     def build_model(self, config: dict, context: Any) -> torch.nn.Module:
-        """The model for ``context`` (``load_splits(config).context``), deterministic given
+        """The model for ``context`` (``read_splits(config).context``), deterministic given
         ``config["seed"]`` (the glue also seeds torch first)."""
 
     @abc.abstractmethod
@@ -102,15 +87,6 @@ class Experiment(abc.ABC):
         for the dev split)."""
 
     # ------------------------------------------------------------------ optional
-    def read_splits(self, config: dict):
-        """The streaming counterpart of :meth:`load_splits` (``data.streaming``, the default):
-        a :class:`pipelines.streaming.StreamSplits` whose splits are Ray Data datasets read and
-        parsed in Ray Data tasks (:mod:`pipelines.reading`), the same records, positions, skip
-        counts, context and params as ``load_splits`` without bringing the records to the
-        driver.  Runs on the driver with Ray up.  Default: None (not supported: the glue falls
-        back to ``load_splits``)."""
-        return None
-
     # ------------------------------------------------------------------ trained models
     #: pip requirements of :meth:`predictor` beyond torch, numpy, pandas and mlflow (e.g. rdkit)
     inference_requirements: Sequence[str] = ()

@@ -1,4 +1,4 @@
-"""Streaming data path (``data.streaming: true``): records stay Ray Data blocks, never on the driver.
+"""The data path: records stay Ray Data blocks, never on the driver.
 
 An experiment that implements :meth:`pipelines.experiment.Experiment.read_splits` hands the glue
 one :class:`SplitSource` per split: a Ray Data dataset with rows ``pos`` (the record's stable
@@ -12,31 +12,31 @@ record), read and parsed in Ray Data tasks (:mod:`pipelines.reading`).  Then:
   batches are built from the records (tracing as they go); epochs from the second on read the
   traces (:class:`pipelines.background.TracedBlocks`);
 * each ``train_e<epoch>_r<rank>`` dataset gives rank ``rank`` its steps of the epoch (``perm``
-  from ``(seed, epoch)`` as in :mod:`pipelines.sharding`: step ``i`` takes positions
+  from ``(seed, epoch)``, :func:`pipelines.steps.epoch_permutation`; :mod:`pipelines.sharding`: step ``i`` takes positions
   ``perm[i*B:(i+1)*B]``, rank ``r`` the ``r``-th of ``world`` near-equal parts, in that order),
-  each built by :func:`_build_one` (the step's rows in their place order,
+  each built by :func:`build_step` (the step's rows in their place order,
   ``experiment.make_batch`` from their traces, seeded from ``(seed, epoch, step, rank)``), in one
   of two ways (``data.step_assembly``, :func:`step_assembly`):
 
   - **gather** (:func:`_gather_steps`): a few Ray Data tasks per (epoch, rank), each building a
-    run of steps; a step computes its positions (:func:`train_step_positions`) and reads those
-    rows from the blocks that hold them (:func:`gather_positions`: a zero-copy read of the
+    run of steps; a step computes its positions (:func:`pipelines.steps.train_step_positions`) and reads those
+    rows from the blocks that hold them (:func:`pipelines.steps.gather_positions`: a zero-copy read of the
     object store on the blocks' node; a transfer, cached by Ray on the reader's node, from
     another).  No shuffle: on the SST Tai preset the sort below cost about 10 CPU-seconds per
     epoch on a 2-core machine, as much as a third of what the trainers got;
   - **sort**: map every record to its place in the epoch, keep this rank's rows and sort them
     by step (``sort("step")``: a range-partitioning shuffle, so the blocks come out in step
     order; partitioned at :func:`step_boundaries`, so no sampling pass), then build each
-    block's steps (:func:`_build_steps`; a step whose rows span two blocks is joined and built
-    in the trainer, :func:`assemble_steps`).  It streams every block once per epoch and rank,
+    block's steps (:func:`build_steps`; a step whose rows span two blocks is joined and built
+    in the trainer, :func:`pipelines.steps.assemble_steps`).  It streams every block once per epoch and rank,
     so it stays the choice when the split does not fit the object store: gathering reads
     nearly every block for every few steps, which on spilled blocks means restoring them again
     and again.  ``auto`` (the default) gathers while the split, traces included (estimated by
     :func:`estimated_split_bytes`), takes at most :data:`GATHER_STORE_SHARE` of the smallest
     node's object store;
 
-  both give the same batches, in the same order, as :func:`pipelines.sharding.build_rows`
-  (tested);
+  both give the same batches, in the same order (tested against a numpy reference of which
+  record lands in which step on which rank, ``tests/pipelines/step_reference.py``);
 * eval datasets group consecutive positions (group ``g`` on rank ``g % world``) the same way;
   with ``data.cache_eval`` (default) they are built once by a background actor while training
   starts (:func:`pipelines.background.build_eval_in_background`) and read by every epoch's
@@ -52,13 +52,10 @@ columns with typed ones (pyarrow "Schema at index 1 was different"); the sort ne
 shuffle, needs no second ``sort`` for the step order, and every function here returns its full
 typed schema also for empty input.
 
-Used by :func:`pipelines.train.run` by default (``data.streaming``) for experiments that
-implement ``read_splits`` (SST, molecules, the tests' toy); ``data.streaming: false`` keeps the
-old driver path (:mod:`pipelines.sharding`) for comparison (``scripts/bench_input_scale.py
---modes streaming,driver``).  Tested against it: identical rows and batches
-(``tests/pipelines/test_reading.py``) and identical training runs (``tests/pipelines/test_train.py``).
+Used by :func:`pipelines.train.run` for every experiment (``read_splits``: SST, molecules, the
+tests' toy).
 
-Built steps stream: :func:`_build_steps` yields each step as soon as it is built (Ray Data passes
+Built steps stream: :func:`build_steps` yields each step as soon as it is built (Ray Data passes
 them on in blocks of at least 1 MiB), and the step sort is cut at known step boundaries
 (:func:`step_boundaries`).
 
@@ -66,7 +63,7 @@ Epoch 1's head: the step sort is a pass over every block of the split before its
 so epoch 1's first steps would wait for it.  Instead its first :func:`head_steps` steps per rank
 (``data.head_rows`` rows) are built by actors started here
 (:func:`pipelines.background.build_head_in_background`), each step gathering its records by
-position (:func:`train_step_positions`, :func:`gather_positions`) from the blocks that hold them,
+position (:func:`pipelines.steps.train_step_positions`, :func:`pipelines.steps.gather_positions`) from the blocks that hold them,
 while Ray Train starts; the epoch-1 datasets hold the steps from there on (``_assign_train``'s
 ``first``, or the gather's first step), and the trainer starts reading them with the epoch, so
 their sort (or first gathers) runs while the head trains.  The same rows, batches and seeds as
@@ -83,22 +80,20 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-import random
-import time
 from typing import Any, Optional
 
 import numpy as np
-import torch
 
-from .config import ConfigError
 from .background import build_eval_in_background, build_head_in_background, trace_in_background
+from .config import ConfigError
 from .experiment import Experiment
-from .seeding import derived_seed, seed_all
-from .sharding import (EVAL_SPLITS, DataPlan, DeclaredData, _cached, _cfg_key, eval_dataset_name,
-                       eval_groups, train_dataset_name, train_steps_per_epoch)
+from .sharding import (EVAL_SPLITS, DataPlan, DeclaredData, cached, eval_dataset_name, eval_groups,
+                       train_dataset_name, train_steps_per_epoch)
+from .steps import (EvalExpected, TrainExpected, assign_eval, build_gathered_step, build_steps, inverse_permutation,
+                    rank_part, step_table, trace_block)
 
-__all__ = ["SplitSource", "StreamSplits", "with_positions", "declare_streaming", "assemble_steps",
-           "step_boundaries", "train_step_positions", "gather_positions", "head_steps"]
+__all__ = ["SplitSource", "StreamSplits", "with_positions", "splits_from_records", "declare_streaming",
+           "step_boundaries", "block_starts", "head_steps", "step_assembly", "estimated_split_bytes"]
 
 
 @dataclasses.dataclass
@@ -111,7 +106,9 @@ class SplitSource:
 
 @dataclasses.dataclass
 class StreamSplits:
-    """What ``Experiment.read_splits`` returns (the streaming counterpart of ``Splits``)."""
+    """What ``Experiment.read_splits`` returns: one :class:`SplitSource` per split, skip counts
+    (logged as ``skipped/<key>``), the experiment's loaded context (shipped to every Ray Data task
+    and Ray Train worker: keep it small) and params (strings, logged as MLflow params)."""
 
     sources: dict            #: split -> SplitSource ("train" required)
     skipped: dict = dataclasses.field(default_factory=dict)
@@ -123,7 +120,7 @@ def _positions_block(table, good_ref, limit):
     import pyarrow as pa
     import ray
 
-    good = _cached(("good_idx", good_ref[0].hex()), lambda: ray.get(good_ref[0]))
+    good = cached(("good_idx", good_ref[0].hex()), lambda: ray.get(good_ref[0]))
     pos = np.searchsorted(good, np.asarray(table.column("idx")))
     keep = pos < limit
     return pa.table({"pos": pa.array(pos[keep], pa.int64()),
@@ -142,96 +139,28 @@ def with_positions(data, limit: Optional[int] = None) -> SplitSource:
     return SplitSource(ds, n)
 
 
+def splits_from_records(records: dict, skipped: Optional[dict] = None, context: Any = None,
+                        params: Optional[dict] = None, rows_per_block: int = 1024) -> StreamSplits:
+    """:class:`StreamSplits` of records held in memory (``{split: [record, ...]}``, ``train``
+    required): each split a Ray Data dataset of rows ``pos`` (the list index) and ``rec`` (the
+    pickled record), in blocks of ``rows_per_block`` rows in position order.  For small data and
+    tests: the records go through the same data path as files read in Ray Data tasks."""
+    import pyarrow as pa
+    import ray.data
+
+    sources = {}
+    for split, recs in records.items():
+        blobs = [pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL) for r in recs]
+        tables = [pa.table({"pos": pa.array(range(a, min(a + rows_per_block, len(blobs))), pa.int64()),
+                            "rec": pa.array(blobs[a:a + rows_per_block], pa.binary())})
+                  for a in range(0, len(blobs), rows_per_block)]
+        if not tables:
+            tables = [pa.table({"pos": pa.array([], pa.int64()), "rec": pa.array([], pa.binary())})]
+        sources[split] = SplitSource(ray.data.from_arrow(tables), len(blobs))
+    return StreamSplits(sources, dict(skipped or {}), context, dict(params or {}))
+
+
 # ---------------------------------------------------------------------------- Ray Data tasks
-
-def _builder(experiment: Experiment, cfg: dict, context: Any):
-    def make():
-        seed_all(int(cfg["seed"]))
-        return experiment.batch_builder(cfg, context)
-
-    return _cached(("builder", type(experiment).__module__, type(experiment).__qualname__, _cfg_key(cfg)), make)
-
-
-#: records traced per ``experiment.trace_records`` call: a trace's Python objects are many times
-#: its pickle (a Tox21 molecule: ~100 kB pickled), so a block is traced in pieces, each pickled
-#: before the next is made
-TRACE_CHUNK_RECORDS = 256
-
-
-def _trace_block(table, experiment, cfg, context):
-    """One block of rows ``pos``, ``rec`` -> the same rows with ``trace`` (each record's pickled
-    trace, ``experiment.trace_records``; nulls when the experiment keeps no traces).  Traces
-    :data:`TRACE_CHUNK_RECORDS` records at a time."""
-    import pyarrow as pa
-
-    builder = _builder(experiment, cfg, context)
-    column = table.column("rec")
-    blobs: list = []
-    for a in range(0, table.num_rows, TRACE_CHUNK_RECORDS):
-        recs = [pickle.loads(b) for b in column.slice(a, TRACE_CHUNK_RECORDS).to_pylist()]
-        traces = experiment.trace_records(builder, recs)
-        blobs += [None] * len(recs) if traces is None else \
-            [pickle.dumps(t, protocol=pickle.HIGHEST_PROTOCOL) for t in traces]
-        del recs, traces
-    return table.append_column("trace", pa.array(blobs, pa.binary()))
-
-
-def _epoch_perm(seed: int, epoch: int, n: int) -> np.ndarray:
-    """The epoch's permutation of positions: step ``i`` takes ``perm[i*B:(i+1)*B]``."""
-    return _cached(("perm", seed, epoch, n), lambda: np.random.default_rng([seed, epoch, 1]).permutation(n))
-
-
-def _inverse_perm(seed: int, epoch: int, n: int) -> np.ndarray:
-    def make():
-        inv = np.empty(n, np.int64)
-        inv[_epoch_perm(seed, epoch, n)] = np.arange(n)
-        return inv
-
-    return _cached(("inv_perm", seed, epoch, n), make)
-
-
-def _rank_part(step_len, rank: int, world: int):
-    """``(start, size)`` of rank ``rank``'s part of a step of ``step_len`` rows (the
-    ``np.array_split`` part sizes; arrays or ints)."""
-    base, extra = step_len // world, step_len % world
-    return rank * base + np.minimum(rank, extra), base + (rank < extra)
-
-
-def train_step_positions(seed: int, epoch: int, rank: int, world: int, batch_size: int, n: int, step: int):
-    """``(positions, denom)``: the records (positions, in their order within the step) of rank
-    ``rank``'s part of training step ``step`` of ``epoch``, and the step's global size; what
-    :func:`_assign_train` assigns to that step."""
-    step_len = min(batch_size, n - step * batch_size)
-    start, size = _rank_part(step_len, rank, world)
-    a = step * batch_size + int(start)
-    return _epoch_perm(seed, epoch, n)[a:a + int(size)], step_len
-
-
-def gather_positions(block_refs: list, positions: np.ndarray, starts: np.ndarray,
-                     columns: tuple = ("pos", "rec")):
-    """Rows of ``positions`` (in that order; ``pos`` and ``columns``) from the blocks ``block_refs``
-    (block ``i`` holds positions ``starts[i]`` .. ``starts[i+1]-1``, in order); fetches only the
-    blocks that hold them.  Raises RuntimeError when a gathered row's ``pos`` is not the one asked
-    for (the blocks do not tile the positions as ``starts`` says)."""
-    import pyarrow as pa
-    import ray
-
-    positions = np.asarray(positions, np.int64)
-    which = np.searchsorted(starts, positions, side="right") - 1
-    need = np.unique(which)
-    tables = dict(zip(need.tolist(), ray.get([block_refs[i] for i in need])))
-    cols = list(dict.fromkeys(("pos",) + tuple(columns)))
-    pieces = [tables[int(b)].select(cols).slice(int(p - starts[b]), 1) for p, b in zip(positions, which)]
-    if not pieces:
-        return pa.table({"pos": pa.array([], pa.int64()), "rec": pa.array([], pa.binary())})
-    out = pa.concat_tables(pieces)
-    got = np.asarray(out.column("pos"))
-    if not np.array_equal(got, positions):
-        bad = int(np.flatnonzero(got != positions)[0])
-        raise RuntimeError(f"gather: asked for position {int(positions[bad])}, block {int(which[bad])} "
-                           f"gave {int(got[bad])} (blocks do not tile the positions in order)")
-    return out
-
 
 def block_starts(block_refs: list, n: int) -> np.ndarray:
     """First position of every block of a split's rows ``pos``, ``rec`` (int64 ``[len(block_refs)]``);
@@ -267,11 +196,11 @@ def _assign_train(table, seed, epoch, rank, world, batch_size, n, steps, first=0
     import pyarrow as pa
 
     pos = np.asarray(table.column("pos"))
-    slot = _inverse_perm(seed, epoch, n)[pos]
+    slot = inverse_permutation(seed, epoch, n)[pos]
     step = slot // batch_size
     off = slot % batch_size
     step_len = np.minimum(batch_size, n - step * batch_size)
-    start, size = _rank_part(step_len, rank, world)
+    start, size = rank_part(step_len, rank, world)
     keep = (step >= first) & (step < steps) & (off >= start) & (off < start + size)
     mask = pa.array(keep)
     t = table.filter(mask)
@@ -290,166 +219,6 @@ def _assign_traced_block(table, refs, seed, epoch, rank, world, batch_size, n, s
     return _assign_train(whole, seed, epoch, rank, world, batch_size, n, steps, first)
 
 
-def _assign_eval(table, rank, world, batch_size):
-    import pyarrow as pa
-
-    pos = np.asarray(table.column("pos"))
-    g = pos // batch_size
-    keep = g % world == rank
-    t = table.filter(pa.array(keep))
-    gk = g[keep]
-    return t.append_column("step", pa.array(gk // world, pa.int64())) \
-            .append_column("j", pa.array(pos[keep] % batch_size, pa.int64())) \
-            .append_column("denom", pa.array(np.zeros(len(gk), np.int64)))
-
-
-def _expected_train_rows(step: int, rank: int, world: int, batch_size: int, n: int) -> int:
-    step_len = min(batch_size, n - step * batch_size)
-    return step_len // world + (1 if rank < step_len % world else 0)
-
-
-def _build_one(table, experiment, cfg, context, epoch, rank, use_traces):
-    """One step's rows (sorted by ``j``) -> ``(blob, n, denom, build_s, step)`` as ``sharding.build_rows``."""
-    builder = _builder(experiment, cfg, context)
-    i = int(table.column("step")[0].as_py())
-    recs = [pickle.loads(b) for b in table.column("rec").to_pylist()]
-    denom = int(table.column("denom")[0].as_py()) or len(recs)
-    seed_all(derived_seed(int(cfg["seed"]), epoch, i, rank, 17))
-    t0 = time.perf_counter()
-    blobs = table.column("trace").to_pylist() if use_traces and "trace" in table.column_names else None
-    if blobs is not None and all(b is not None for b in blobs):
-        batch = experiment.make_batch(builder, recs, [pickle.loads(b) for b in blobs])
-    else:
-        batch = experiment.make_batch(builder, recs)
-    blob = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
-    return blob, len(recs), denom, time.perf_counter() - t0, i
-
-
-def _with_step_columns(table, step: int, denom: int):
-    """``table`` (one step's rows, in their order) with the columns :func:`_build_one` reads:
-    ``step``, ``j`` (0..m-1) and ``denom`` (the step's global size)."""
-    import pyarrow as pa
-
-    m = table.num_rows
-    return table.append_column("step", pa.array(np.full(m, step), pa.int64())) \
-                .append_column("j", pa.array(np.arange(m), pa.int64())) \
-                .append_column("denom", pa.array(np.full(m, denom), pa.int64()))
-
-
-#: the fields of a step row, in the order of :func:`_step_table`'s tuples
-STEP_ROW_FIELDS = ("batch", "n", "denom", "build_s", "step", "part")
-
-
-def _step_table(rows: list):
-    """Rows ``(batch, n, denom, build_s, step, part)`` as a typed table (also for no rows)."""
-    import pyarrow as pa
-
-    cols = list(zip(*rows)) if rows else [()] * 6
-    return pa.table({"batch": pa.array(cols[0], pa.binary()), "n": pa.array(cols[1], pa.int64()),
-                     "denom": pa.array(cols[2], pa.int64()), "build_s": pa.array(cols[3], pa.float64()),
-                     "step": pa.array(cols[4], pa.int64()), "part": pa.array(cols[5], pa.binary())})
-
-
-def _build_steps(table, experiment, cfg, context, epoch, rank, use_traces, expected):
-    """Ray Data task over one block of the step-sorted rows: every complete step in the block
-    -> one row (the pickled batch, as ``sharding.build_rows``), yielded as soon as it is built.
-
-    A generator: Ray Data hands its yields downstream while the task goes on, gathered into blocks
-    of at least ``DataContext.target_min_block_size`` (1 MiB: tens of SST steps), so the trainer
-    can start before a sorted block's last step is built.
-
-    The sort keeps the steps in order, but a step's rows can span two blocks (the sort's
-    output blocks are split when larger than Ray Data's target block size: Tox21 traces are
-    ~100 kB each).  ``expected(step)`` (rows of a complete step) tells: the rows of an
-    incomplete step go out unbuilt, pickled in ``part`` (``batch`` empty), and
-    :func:`assemble_steps` in the trainer joins the parts of the step (consecutive rows: the
-    order is preserved) and builds it exactly as here.
-
-    Every yielded table has the full typed schema (``batch``/``part`` binary, ``n``/``denom``/
-    ``step`` int64, ``build_s`` float64); an empty block yields one empty table."""
-    import pyarrow as pa
-
-    if not table.num_rows:
-        yield _step_table([])
-        return
-    order = np.lexsort((np.asarray(table.column("j")), np.asarray(table.column("step"))))
-    table = table.take(pa.array(order))
-    steps = np.asarray(table.column("step"))
-    cuts = np.flatnonzero(np.diff(steps)) + 1
-    for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(steps)]):
-        step_rows = table.slice(int(a), int(b - a))
-        want = expected(int(steps[a]))
-        if b - a > want:
-            raise RuntimeError(f"streaming: step {int(steps[a])} (epoch {epoch}, rank {rank}) has "
-                               f"{b - a} rows, more than its {want}")
-        if b - a < want:
-            row = (b"", int(b - a), int(step_rows.column("denom")[0].as_py()), 0.0, int(steps[a]),
-                   pickle.dumps(_part_of(step_rows), protocol=pickle.HIGHEST_PROTOCOL))
-        else:
-            row = _build_one(step_rows, experiment, cfg, context, epoch, rank, use_traces) + (b"",)
-        yield _step_table([row])
-
-
-def _part_of(table) -> dict:
-    """The columns :func:`_build_one` reads, as Python lists (one incomplete step's rows)."""
-    cols = ("step", "j", "rec", "denom") + (("trace",) if "trace" in table.column_names else ())
-    return {c: table.column(c).to_pylist() for c in cols}
-
-
-def assemble_steps(rows, experiment: Experiment, cfg: dict, context: Any, epoch: int, rank: int, use_traces: bool):
-    """The rows of a step dataset with every step built: rows :func:`_build_steps` built pass
-    through; the parts of a step that spanned blocks (consecutive rows) are joined and built here,
-    as :func:`_build_one` builds in the Ray Data task (the same seed), keeping the caller's RNG
-    state (the training loop's dropout draws do not move).  Rows of the driver path
-    (:mod:`pipelines.sharding`, no ``part`` column) pass through."""
-    import pyarrow as pa
-
-    pending: list = []
-
-    def flush():
-        merged = {k: [v for p in pending for v in p[k]] for k in pending[0]}
-        table = pa.table({k: (pa.array(v, pa.binary()) if k in ("rec", "trace") else pa.array(v, pa.int64()))
-                          for k, v in merged.items()})
-        table = table.take(pa.array(np.argsort(np.asarray(table.column("j")), kind="stable")))
-        state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-        try:
-            blob, n, denom, build_s, step = _build_one(table, experiment, cfg, context, epoch, rank, use_traces)
-        finally:
-            random.setstate(state[0])
-            np.random.set_state(state[1])
-            torch.set_rng_state(state[2])
-        pending.clear()
-        return {"batch": blob, "n": n, "denom": denom, "build_s": build_s, "step": step}
-
-    for row in rows:
-        part = row["part"] if "part" in row else b""
-        if part:
-            piece = pickle.loads(part)
-            if pending and pending[0]["step"][0] != piece["step"][0]:
-                yield flush()
-            pending.append(piece)
-            continue
-        if pending:
-            yield flush()
-        yield row
-    if pending:
-        yield flush()
-
-
-def build_gathered_step(refs: list, starts: np.ndarray, experiment: Experiment, cfg: dict, context: Any, seed: int,
-                        epoch: int, rank: int, world: int, batch_size: int, n: int, step: int,
-                        use_traces: bool) -> tuple:
-    """Rank ``rank``'s step ``step`` of ``epoch``, its records gathered by position
-    (:func:`train_step_positions`, :func:`gather_positions`) from the blocks ``refs`` (the parsed
-    blocks, block ``i`` starting at position ``starts[i]``, or their traced copies when
-    ``use_traces``) and built by :func:`_build_one`: the row ``(batch, n, denom, build_s, step,
-    part)`` (:data:`STEP_ROW_FIELDS`) that :func:`_build_steps` yields for that step after the
-    sort (same records, order, seed and bytes; ``part`` empty)."""
-    positions, denom = train_step_positions(seed, epoch, rank, world, batch_size, n, step)
-    rows = gather_positions(refs, positions, starts, ("pos", "rec", "trace") if use_traces else ("pos", "rec"))
-    return _build_one(_with_step_columns(rows, step, denom), experiment, cfg, context, epoch, rank, use_traces) + (b"",)
-
-
 def _gather_steps(table, refs, starts, experiment, cfg, context, seed, epoch, rank, world, batch_size, n,
                   use_traces):
     """Ray Data task (a generator) of the gather assembly: for every row ``(first, stop)`` of
@@ -457,7 +226,7 @@ def _gather_steps(table, refs, starts, experiment, cfg, context, seed, epoch, ra
     trainer can start on the first while the rest are built."""
     for first, stop in zip(table.column("first").to_pylist(), table.column("stop").to_pylist()):
         for step in range(int(first), int(stop)):
-            yield _step_table([build_gathered_step(refs, starts, experiment, cfg, context, seed, epoch, rank, world,
+            yield step_table([build_gathered_step(refs, starts, experiment, cfg, context, seed, epoch, rank, world,
                                                    batch_size, n, step, use_traces)])
 
 
@@ -468,24 +237,6 @@ def _step_ranges_dataset(first: int, steps: int, per_task: int):
     cuts = list(range(first, steps, max(1, per_task))) or [first]
     items = [{"first": a, "stop": min(a + per_task, steps)} for a in cuts]
     return ray.data.from_items(items, override_num_blocks=len(items))
-
-
-class _TrainExpected:
-    def __init__(self, rank, world, batch_size, n):
-        self.args = (rank, world, batch_size, n)
-
-    def __call__(self, step):
-        return _expected_train_rows(step, *self.args)
-
-
-class _EvalExpected:
-    def __init__(self, rank, world, batch_size, n):
-        self.args = (rank, world, batch_size, n)
-
-    def __call__(self, step):
-        rank, world, bs, n = self.args
-        g = step * world + rank
-        return min(bs, n - g * bs)
 
 
 # ---------------------------------------------------------------------------- driver
@@ -524,7 +275,7 @@ def estimated_split_bytes(source, experiment: Experiment, cfg: dict, context: An
         refs = source.to_arrow_refs()
         first = next((t for t in (ray.get(r) for r in refs[:4]) if t.num_rows), None)
         if first is not None:
-            sample = _trace_block(first.slice(0, TRACE_SAMPLE_RECORDS), experiment, cfg, context)
+            sample = trace_block(first.slice(0, TRACE_SAMPLE_RECORDS), experiment, cfg, context)
             blobs = sample.column("trace")
             total += int(blobs.nbytes / max(len(blobs), 1) * n)
     return total
@@ -549,8 +300,10 @@ def step_assembly(cfg: dict, split_bytes: Optional[int]) -> str:
 
 
 def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, world: int) -> DeclaredData:
-    """The datasets of :func:`pipelines.sharding.declare_datasets` (same names, rows and batches)
-    from ``splits.sources`` without bringing records to the driver (see the module docstring)."""
+    """Lazy Ray Data datasets, one per (epoch, rank) and per (eval split, rank) (names and
+    step counts: :mod:`pipelines.sharding`), and their plan, from ``splits.sources`` without
+    bringing records to the driver (see the module docstring).  Raises ``ConfigError`` when the
+    training split cannot make one step on ``world`` ranks."""
     bs = cfg["batch_size"]
     ebs = cfg["eval_batch_size"] or bs
     seed = int(cfg["seed"])
@@ -605,9 +358,9 @@ def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, w
             else:
                 ds = source.map_batches(_assign_train, batch_format="pyarrow", batch_size=None, fn_kwargs=assign_kw)
             ds = ds.sort("step", boundaries=step_boundaries(steps, bs / world)).map_batches(
-                _build_steps, batch_format="pyarrow", batch_size=None,
+                build_steps, batch_format="pyarrow", batch_size=None,
                 fn_kwargs=dict(build_kw, epoch=epoch, rank=r, use_traces=from_traces,
-                               expected=_TrainExpected(r, world, bs, train.n)))
+                               expected=TrainExpected(r, world, bs, train.n)))
             datasets[train_dataset_name(epoch, r)] = ds
     eval_splits = []
     for split in EVAL_SPLITS:
@@ -625,12 +378,12 @@ def declare_streaming(experiment: Experiment, cfg: dict, splits: StreamSplits, w
             if cached is not None:
                 datasets[eval_dataset_name(split, r)] = cached.dataset(r)
                 continue
-            ds = src.dataset.map_batches(_assign_eval, batch_format="pyarrow", batch_size=None,
+            ds = src.dataset.map_batches(assign_eval, batch_format="pyarrow", batch_size=None,
                                          fn_kwargs=dict(rank=r, world=world, batch_size=ebs))
             ds = ds.sort("step", boundaries=step_boundaries(eval_groups(src.n, ebs, world, r), ebs)).map_batches(
-                _build_steps, batch_format="pyarrow", batch_size=None,
+                build_steps, batch_format="pyarrow", batch_size=None,
                 fn_kwargs=dict(build_kw, epoch=0, rank=r, use_traces=False,
-                               expected=_EvalExpected(r, world, ebs, src.n)))
+                               expected=EvalExpected(r, world, ebs, src.n)))
             datasets[eval_dataset_name(split, r)] = ds
     plan = DataPlan(steps=steps, eval_splits=tuple(eval_splits), world=world, n_train=train.n,
                     datasets=tuple(sorted(datasets)))

@@ -6,13 +6,11 @@
    tracking store is unreachable (unless ``tracking.mode`` is ``optional``/``off``);
 2. connects to Ray (``ray.address`` / ``$RAY_ADDRESS`` / an already initialised Ray) or starts a
    local one; sizes workers with fractional CPUs so Ray Data keeps >= 1 CPU to build batches;
-3. reads the splits in Ray Data tasks (``data.streaming``, the default, for experiments with
-   ``read_splits``: ``pipelines.reading`` / ``pipelines.streaming``; the records stay Ray Data
-   blocks, the training split is traced once) or loads them on the driver
-   (``experiment.load_splits`` -> ``Splits``: records, skip counts and the experiment's loaded
-   ``context``) and declares one lazy Ray Data dataset per
-   (epoch, rank) for training and per (split, rank) for evaluation (``pipelines.sharding``: which
-   records form which step on which rank is a pure function of the config, so resuming /
+3. reads the splits in Ray Data tasks (``experiment.read_splits``: ``pipelines.reading`` /
+   ``pipelines.streaming``; the records stay Ray Data blocks, the training split is traced once)
+   and declares one lazy Ray Data dataset per (epoch, rank) for training and per (split, rank)
+   for evaluation (``pipelines.streaming.declare_streaming``; which records form which step on
+   which rank is a pure function of the config, ``pipelines.sharding``, so resuming /
    restarting reproduces an uninterrupted run exactly);
 4. trains with ``TorchTrainer`` (gloo on CPU, NCCL on GPU), each worker running
    ``pipelines.worker.train_loop`` on a ``TrainPlan`` (experiment, config, context, data plan):
@@ -22,7 +20,8 @@
 5. logs to MLflow: params (flattened config), system info, skip counts, per-epoch metrics
    (live, from a Ray Train callback in the controller), timing, results table, plots, best model.
 
-Module map: ``pipelines.sharding`` (Ray Data datasets and batch building), ``pipelines.worker``
+Module map: ``pipelines.streaming`` (Ray Data datasets and batch building), ``pipelines.sharding``
+(dataset names and the data plan), ``pipelines.worker``
 (the per-rank training loop), ``pipelines.checkpoint`` (checkpoint contents), ``pipelines.seeding``
 (seeds, RNG state, parameter hashes), ``pipelines.optim``, ``pipelines.metrics`` (metric dicts),
 ``pipelines.tracking`` (MLflow).
@@ -42,15 +41,15 @@ from . import checkpoint
 from . import tracking as trk
 from .checkpoint import BEST_FILE, STATE_FILE
 from .config import ConfigError, merged_schema, validate
-from .experiment import Experiment, Splits
+from .experiment import Experiment
 from .metrics import prefixed
 from .seeding import seed_all
 from .background import CachedEval, EpochHead
-from .sharding import DeclaredData, declare_datasets
+from .sharding import DeclaredData
 from .streaming import StreamSplits, declare_streaming
 from .worker import TrainPlan, train_loop
 
-__all__ = ["run", "main", "RunResult", "STATE_FILE", "BEST_FILE"]
+__all__ = ["run", "main", "connect_ray", "configure_ray_data", "RunResult", "STATE_FILE", "BEST_FILE"]
 
 logger = logging.getLogger("pipelines.train")
 
@@ -66,7 +65,7 @@ class RunResult:
     param_hashes: list[str]        #: sha256 of the parameters on each rank after the last epoch
     resumed_after: list[int] = dataclasses.field(default_factory=list)  #: epochs resumed from
     tracking_uri: Optional[str] = None
-    #: ``Splits.context`` the experiment loaded on the driver (e.g. SST's vocabulary and
+    #: ``StreamSplits.context`` the experiment loaded on the driver (e.g. SST's vocabulary and
     #: embedding coverage); None if it has none
     context: Any = None
 
@@ -98,8 +97,10 @@ def _mlflow_callback_cls():
     return MlflowEpochCallback
 
 
-def _connect_ray(cfg: dict) -> bool:
-    """Connect/start Ray; returns True if this call started it (and should shut it down)."""
+def connect_ray(cfg: dict) -> bool:
+    """Connect to Ray (``cfg["ray"]["address"]``, else ``$RAY_ADDRESS``) or start a local one,
+    unless Ray is already initialised in this process; True when this call started or connected
+    it (the caller then calls ``ray.shutdown()`` when done), False when it was already up."""
     import ray
 
     if ray.is_initialized():
@@ -190,19 +191,6 @@ def _setup_tracking(experiment: Experiment, cfg: dict) -> trk.Tracker:
     return tracker
 
 
-def _load_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> Splits:
-    """``experiment.load_splits`` (seeded), its record / skip counts and load time logged at step 0
-    (and its ``Splits.params``, e.g. which files were read, as MLflow params)."""
-    t0 = time.perf_counter()
-    seed_all(int(cfg["seed"]))
-    splits = experiment.load_splits(cfg)
-    if not isinstance(splits, Splits):
-        splits = Splits(*splits)
-    _log_loaded(tracker, {k: len(v) for k, v in splits.records.items()}, splits.skipped, splits.params,
-                time.perf_counter() - t0, "loaded")
-    return splits
-
-
 def _log_loaded(tracker: trk.Tracker, counts: dict, skipped, params, load_s: float, verb: str) -> None:
     """Record counts per split, skip counts (``skipped/*``) and load time at step 0; the
     splits' params; one log line."""
@@ -214,8 +202,10 @@ def _log_loaded(tracker: trk.Tracker, counts: dict, skipped, params, load_s: flo
     logger.info("%s %s in %.1fs; skipped %s", verb, counts, load_s, dict(skipped or {}))
 
 
-def _configure_ray_data(cfg: dict) -> None:
-    """Ordered, reproducible Ray Data execution (set before any dataset is created)."""
+def configure_ray_data(cfg: dict) -> None:
+    """Set this process's Ray Data context for ordered, reproducible execution
+    (``preserve_order``), ``ray.no_progress_timeout_s`` and ``data.progress_bars``; call before
+    any dataset is created."""
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
@@ -224,32 +214,28 @@ def _configure_ray_data(cfg: dict) -> None:
     ctx.enable_progress_bars = cfg["data"]["progress_bars"]
 
 
-def _read_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> Optional[StreamSplits]:
-    """``experiment.read_splits`` (``data.streaming``): the splits read and parsed in Ray Data
-    tasks; logged like :func:`_load_splits`.  None when streaming is off or unsupported."""
-    if not cfg["data"]["streaming"]:
-        return None
+def _read_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> StreamSplits:
+    """``experiment.read_splits`` (seeded): the splits read and parsed in Ray Data tasks; their
+    record / skip counts and read time logged at step 0 (and their params, e.g. which files were
+    read, as MLflow params)."""
     t0 = time.perf_counter()
     seed_all(int(cfg["seed"]))
     splits = experiment.read_splits(cfg)
-    if splits is None:
-        return None
+    if not isinstance(splits, StreamSplits):
+        raise TypeError(f"{type(experiment).__name__}.read_splits returned {type(splits).__name__}, "
+                        "expected pipelines.streaming.StreamSplits")
     _log_loaded(tracker, {k: v.n for k, v in splits.sources.items()}, splits.skipped, splits.params,
                 time.perf_counter() - t0, "read in Ray Data")
     return splits
 
 
-def _declare_data(experiment: Experiment, cfg: dict, splits, world: int,
+def _declare_data(experiment: Experiment, cfg: dict, splits: StreamSplits, world: int,
                   tracker: trk.Tracker) -> DeclaredData:
-    """Declare the datasets: :func:`pipelines.streaming.declare_streaming` for
-    :class:`StreamSplits` (starts the training split's background trace pass), else
-    :func:`pipelines.sharding.declare_datasets`."""
-    _configure_ray_data(cfg)
+    """Declare the datasets (:func:`pipelines.streaming.declare_streaming`: starts the training
+    split's background trace pass)."""
+    configure_ray_data(cfg)
     t0 = time.perf_counter()
-    if isinstance(splits, StreamSplits):
-        declared = declare_streaming(experiment, cfg, splits, world)
-    else:
-        declared = declare_datasets(experiment, cfg, splits, world)
+    declared = declare_streaming(experiment, cfg, splits, world)
     tracker.metrics({"time/eval_materialize_s": time.perf_counter() - t0,
                      "data/steps_per_epoch": declared.plan.steps}, step=0)
     if declared.params:
@@ -380,15 +366,15 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
     tracker = _setup_tracking(experiment, cfg)  # fail fast, before Ray
     started_ray = False
     try:
-        started_ray = _connect_ray(cfg)
+        started_ray = connect_ray(cfg)
         world = cfg["ray"]["num_workers"]
         resources = _worker_resources(cfg)
         tracker.params(trk.flatten_params(cfg))
         tracker.params({**trk.system_info(world, cfg["ray"]["use_gpu"]),
                         "sys.cpus_per_worker": str(resources["CPU"])})
 
-        _configure_ray_data(cfg)
-        splits = _read_splits(experiment, cfg, tracker) or _load_splits(experiment, cfg, tracker)
+        configure_ray_data(cfg)
+        splits = _read_splits(experiment, cfg, tracker)
         declared = _declare_data(experiment, cfg, splits, world, tracker)
         plan = TrainPlan(experiment=experiment, config=cfg, context=splits.context, data=declared.plan,
                          eval_blocks={b.split: b.blocks for b in declared.background if isinstance(b, CachedEval)},

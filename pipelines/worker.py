@@ -41,7 +41,7 @@ from .seeding import derived_seed, param_hash, rng_state, seed_all, set_rng_stat
 from .sharding import DataPlan, eval_dataset_name, train_dataset_name
 from .background import cached_eval_rows, head_rows
 from .sparse_grads import SparseGradSync
-from .streaming import assemble_steps
+from .steps import assemble_steps
 
 __all__ = ["TrainPlan", "Worker", "RunState", "EpochTotals", "train_loop", "setup", "restore",
            "train_epoch", "evaluate", "run_epoch", "report_epoch", "gather"]
@@ -53,7 +53,7 @@ class TrainPlan:
 
     experiment: Experiment
     config: dict        #: the validated run config
-    context: Any        #: ``Splits.context`` from ``experiment.load_splits`` (for ``build_model``)
+    context: Any        #: ``StreamSplits.context`` from ``experiment.read_splits`` (for ``build_model``)
     data: DataPlan      #: the declared datasets (``pipelines.sharding``)
     #: eval split -> ref of its step rows built by a background actor
     #: (:class:`pipelines.background.CachedEval`): read directly instead of its dataset
@@ -87,7 +87,7 @@ class RowPrefetcher:
     Started for epoch ``e + 1`` half way through epoch ``e``, so the next epoch's Ray Data pipeline
     (the step sort and its first builds: about 11 s of the 25 s SST Tai-preset epoch was the wait
     for the first batch) runs while this epoch trains.  It yields the shard's raw rows in order:
-    :func:`pipelines.streaming.assemble_steps`, which touches the RNG, stays in the training
+    :func:`pipelines.steps.assemble_steps`, which touches the RNG, stays in the training
     thread, so the batches and the training are exactly those of reading the shard directly.
     An error in the reader thread is raised by the iteration."""
 

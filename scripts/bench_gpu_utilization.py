@@ -3,6 +3,7 @@
 
 See ``benchmarks/gpu_utilization.py`` (run ``--help`` for the flags); ``scripts/gpu_check.sh`` runs it on a GPU.
 """
+import repo_path  # noqa: F401  (benchmarks/ of this checkout; it is not installed)
 from benchmarks.gpu_utilization import main
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark: the input pipeline at scale (SST and Tox21 repeated k times; issue 14).
 
-    python scripts/bench_input_scale.py [--workloads sst,tox21] [--ks 1,5,20] [--modes streaming[,driver]]
+    python scripts/bench_input_scale.py [--workloads sst,tox21] [--ks 1,5,20] [--modes streaming]
                                         [--phases input,train] [--steps 20] [--epochs 2] [--eval-limit 250]
                                         [--base-rows N] [--num-cpus N] [--no-mlflow]
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 
+import repo_path  # noqa: F401  (benchmarks/ of this checkout; it is not installed)
 from benchmarks import input_scale
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 
+import repo_path  # noqa: F401  (benchmarks/ of this checkout; it is not installed)
 from benchmarks import schedulers
 
 

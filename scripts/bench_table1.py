@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 
+import repo_path  # noqa: F401  (benchmarks/ of this checkout; it is not installed)
 from benchmarks import table1
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+import repo_path  # noqa: F401  (benchmarks/ of this checkout; it is not installed)
 from benchmarks import reproduction
 
 

@@ -111,7 +111,9 @@ class LoadReport:
 
 
 # ----------------------------------------------------------------------------- label parsers
-def _parse_binary(text: str) -> float:
+def parse_binary_label(text: str) -> float:
+    """A classification label cell: ``"0"`` / ``"1"`` (any float spelling of them) -> 0.0 / 1.0,
+    empty (after stripping) -> NaN (missing); raises ValueError for anything else."""
     t = text.strip()
     if t == "":
         return math.nan
@@ -121,7 +123,9 @@ def _parse_binary(text: str) -> float:
     return v
 
 
-def _parse_real(text: str) -> float:
+def parse_real_label(text: str) -> float:
+    """A regression label cell: a finite float, empty (after stripping) -> NaN (missing); raises
+    ValueError for junk and for inf / nan."""
     t = text.strip()
     if t == "":
         return math.nan
@@ -202,14 +206,14 @@ def read_molecule_csv(path: str | os.PathLike, *, id_column: Optional[str], smil
 def read_tox21_csv(path, *, on_bad_row: str = "raise"):
     """Records and report for a Tox21 CSV (optionally gzipped) at ``path``."""
     return read_molecule_csv(path, id_column=TOX21_ID_COLUMN, smiles_column=TOX21_SMILES_COLUMN,
-                             label_columns=TOX21_TASKS, parse_label=_parse_binary,
+                             label_columns=TOX21_TASKS, parse_label=parse_binary_label,
                              on_bad_row=on_bad_row)
 
 
 def read_esol_csv(path, *, on_bad_row: str = "raise"):
     """Records and report for an ESOL (``delaney-processed.csv``) file at ``path``."""
     return read_molecule_csv(path, id_column=ESOL_ID_COLUMN, smiles_column=ESOL_SMILES_COLUMN,
-                             label_columns=ESOL_TASKS, parse_label=_parse_real,
+                             label_columns=ESOL_TASKS, parse_label=parse_real_label,
                              on_bad_row=on_bad_row)
 
 
@@ -234,7 +238,7 @@ def read_custom_csv(path, *, smiles_column: str, task_columns: Sequence[str], ta
         raise ValueError(f"task_columns: duplicate column in {list(task_columns)}")
     return read_molecule_csv(path, id_column=id_column, smiles_column=smiles_column,
                              label_columns=tuple(task_columns),
-                             parse_label=_parse_binary if task_type == "classification" else _parse_real,
+                             parse_label=parse_binary_label if task_type == "classification" else parse_real_label,
                              on_bad_row=on_bad_row)
 
 

@@ -3,7 +3,7 @@ as :class:`pipelines.experiment.Experiment` s for :func:`pipelines.train.run`.
 
 Where things run (see ``pipelines/experiment.py``):
 
-* driver (``load_splits``): read the CSV (Tox21, ESOL, or the user's own: ``molecules.dataset:
+* driver (``read_splits``, reads in Ray Data tasks): read the CSV (Tox21, ESOL, or the user's own: ``molecules.dataset:
   csv`` with ``molecules.csv``, ``.smiles_column``, ``.task_columns``, ``.task_type``; the file,
   its SHA-256 and whether it is a known release are logged as MLflow params ``data.csv.*``), parse every SMILES with RDKit (unparsable ones are
   skipped and counted with ``data.skip_bad``, else raise), split (random with a fixed seed, or
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from pipelines.config import Field
-from pipelines.experiment import Experiment, Splits
+from pipelines.experiment import Experiment
 
 from .model import MolBatch, build_compiler, masked_bce_sum
 
@@ -125,12 +125,12 @@ def _check_block(table, good_ref, limit, scaffold):
 
     import ray
 
-    from pipelines.sharding import _cached
+    from pipelines.sharding import cached
 
     from .featurize import SmilesError, parse_smiles
     from .splits import murcko_scaffold
 
-    good = _cached(("good_idx", good_ref[0].hex()), lambda: ray.get(good_ref[0]))
+    good = cached(("good_idx", good_ref[0].hex()), lambda: ray.get(good_ref[0]))
     rank = np.searchsorted(good, np.asarray(table.column("idx")))
     keep = rank < limit
     table = table.filter(pa.array(keep))
@@ -152,15 +152,15 @@ def _check_block(table, good_ref, limit, scaffold):
 
 def _split_block(table, good_ref, assign_ref, split):
     """Ray Data task: parsed CSV rows -> this split's rows ``pos`` / ``rec`` (a pickled
-    :class:`MolRecord` with ``id`` = ``pos``), as :meth:`MoleculeExperiment.load_splits` makes them."""
+    :class:`MolRecord` with ``id`` = ``pos``)."""
     import pyarrow as pa
 
     import ray
 
-    from pipelines.sharding import _cached
+    from pipelines.sharding import cached
 
-    good = _cached(("good_idx", good_ref[0].hex()), lambda: ray.get(good_ref[0]))
-    split_of, pos_of = _cached(("assign", assign_ref[0].hex()), lambda: ray.get(assign_ref[0]))
+    good = cached(("good_idx", good_ref[0].hex()), lambda: ray.get(good_ref[0]))
+    split_of, pos_of = cached(("assign", assign_ref[0].hex()), lambda: ray.get(assign_ref[0]))
     rank = np.searchsorted(good, np.asarray(table.column("idx")))
     inside = rank < len(split_of)
     mine = np.zeros(len(rank), bool)
@@ -239,85 +239,23 @@ class MoleculeExperiment(Experiment):
             raise FileNotFoundError(f"molecules.csv: no such file {path}")
         return path
 
-    def _read(self, config: dict, skip_bad: bool):
-        from .data import is_canonical, load_esol, load_tox21, read_custom_csv
-
-        mc = config["molecules"]
-        on_bad_row = "skip" if skip_bad else "raise"
-        if self.dataset == "csv":
-            path = self._csv_path(mc)
-            rows, report = read_custom_csv(path, smiles_column=mc["smiles_column"], task_columns=self.tasks,
-                                           task_type="classification" if self.classification else "regression",
-                                           id_column=mc["id_column"], on_bad_row=on_bad_row)
-        else:
-            rows, report = (load_tox21 if self.classification else load_esol)(on_bad_row=on_bad_row)
-        params = {"data.csv.file": str(report.path), "data.csv.sha256": report.sha256,
-                  "data.csv.canonical": "true" if is_canonical(report) else "false"}
-        return rows, report, params
-
-    def load_splits(self, config: dict) -> Splits:
-        from .featurize import SmilesError, parse_smiles
-        from .splits import random_split, scaffold_split
-
-        mc = config["molecules"]
-        if mc["dataset"] != self.dataset:
-            raise ValueError(f"config molecules.dataset={mc['dataset']!r} but this experiment is {self.dataset!r}")
-        skip_bad = config["data"]["skip_bad"]
-        rows, report, params = self._read(config, skip_bad)
-        skipped = {"all/bad_rows": len(report.skipped)}
-        if report.skipped:
-            log.warning("%s", report.summary())
-        if mc["limit"]:
-            rows = rows[:mc["limit"]]
-        kept, bad = [], 0
-        for r in rows:
-            try:
-                parse_smiles(r.smiles, mol_id=r.mol_id, where=r.where)
-            except SmilesError:
-                if not skip_bad:
-                    raise
-                bad += 1
-                continue
-            kept.append(r)
-        skipped["all/unparsable_smiles"] = bad
-        fr = tuple(float(x) for x in mc["fractions"])
-        if mc["split"] == "random":
-            parts = random_split(len(kept), fr, seed=mc["split_seed"])
-        else:
-            parts = scaffold_split([r.smiles for r in kept], fr)
-        out = {}
-        for name, idx in zip(("train", "dev", "test"), parts):
-            out[name] = [MolRecord(k, kept[int(i)].smiles, np.asarray(kept[int(i)].labels, np.float32))
-                         for k, i in enumerate(idx)]
-        scaling = TargetScaling()
-        if not self.classification:
-            y = np.stack([r.labels for r in out["train"]]).astype(np.float64)
-            if len(self.tasks) == 1 and not np.isnan(y).any():
-                y = y[:, 0]   # (ESOL: as it always was)
-                scaling = TargetScaling(float(y.mean()), float(y.std() or 1.0))
-            else:
-                mean, std = [], []
-                for t in range(y.shape[1]):
-                    col = y[~np.isnan(y[:, t]), t]
-                    mean.append(float(col.mean()) if len(col) else 0.0)
-                    std.append(float(col.std() or 1.0) if len(col) else 1.0)
-                scaling = (TargetScaling(mean[0], std[0]) if len(self.tasks) == 1
-                           else TargetScaling(tuple(mean), tuple(std)))
-        return Splits(out, skipped, scaling, params)
-
     def read_splits(self, config: dict):
-        """:meth:`load_splits` in Ray Data tasks (``data.streaming``): the CSV read and parsed in
-        Ray Data tasks (:func:`pipelines.reading.read_molecule_csv_ds`), each SMILES checked
+        """The splits: the CSV read and parsed in
+        Ray Data tasks (:func:`pipelines.molecules.reading.read_molecule_csv_ds`), each SMILES checked
         with RDKit (and, for a scaffold split, its scaffold computed) in Ray Data tasks, the
         splits' :class:`MolRecord` s made there and kept as Ray Data blocks, the regression
-        target statistics by a Ray Data aggregation (:func:`pipelines.reading.label_stats`).
+        target statistics by a Ray Data aggregation (:func:`pipelines.molecules.reading.label_stats`).
         The driver holds per-record arrays of a few bytes (which rows are kept, which split and
         position each goes to; the scaffold keys for a scaffold split), never the records.
-        Same records, splits, skip counts (``all/bad_rows``, ``all/unparsable_smiles``), errors
-        (without ``data.skip_bad``) and params as :meth:`load_splits`."""
+        Records are :class:`MolRecord` ``(id, smiles, labels)`` with ``id`` = the position in the
+        split; skip counts ``all/bad_rows``, ``all/unparsable_smiles``; without
+        ``data.skip_bad`` the first bad row raises (``file:line``); params ``data.csv.*``.  The
+        same records, splits and errors as the in-process readers
+        (:func:`pipelines.molecules.data.load_tox21` etc., then RDKit and
+        :mod:`pipelines.molecules.splits`)."""
         import ray
 
-        from pipelines.reading import label_stats, read_molecule_csv_ds
+        from .reading import label_stats, read_molecule_csv_ds
         from pipelines.streaming import SplitSource, StreamSplits
 
         from . import data as D
@@ -331,17 +269,17 @@ class MoleculeExperiment(Experiment):
         if self.dataset == "csv":
             path = self._csv_path(mc)
             cols = dict(id_column=mc["id_column"], smiles_column=mc["smiles_column"], label_columns=self.tasks,
-                        parse_label=D._parse_binary if self.classification else D._parse_real)
+                        parse_label=D.parse_binary_label if self.classification else D.parse_real_label)
             expected = None
         elif self.classification:
             path = str(D.resolve_data_file(D.TOX21_RELPATH, url=D.TOX21_URL))
             cols = dict(id_column=D.TOX21_ID_COLUMN, smiles_column=D.TOX21_SMILES_COLUMN,
-                        label_columns=D.TOX21_TASKS, parse_label=D._parse_binary)
+                        label_columns=D.TOX21_TASKS, parse_label=D.parse_binary_label)
             expected = D.TOX21_CSV_SHA256
         else:
             path = str(D.resolve_data_file(D.ESOL_RELPATH, url=D.ESOL_URL, sha256=D.ESOL_SHA256))
             cols = dict(id_column=D.ESOL_ID_COLUMN, smiles_column=D.ESOL_SMILES_COLUMN,
-                        label_columns=D.ESOL_TASKS, parse_label=D._parse_real)
+                        label_columns=D.ESOL_TASKS, parse_label=D.parse_real_label)
             expected = D.ESOL_SHA256
         data = read_molecule_csv_ds(path, check_rdkit=False, **cols)
         s = data.summary
@@ -377,7 +315,7 @@ class MoleculeExperiment(Experiment):
                 k = int(bad[np.argmin(rank[bad])])
                 if first_bad is None or rank[k] < first_bad[0]:
                     first_bad = (int(rank[k]), b.column("rec")[k].as_py())
-        if first_bad is not None and not skip_bad:   # the same error load_splits raises
+        if first_bad is not None and not skip_bad:   # parse_smiles' error for the first bad row
             rec = pickle.loads(first_bad[1])
             parse_smiles(rec.smiles, mol_id=rec.mol_id, where=rec.where)
         skipped["all/unparsable_smiles"] = int((~ok).sum())

@@ -47,7 +47,7 @@ def build_throughput(res: RunResult) -> dict[str, float]:
 def predict(experiment: MoleculeExperiment, cfg: dict, context: TargetScaling, state_dict, records,
             batch_size: int = 128):
     """Probabilities / values of ``state_dict``'s model for ``records`` (built here, on the driver;
-    ``context``: the target scaling ``experiment.load_splits`` returned)."""
+    ``context``: the target scaling ``experiment.read_splits`` returned)."""
     import torch
 
     model = experiment.build_model(cfg, context)
@@ -75,10 +75,10 @@ def _predict_block(table, experiment, cfg, context, state_ref, batch_size):
     import pyarrow as pa
     import ray
 
-    from pipelines.sharding import _cached
+    from pipelines.sharding import cached
 
     recs = [pickle.loads(b) for b in table.column("rec").to_pylist()]
-    state = _cached(("best_state", state_ref[0].hex()), lambda: ray.get(state_ref[0]))
+    state = cached(("best_state", state_ref[0].hex()), lambda: ray.get(state_ref[0]))
     probs = predict(experiment, cfg, context, state, recs, batch_size) if recs else np.zeros((0, len(experiment.tasks)))
     labels = np.stack([r.labels for r in recs]) if recs else np.zeros((0, len(experiment.tasks)))
     lists = pa.list_(pa.float64())
@@ -92,23 +92,15 @@ def predict_test_split(experiment: MoleculeExperiment, cfg: dict, state_dict, co
     """``(ids, smiles, labels [n, T], probs [n, T])`` of the best model on the test split, in
     test-split order; None when there is no test split.
 
-    With ``data.streaming`` (the default) the test records are read, featurised and predicted in
-    Ray Data tasks (:meth:`MoleculeExperiment.read_splits`, then one model per task process);
-    only these four columns reach the driver.  Otherwise the driver loads the splits
-    (:meth:`MoleculeExperiment.load_splits`) and predicts, as the driver data path does.
-    ``context``: the run's target scaling (``RunResult.context``; read again when None)."""
-    if not cfg["data"]["streaming"]:
-        splits = experiment.load_splits(cfg)
-        test = splits.records.get("test") or []
-        if not test:
-            return None
-        probs = predict(experiment, cfg, context or splits.context, state_dict, test)
-        return ([r.id for r in test], [r.smiles for r in test], np.stack([r.labels for r in test]), probs)
+    The test records are read, featurised and predicted in Ray Data tasks
+    (:meth:`MoleculeExperiment.read_splits`, then one model per task process); only these four
+    columns reach the driver.  ``context``: the run's target scaling (``RunResult.context``; read
+    again when None)."""
     import ray
 
-    from pipelines.train import _connect_ray
+    from pipelines.train import connect_ray
 
-    started = _connect_ray(cfg)
+    started = connect_ray(cfg)
     try:
         splits = experiment.read_splits(cfg)
         src = splits.sources.get("test")

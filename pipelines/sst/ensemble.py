@@ -9,10 +9,9 @@ is scored like one model's softmax output (fine-grained = argmax, binary = p(3)+
 p(0)+p(1) on non-neutral nodes), on the root nodes for the paper's metrics.  Members must agree
 on what defines the data and vocabulary (``sst.vocab_splits``, ``sst.embeddings``, ``sst.limit_*``,
 ``data.skip_bad``); the data directory comes from ``FOLD_DATA_DIR`` (or each run's ``sst.data_dir``).
-With the members' ``data.streaming`` (the default) the split is read, parsed and evaluated in Ray
-Data tasks (:func:`evaluate_ensemble_streaming`: count sums per block reach the driver, not the
-trees; Ray is started locally or reached at ``ray.address`` / ``RAY_ADDRESS``); with
-``data.streaming: false`` the driver loads the splits (:func:`evaluate_ensemble`).
+The split is read, parsed and evaluated in Ray Data tasks (:func:`evaluate_ensemble_streaming`:
+count sums per block reach the driver, not the trees; Ray is started locally or reached at
+``ray.address`` / ``RAY_ADDRESS``); :func:`evaluate_ensemble` scores trees held in-process.
 
 The store is ``MLFLOW_TRACKING_URI`` (default ``sqlite:///mlflow.db``); the result is logged there as
 a run of experiment ``sst-ensemble`` (params: the member run ids; metrics ``<split>/fine`` etc. for
@@ -59,7 +58,7 @@ def load_member(client, run_id: str) -> tuple[dict, dict]:
 def evaluate_ensemble(experiment: SSTExperiment, context: SSTContext, configs: Sequence[dict],
                       states: Sequence[dict], trees: Sequence, batch_size: int = 250) -> tuple[dict, list[dict]]:
     """``(ensemble metrics, [member metrics])`` over ``trees`` (keys of
-    :func:`pipelines.sst.model.summarize_counts`).  ``context``: what ``experiment.load_splits``
+    :func:`pipelines.sst.model.summarize_counts`).  ``context``: what ``experiment.read_splits``
     loaded (vocabulary, embedding matrix) for the members' shared data config."""
     ens_sums, member_sums = _ensemble_sums(experiment, context, configs, states, trees, batch_size)
     return summarize_counts(ens_sums), [summarize_counts(s) for s in member_sums]
@@ -105,10 +104,10 @@ def _ensemble_block(table, experiment, configs, state_refs, context, batch_size)
     import pyarrow as pa
     import ray
 
-    from pipelines.sharding import _cached
+    from pipelines.sharding import cached
 
     trees = [pickle.loads(b) for b in table.column("rec").to_pylist()]
-    states = [_cached(("member_state", r.hex()), lambda r=r: ray.get(r)) for r in state_refs]
+    states = [cached(("member_state", r.hex()), lambda r=r: ray.get(r)) for r in state_refs]
     sums = _ensemble_sums(experiment, context, configs, states, trees, batch_size) if trees else ({}, [])
     return pa.table({"sums": pa.array([pickle.dumps(sums)], pa.binary())})
 
@@ -122,9 +121,9 @@ def evaluate_ensemble_streaming(experiment: SSTExperiment, configs: Sequence[dic
 
     import ray
 
-    from pipelines.train import _connect_ray
+    from pipelines.train import connect_ray
 
-    started = _connect_ray(configs[0])
+    started = connect_ray(configs[0])
     try:
         splits = experiment.read_splits(configs[0])
         src = splits.sources.get(split)
@@ -187,12 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
     experiment = SSTExperiment()
     print(f"ensemble of {len(configs)} on {args.split}", flush=True)
-    if _get(configs[0], ("data", "streaming")) is False:   # the members' driver data path
-        splits = experiment.load_splits(configs[0])
-        ens, members = evaluate_ensemble(experiment, splits.context, configs, states, splits.records[args.split],
-                                         args.batch_size)
-    else:   # trees read and evaluated in Ray Data tasks
-        ens, members = evaluate_ensemble_streaming(experiment, configs, states, args.split, args.batch_size)
+    ens, members = evaluate_ensemble_streaming(experiment, configs, states, args.split, args.batch_size)
     table = results_table(args.run_ids, ens, members)
     print(table.to_string(index=False))
     out = {"ensemble": ens, "members": members, "run_id": None}

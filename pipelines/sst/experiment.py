@@ -3,7 +3,7 @@ for :func:`pipelines.train.run` (paper Table 2).
 
 Where things run (see ``pipelines/experiment.py``):
 
-* driver (``load_splits``, or with ``data.streaming`` (the default) ``read_splits``: the files
+* driver (``read_splits``: the files
   read and parsed in Ray Data tasks, the trees kept as Ray Data blocks, the vocabulary counted by
   a Ray Data aggregation): parse the three SST splits, or the user's own PTB-format files
   (``sst.train_file`` / ``sst.dev_file`` / ``sst.test_file``; only the canonical files are
@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipelines.config import Field
+from pipelines.experiment import Experiment
 from schedulers import SCHEDULERS
-from pipelines.experiment import Experiment, Splits
 
 from .model import SentimentModules, build_compiler, count_stats, node_outputs, summarize_counts
 
@@ -97,7 +97,7 @@ del F_
 
 @dataclasses.dataclass(frozen=True)
 class SSTContext:
-    """What :meth:`SSTExperiment.load_splits` loads besides the trees (``Splits.context``)."""
+    """What :meth:`SSTExperiment.read_splits` loads besides the trees (``StreamSplits.context``)."""
 
     vocab: Vocab                #: words of ``sst.vocab_splits`` (word -> row of the matrix)
     emb_dim: int                #: embedding size (the matrix's columns)
@@ -126,62 +126,19 @@ class SSTExperiment(Experiment):
     config_schema = SCHEMA
 
     # ------------------------------------------------------------------ driver
-    def load_splits(self, config: dict) -> Splits:
-        from .data import load_split_source
-        from .vocab import build_vocab
-
-        sc = config["sst"]
-        skip_bad = bool(config["data"]["skip_bad"])
-        trees, skipped, params = {}, {}, {}
-        for split in ("train", "dev", "test"):
-            path = sc[f"{split}_file"]
-            if path == "":
-                if split == "train":
-                    raise ValueError("sst.train_file: empty path (null = the canonical SST train split)")
-                params[f"data.{split}.file"] = "none"
-                continue  # no such split
-            t, report, canonical = load_split_source(split, path, data_dir=sc["data_dir"], skip_bad=skip_bad)
-            skipped[f"{split}/malformed"] = int(report.n_skipped)
-            if report.n_skipped:
-                log.warning("%s: skipped %d malformed line(s), first: %s", report.path, report.n_skipped,
-                            report.skipped_lines[:3])
-            if not canonical:
-                log.info("%s: %s split from a non-canonical file (%d trees, sha256 %s)",
-                         report.path, split, len(t), report.sha256)
-            params.update({f"data.{split}.file": str(report.path), f"data.{split}.sha256": str(report.sha256),
-                           f"data.{split}.canonical": "true" if canonical else "false"})
-            trees[split] = t
-        for split in sc["vocab_splits"]:
-            if split not in ("train", "dev", "test"):
-                raise ValueError(f"sst.vocab_splits: unknown split {split!r}")
-        vocab = build_vocab(*(trees[s] for s in sc["vocab_splits"] if s in trees))
-        matrix, stats = _load_embeddings(config, vocab)
-        emb: Any = matrix
-        try:
-            import ray
-
-            if ray.is_initialized():
-                emb = ray.put(matrix)  # shipped once to the train workers
-        except ImportError:  # pragma: no cover
-            pass
-        for split in list(trees):
-            limit = sc[f"limit_{split}"]
-            if limit:
-                trees[split] = trees[split][:limit]
-        context = SSTContext(vocab=vocab, emb_dim=int(matrix.shape[1]), embeddings=emb,
-                             embedding_stats=stats)
-        return Splits(trees, skipped, context, params)
-
     def read_splits(self, config: dict):
-        """:meth:`load_splits` with the files read and parsed in Ray Data tasks
-        (:func:`pipelines.reading.read_sst_file`) and the vocabulary counted by a Ray Data
-        streaming pass (word counts made in the parse tasks, :func:`pipelines.reading.vocab_from_counts`): the same trees (as Ray Data
-        blocks, never on the driver), skip counts, vocabulary, embeddings and params."""
+        """The SST splits (``sst.<split>_file``; null: the canonical release, "": none) read and
+        parsed in Ray Data tasks (:func:`pipelines.sst.reading.read_sst_file`; trees as Ray Data
+        blocks, never on the driver), the first ``sst.limit_<split>`` of each; the vocabulary
+        (``sst.vocab_splits``) counted in the parse tasks
+        (:func:`pipelines.sst.reading.vocab_from_counts`), the embeddings, skip counts
+        (``<split>/malformed``) and params (``data.<split>.file`` / ``.sha256`` / ``.canonical``).
+        The same trees, in file order, as :func:`pipelines.sst.data.load_split_source`."""
         import os
 
         import ray
 
-        from pipelines.reading import read_sst_file, vocab_from_counts
+        from .reading import read_sst_file, vocab_from_counts
         from pipelines.streaming import StreamSplits, with_positions
 
         from .data import SPLITS, SST_SHA256, resolve_split_path

@@ -1,5 +1,6 @@
-"""The scripts in scripts/ are thin CLIs over benchmarks/: each one starts from any directory
-with the installed package alone (no sys.path edits) and parses its flags."""
+"""The scripts in scripts/ are thin CLIs over benchmarks/: each one starts from any directory,
+without PYTHONPATH, and parses its flags.  benchmarks/ is not installed (only foldengine,
+schedulers and pipelines are): the scripts find it in their own checkout (scripts/repo_path.py)."""
 from __future__ import annotations
 
 import os
@@ -21,6 +22,17 @@ def test_script_help_runs_from_elsewhere(name, tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "usage:" in res.stdout
+
+
+def test_benchmarks_is_not_an_installed_package(tmp_path):
+    """From elsewhere, without PYTHONPATH: the installed packages import, ``benchmarks`` does not."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = ("import importlib.util as u; print([u.find_spec(m) is not None "
+            "for m in ('foldengine', 'schedulers', 'pipelines', 'benchmarks')])")
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[True, True, True, False]"
 
 
 def test_reproduction_summary(tmp_path):

@@ -28,3 +28,23 @@ def esol_smiles(data_dir, n: int) -> list:
     import csv
     with open(f"{data_dir}/molecules/esol.csv", newline="") as f:
         return [row["smiles"].strip() for _, row in zip(range(n), csv.DictReader(f))]
+
+
+def source_records(source) -> list:
+    """The records of a :class:`pipelines.streaming.SplitSource` in position order (checks that
+    the positions are 0..n-1, each once)."""
+    import pickle
+
+    rows = source.dataset.take_all()
+    pos = [int(r["pos"]) for r in rows]
+    assert sorted(pos) == list(range(source.n)), "positions must be 0..n-1, each once"
+    out = [None] * source.n
+    for r in rows:
+        out[int(r["pos"])] = pickle.loads(r["rec"])
+    return out
+
+
+def read_records(experiment, config):
+    """``experiment.read_splits(config)`` and its records per split (brought to the caller)."""
+    splits = experiment.read_splits(config)
+    return splits, {name: source_records(src) for name, src in splits.sources.items()}

@@ -8,7 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines.streaming import _assign_train, head_steps, train_step_positions
+from pipelines.steps import train_step_positions
+from pipelines.streaming import _assign_train, head_steps
 
 
 @pytest.mark.parametrize("n,batch_size,world,epoch", [(113, 25, 2, 1), (100, 10, 3, 2), (7, 4, 1, 5), (64, 64, 2, 1)])
@@ -45,7 +46,7 @@ def test_head_steps_in_whole_steps_and_at_most_the_epoch():
 def test_gather_positions_returns_rows_in_the_asked_order(ray_cluster):
     import ray
 
-    from pipelines.streaming import gather_positions
+    from pipelines.steps import gather_positions
 
     blocks = [pa.table({"pos": pa.array(np.arange(a, b), pa.int64()),
                         "rec": pa.array([str(p).encode() for p in range(a, b)], pa.binary())})
@@ -68,7 +69,8 @@ def _blocks(ranges, extra=False):
 def test_gather_positions_takes_the_asked_columns_and_checks_the_tiling(ray_cluster):
     import ray
 
-    from pipelines.streaming import block_starts, gather_positions
+    from pipelines.steps import gather_positions
+    from pipelines.streaming import block_starts
 
     refs = [ray.put(t) for t in _blocks([(0, 4), (4, 9)], extra=True)]
     starts = block_starts(refs, 9)

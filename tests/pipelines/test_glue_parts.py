@@ -6,7 +6,10 @@ import torch
 
 from pipelines import checkpoint
 from pipelines.seeding import derived_seed, param_hash, rng_state, seed_all, set_rng_state
-from pipelines.sharding import ShardSpec, eval_groups, train_steps_per_epoch
+from pipelines.sharding import eval_groups, train_steps_per_epoch
+from pipelines.steps import train_step_positions
+
+from . import step_reference as ref
 from pipelines.worker import EpochTotals, RunState
 
 
@@ -15,23 +18,29 @@ def test_train_shards_split_each_step_over_ranks_without_overlap():
     steps = train_steps_per_epoch(n, bs, world)
     assert steps == 4 + 1  # 7 leftover records >= 3 ranks: one more (partial) step
     seen = []
+    rows = [ref.train_rows(seed, 2, r, world, bs, n, steps) for r in range(world)]
     for i in range(steps):
-        parts = [ShardSpec("train", 2, r, world, bs, n).record_indices(i, seed, "k") for r in range(world)]
+        parts = [(rows[r][i][1], rows[r][i][2]) for r in range(world)]
         assert len({denom for _, denom in parts}) == 1
         step = np.concatenate([idx for idx, _ in parts])
         assert len(step) == parts[0][1] and all(len(idx) > 0 for idx, _ in parts)
         seen.extend(step.tolist())
+        for r in range(world):   # what the streaming path assigns is the reference
+            got, denom = train_step_positions(seed, 2, r, world, bs, n, i)
+            assert np.array_equal(got, parts[r][0]) and denom == parts[r][1]
     assert sorted(seen) == list(range(n))
-    other = ShardSpec("train", 3, 0, world, bs, n).record_indices(0, seed, "k")[0]
-    assert not np.array_equal(other, ShardSpec("train", 2, 0, world, bs, n).record_indices(0, seed, "k")[0])
+    other = ref.train_rows(seed, 3, 0, world, bs, n, 1)[0][1]
+    assert not np.array_equal(other, rows[0][0][1])
 
 
 def test_eval_shards_cover_the_split_once():
     n, bs, world = 23, 5, 2
     seen = []
     for r in range(world):
-        for i in range(eval_groups(n, bs, world, r)):
-            seen.extend(ShardSpec("eval", 0, r, world, bs, n).record_indices(i, 0, "k")[0].tolist())
+        rows = ref.eval_rows(r, world, bs, n)
+        assert [i for i, _, _ in rows] == list(range(eval_groups(n, bs, world, r)))
+        for _, idx, _ in rows:
+            seen.extend(idx.tolist())
     assert sorted(seen) == list(range(n))
 
 

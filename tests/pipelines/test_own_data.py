@@ -1,4 +1,4 @@
-"""Your own data through config keys (no Ray): ``sst.train_file`` / ``sst.dev_file`` /
+"""Your own data through config keys (read with Ray Data where the experiment reads splits): ``sst.train_file`` / ``sst.dev_file`` /
 ``sst.test_file`` and ``molecules.dataset: csv`` with ``molecules.csv``, ``.smiles_column``,
 ``.task_columns``, ``.task_type``.  Files are written by the tests."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pipelines.molecules.experiment import SCHEMA as MOL_SCHEMA
 from pipelines.molecules.experiment import MoleculeExperiment, MolRecord, TargetScaling
 from pipelines.sst import data as SD
 
-from .helpers import esol_smiles, sst_lines
+from .helpers import esol_smiles, read_records, sst_lines
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -64,16 +64,16 @@ def _sst_cfg(*overrides):
     return load_config(os.path.join(REPO, "conf", "sst_tai2015.yaml"), list(overrides), merged_schema(SCHEMA))
 
 
-def test_sst_load_splits_from_own_files(tmp_path, trees):
+def test_sst_read_splits_from_own_files(tmp_path, trees, ray_data_ordered):
     from pipelines.sst.experiment import SSTExperiment
 
     train = _write(tmp_path / "train.txt", trees * 3 + ["(3 (2 a) (2 b) (2 c))"])   # last line malformed
     dev = _write(tmp_path / "dev.txt", trees[:2])
     cfg = _sst_cfg(f"sst.train_file={train}", f"sst.dev_file={dev}", "sst.test_file=", "data.skip_bad=true",
                    "sst.vocab_splits=[train,dev,test]")
-    splits = SSTExperiment().load_splits(cfg)
-    assert set(splits.records) == {"train", "dev"}          # '' = no test split
-    assert len(splits.records["train"]) == 12 and len(splits.records["dev"]) == 2
+    splits, records = read_records(SSTExperiment(), cfg)
+    assert set(records) == {"train", "dev"}          # '' = no test split
+    assert len(records["train"]) == 12 and len(records["dev"]) == 2
     assert splits.skipped == {"train/malformed": 1, "dev/malformed": 0}
     p = splits.params
     assert p["data.train.file"] == train and p["data.train.canonical"] == "false"
@@ -82,13 +82,13 @@ def test_sst_load_splits_from_own_files(tmp_path, trees):
     assert set(splits.context.vocab.itos[1:]) == {w for t in trees for w in SD.leaves(SD.parse_line(t))}
     # without skip_bad the malformed line fails, naming file:line
     with pytest.raises(SD.SSTFormatError, match=f"{train}:13:"):
-        SSTExperiment().load_splits(_sst_cfg(f"sst.train_file={train}", f"sst.dev_file={dev}"))
+        SSTExperiment().read_splits(_sst_cfg(f"sst.train_file={train}", f"sst.dev_file={dev}"))
 
 
-def test_sst_default_files_are_canonical(data_dir):
+def test_sst_default_files_are_canonical(data_dir, ray_data_ordered):
     from pipelines.sst.experiment import SSTExperiment
 
-    splits = SSTExperiment().load_splits(_sst_cfg("sst.limit_train=10", "sst.limit_dev=5", "sst.limit_test=5"))
+    splits = SSTExperiment().read_splits(_sst_cfg("sst.limit_train=10", "sst.limit_dev=5", "sst.limit_test=5"))
     assert {k: v for k, v in splits.params.items() if k.endswith("canonical")} == {
         "data.train.canonical": "true", "data.dev.canonical": "true", "data.test.canonical": "true"}
     assert splits.params["data.train.sha256"] == SD.SST_SHA256["train"]
@@ -147,22 +147,22 @@ def test_from_config_checks_the_csv_keys(tmp_path):
     assert MoleculeExperiment.from_config(_mol_cfg("molecules.dataset=tox21")).dataset == "tox21"
 
 
-def test_custom_regression_with_missing_labels(tmp_path, smiles):
+def test_custom_regression_with_missing_labels(tmp_path, smiles, ray_data_ordered):
     path = _csv_regression(tmp_path, gz=True, smiles=smiles)
     cfg = _mol_cfg(f"molecules.csv={path}", "molecules.task_columns=[logS,logP]", "molecules.task_type=regression",
                    "molecules.atom_hidden=5", "molecules.pair_hidden=4", "molecules.mol_hidden=6",
                    "molecules.n_weave=1")
     exp = MoleculeExperiment.from_config(cfg)
-    splits = exp.load_splits(cfg)
+    splits, records = read_records(exp, cfg)
     assert splits.skipped == {"all/bad_rows": 0, "all/unparsable_smiles": 1}
-    assert sum(len(v) for v in splits.records.values()) == 24
+    assert sum(len(v) for v in records.values()) == 24
     assert splits.params["data.csv.canonical"] == "false" and splits.params["data.csv.file"] == path
     s = splits.context
     assert isinstance(s.mean, tuple) and len(s.mean) == 2 and all(v > 0 for v in s.std)
-    y = np.stack([r.labels for r in splits.records["train"]])
+    y = np.stack([r.labels for r in records["train"]])
     assert s.mean[0] == pytest.approx(np.nanmean(y[:, 0]))
     model = exp.build_model(cfg, s)
-    batch = exp.make_batch(model, splits.records["train"])
+    batch = exp.make_batch(model, records["train"])
     loss, stats = exp.loss(model, batch)
     assert torch.isfinite(loss)
     loss.backward()
@@ -172,17 +172,17 @@ def test_custom_regression_with_missing_labels(tmp_path, smiles):
     assert math.isfinite(m["rmse"]) and math.isfinite(m["mae"])
 
 
-def test_custom_classification_csv(tmp_path, smiles):
+def test_custom_classification_csv(tmp_path, smiles, ray_data_ordered):
     rows = ["smiles,active,toxic"] + [f"{s},{i % 2},{'' if i % 3 == 0 else (i // 2) % 2}"
                                       for i, s in enumerate(smiles * 2)]
     path = _write(tmp_path / "cls.csv", rows)
     cfg = _mol_cfg(f"molecules.csv={path}", "molecules.task_columns=[active,toxic]",
                    "molecules.atom_hidden=5", "molecules.pair_hidden=4", "molecules.mol_hidden=6")
     exp = MoleculeExperiment.from_config(cfg)
-    splits = exp.load_splits(cfg)
+    splits, records = read_records(exp, cfg)
     assert exp.classification and exp.tasks == ("active", "toxic") and splits.context == TargetScaling()
     model = exp.build_model(cfg, splits.context)
-    recs = splits.records["train"]
+    recs = records["train"]
     stats = exp.eval_stats(model, exp.make_batch(model, recs))
     m = exp.summarize(stats)
     assert set(k for k in m if k.startswith("auc/")) == {"auc/active", "auc/toxic"}

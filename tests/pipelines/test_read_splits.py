@@ -1,10 +1,9 @@
-"""``Experiment.read_splits`` (files read and parsed in Ray Data tasks, ``data.streaming``) gives
-what ``load_splits`` (the driver loads everything) gives: the same records at the same positions
+"""``Experiment.read_splits`` (files read and parsed in Ray Data tasks) gives what the reference
+in-process loaders (``reference_splits``: the driver loads everything) give: the same records at the same positions
 of each split, skip counts, context and params, and the same errors."""
 from __future__ import annotations
 
 import os
-import pickle
 
 import numpy as np
 import pytest
@@ -15,7 +14,8 @@ from pipelines.molecules.experiment import SCHEMA as MOL_SCHEMA, MoleculeExperim
 from pipelines.molecules.featurize import SmilesError
 from pipelines.sst.experiment import SCHEMA as SST_SCHEMA, SSTExperiment
 
-from .helpers import sst_lines
+from .helpers import source_records, sst_lines
+from .reference_splits import molecule_splits, sst_splits, toy_splits
 from .toy_experiment import ToyExperiment
 
 pytestmark = [pytest.mark.integration]
@@ -33,23 +33,13 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FOLD_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def _records(source) -> list:
-    rows = source.dataset.take_all()
-    pos = [int(r["pos"]) for r in rows]
-    assert sorted(pos) == list(range(source.n)), "positions must be 0..n-1, each once"
-    out = [None] * source.n
-    for r in rows:
-        out[int(r["pos"])] = pickle.loads(r["rec"])
-    return out
-
-
 def _same_mol(a, b):
     assert len(a) == len(b)
     for x, y in zip(a, b):
         assert (x.id, x.smiles) == (y.id, y.smiles) and np.array_equal(x.labels, y.labels, equal_nan=True)
 
 
-def test_sst_read_splits_equal_load_splits(tmp_path, data_dir):
+def test_sst_read_splits_equal_the_reference(tmp_path, data_dir):
     bad = tmp_path / "mine.txt"
     good = sst_lines(data_dir, 30)
     bad.write_text("\n".join(good[:10] + ["(9 x)"] + good[10:] + ["(3 (2 a)"]) + "\n", encoding="utf-8")
@@ -57,17 +47,17 @@ def test_sst_read_splits_equal_load_splits(tmp_path, data_dir):
     cfg = load_config(os.path.join(REPO, "conf", "sst_tai2015.yaml"),
                       [f"sst.train_file={bad}", f"sst.dev_file={data_dir}/sst/dev.txt", "sst.test_file=",
                        "sst.limit_dev=57", "data.skip_bad=true", "sst.state_size=4"], merged_schema(SST_SCHEMA))
-    old = exp.load_splits(cfg)
+    old = sst_splits(cfg)
     new = exp.read_splits(cfg)
     assert set(new.sources) == set(old.records) == {"train", "dev"}
     for split in old.records:
-        assert _records(new.sources[split]) == old.records[split], split
+        assert source_records(new.sources[split]) == old.records[split], split
     assert new.skipped == old.skipped == {"train/malformed": 2, "dev/malformed": 0}
     assert new.params == old.params
     assert new.context.vocab == old.context.vocab and new.context.emb_dim == old.context.emb_dim
     assert np.array_equal(new.context.matrix(), old.context.matrix())
     with pytest.raises(Exception) as want:
-        exp.load_splits(dict(cfg, data=dict(cfg["data"], skip_bad=False)))
+        sst_splits(dict(cfg, data=dict(cfg["data"], skip_bad=False)))
     with pytest.raises(type(want.value)) as got:
         exp.read_splits(dict(cfg, data=dict(cfg["data"], skip_bad=False)))
     assert str(got.value) == str(want.value) and f"{bad}:11" in str(got.value)
@@ -77,13 +67,13 @@ def test_sst_read_splits_equal_load_splits(tmp_path, data_dir):
     ("tox21", ["molecules.limit=700", "molecules.split_seed=3"]),
     ("tox21", ["molecules.limit=500", "molecules.split=scaffold"]),
     ("esol", [])])
-def test_molecule_read_splits_equal_load_splits(dataset, extra):
+def test_molecule_read_splits_equal_the_reference(dataset, extra):
     cfg = load_config(None, [f"molecules.dataset={dataset}", "data.skip_bad=true", *extra], merged_schema(MOL_SCHEMA))
     exp = MoleculeExperiment.from_config(cfg)
-    old = exp.load_splits(cfg)
+    old = molecule_splits(exp, cfg)
     new = exp.read_splits(cfg)
     for split in ("train", "dev", "test"):
-        _same_mol(_records(new.sources[split]), old.records[split])
+        _same_mol(source_records(new.sources[split]), old.records[split])
     assert new.skipped == old.skipped and new.params == old.params
     if dataset == "esol":
         assert new.context.mean == pytest.approx(old.context.mean, abs=1e-12)
@@ -94,7 +84,7 @@ def test_molecule_read_splits_equal_load_splits(dataset, extra):
 
 def test_molecule_csv_bad_rows_and_smiles(tmp_path, data_dir):
     """A user CSV with a malformed row and an unparsable SMILES: same counts with
-    ``data.skip_bad``, and without it the same errors (``file:line``) as ``load_splits``."""
+    ``data.skip_bad``, and without it the same errors (``file:line``) as the reference loader."""
     import csv
 
     with open(f"{data_dir}/molecules/esol.csv", newline="") as f:
@@ -108,29 +98,29 @@ def test_molecule_csv_bad_rows_and_smiles(tmp_path, data_dir):
             "molecules.task_type=regression"]
     cfg = load_config(None, over + ["data.skip_bad=true"], merged_schema(MOL_SCHEMA))
     exp = MoleculeExperiment.from_config(cfg)
-    old, new = exp.load_splits(cfg), exp.read_splits(cfg)
+    old, new = molecule_splits(exp, cfg), exp.read_splits(cfg)
     assert new.skipped == old.skipped == {"all/bad_rows": 1, "all/unparsable_smiles": 1}
     for split in ("train", "dev", "test"):
-        _same_mol(_records(new.sources[split]), old.records[split])
+        _same_mol(source_records(new.sources[split]), old.records[split])
     strict = load_config(None, over, merged_schema(MOL_SCHEMA))
     with pytest.raises(MD.DataFormatError) as want:
-        exp.load_splits(strict)
+        molecule_splits(exp, strict)
     with pytest.raises(MD.DataFormatError) as got:
         exp.read_splits(strict)
     assert str(got.value) == str(want.value) and ":43" in str(got.value)
     path.write_text("\n".join(lines[:42] + lines[43:]) + "\n")
     with pytest.raises(SmilesError) as want:
-        exp.load_splits(strict)
+        molecule_splits(exp, strict)
     with pytest.raises(SmilesError) as got:
         exp.read_splits(strict)
     assert str(got.value) == str(want.value)
 
 
-def test_toy_read_splits_equal_load_splits():
+def test_toy_read_splits_equal_the_reference():
     exp = ToyExperiment()
     cfg = load_config(None, ["toy.bad_every=7", "data.skip_bad=true", "toy.n_train=50"],
                       merged_schema(exp.config_schema))
-    old, new = exp.load_splits(cfg), exp.read_splits(cfg)
+    old, new = toy_splits(cfg), exp.read_splits(cfg)
     for split in ("train", "dev", "test"):
-        assert _records(new.sources[split]) == old.records[split]
+        assert source_records(new.sources[split]) == old.records[split]
     assert new.skipped == old.skipped

@@ -11,8 +11,10 @@ import pytest
 
 from pipelines import reading as R
 from pipelines.molecules import data as MD
+from pipelines.molecules import reading as MR
 from pipelines.molecules.featurize import SmilesError, parse_smiles
 from pipelines.sst import data as SD
+from pipelines.sst import reading as SR
 from pipelines.sst.vocab import build_vocab
 
 from .helpers import sst_lines
@@ -62,7 +64,7 @@ def test_sst_malformed_lines_reported_as_load_file(tmp_path, gz, mixed):
         path = tmp_path / "mixed.txt.gz"
         path.write_bytes(gzip.compress(text.encode()))
     trees, report = SD.load_file(plain, skip_bad=True)
-    data = R.read_sst_file(str(path), skip_bad=True, chunk_bytes=13, rows_per_block=2)
+    data = SR.read_sst_file(str(path), skip_bad=True, chunk_bytes=13, rows_per_block=2)
     assert R.parsed_records(data) == trees
     s = data.summary
     assert (s.n_rows, s.n_ok, s.n_bad) == (len(mixed), report.n_read, report.n_skipped)
@@ -72,17 +74,17 @@ def test_sst_malformed_lines_reported_as_load_file(tmp_path, gz, mixed):
     with pytest.raises(SD.SSTFormatError) as want:
         SD.load_file(plain)
     with pytest.raises(SD.SSTFormatError) as got:
-        R.read_sst_file(str(plain), chunk_bytes=13)
+        SR.read_sst_file(str(plain), chunk_bytes=13)
     assert str(got.value) == str(want.value)
     with pytest.raises(SD.SSTChecksumError):
-        R.read_sst_file(str(plain), expected_sha256="0" * 64)
+        SR.read_sst_file(str(plain), expected_sha256="0" * 64)
 
 
 def test_sst_files_and_streaming_vocabulary_equal_the_loaders(data_dir, cache_env):
     datasets, trees, counts = [], [], []
     for split in SD.SPLITS:
         want, _ = SD.load_split(split)
-        data = R.read_sst_file(str(data_dir / "sst" / f"{split}.txt"), expected_sha256=SD.SST_SHA256[split],
+        data = SR.read_sst_file(str(data_dir / "sst" / f"{split}.txt"), expected_sha256=SD.SST_SHA256[split],
                                chunk_bytes=200_000, rows_per_block=500)
         assert data.summary.n_ok == len(want) and data.summary.n_bad == 0
         assert np.array_equal(data.good_idx, np.arange(len(want)))
@@ -92,13 +94,13 @@ def test_sst_files_and_streaming_vocabulary_equal_the_loaders(data_dir, cache_en
         datasets.append(data.dataset)
         trees.append(want)
         counts.append(data.summary.word_counts)
-    vocab = R.vocab_from_datasets(datasets)
+    vocab = SR.vocab_from_datasets(datasets)
     assert vocab == build_vocab(*trees) and vocab.counts == build_vocab(*trees).counts
-    assert R.vocab_from_datasets(datasets[:1]) == build_vocab(trees[0])
+    assert SR.vocab_from_datasets(datasets[:1]) == build_vocab(trees[0])
     # the word counts made in the parse tasks give the same vocabulary (read_splits uses them)
-    from_counts = R.vocab_from_counts(counts)
+    from_counts = SR.vocab_from_counts(counts)
     assert from_counts == vocab and from_counts.counts == vocab.counts
-    assert R.vocab_from_counts(counts[:1]) == build_vocab(trees[0])
+    assert SR.vocab_from_counts(counts[:1]) == build_vocab(trees[0])
 
 
 @pytest.fixture
@@ -109,15 +111,15 @@ def cache_env(tmp_path, monkeypatch):
 def test_esol_rows_and_label_statistics(data_dir):
     path = str(data_dir / "molecules" / "esol.csv")
     want, report = MD.read_esol_csv(path)
-    data = R.read_molecule_csv_ds(path, id_column=MD.ESOL_ID_COLUMN, smiles_column=MD.ESOL_SMILES_COLUMN,
-                                  label_columns=MD.ESOL_TASKS, parse_label=MD._parse_real, rows_per_block=100)
+    data = MR.read_molecule_csv_ds(path, id_column=MD.ESOL_ID_COLUMN, smiles_column=MD.ESOL_SMILES_COLUMN,
+                                  label_columns=MD.ESOL_TASKS, parse_label=MD.parse_real_label, rows_per_block=100)
     got = R.parsed_records(data)
     assert len(got) == len(want) == 1128 and data.summary.n_bad == 0
     assert [(r.mol_id, r.smiles, r.line, r.source) for r in got] == \
         [(r.mol_id, r.smiles, r.line, r.source) for r in want]
     assert all(np.array_equal(a.labels, b.labels) for a, b in zip(got, want))
     assert data.summary.sha256 == MD.ESOL_SHA256
-    n, mean, std = R.label_stats(data.dataset, 1)
+    n, mean, std = MR.label_stats(data.dataset, 1)
     y = np.array([r.labels[0] for r in want], np.float64)
     assert n[0] == 1128 and mean[0] == pytest.approx(y.mean(), abs=1e-9) and std[0] == pytest.approx(y.std(), abs=1e-9)
 
@@ -125,8 +127,8 @@ def test_esol_rows_and_label_statistics(data_dir):
 def test_tox21_gz_unparsable_smiles_counted_with_file_line(data_dir):
     path = str(data_dir / "molecules" / "tox21.csv.gz")
     want, _ = MD.read_tox21_csv(path)
-    data = R.read_molecule_csv_ds(path, id_column=MD.TOX21_ID_COLUMN, smiles_column=MD.TOX21_SMILES_COLUMN,
-                                  label_columns=MD.TOX21_TASKS, parse_label=MD._parse_binary, rows_per_block=1000)
+    data = MR.read_molecule_csv_ds(path, id_column=MD.TOX21_ID_COLUMN, smiles_column=MD.TOX21_SMILES_COLUMN,
+                                  label_columns=MD.TOX21_TASKS, parse_label=MD.parse_binary_label, rows_per_block=1000)
     bad = []
     for r in want:
         try:
@@ -137,7 +139,7 @@ def test_tox21_gz_unparsable_smiles_counted_with_file_line(data_dir):
     assert s.n_rows == 7831 and s.n_bad == len(bad) == 8 and s.n_ok == 7823
     assert s.first_bad == bad[:3] and "tox21.csv.gz:" in s.first_bad[0][1]
     assert s.sha256 == MD.TOX21_CSV_SHA256
-    n, mean, _ = R.label_stats(data.dataset, 12)
+    n, mean, _ = MR.label_stats(data.dataset, 12)
     assert n.sum() == 72_084 + 5_862 - sum(int(np.sum(~np.isnan(r.labels))) for r in want
                                            if any(line == r.line for line, _ in bad))
 
@@ -149,16 +151,16 @@ def test_csv_bad_rows_and_header(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("\n".join(rows) + "\n")
     want, report = MD.read_tox21_csv(path, on_bad_row="skip")
-    data = R.read_molecule_csv_ds(str(path), id_column="mol_id", smiles_column="smiles",
-                                  label_columns=MD.TOX21_TASKS, parse_label=MD._parse_binary, rows_per_block=2)
+    data = MR.read_molecule_csv_ds(str(path), id_column="mol_id", smiles_column="smiles",
+                                  label_columns=MD.TOX21_TASKS, parse_label=MD.parse_binary_label, rows_per_block=2)
     assert [r.mol_id for r in R.parsed_records(data)] == [r.mol_id for r in want] == ["A", "D"]
     assert data.summary.first_bad == [(x.line, x.reason) for x in report.skipped][:3]
     assert data.summary.n_bad == len(report.skipped) == 4
-    n, mean, std = R.label_stats(data.dataset, 12)
+    n, mean, std = MR.label_stats(data.dataset, 12)
     assert list(n) == [1] * 12 and math.isclose(std[0], 1.0)
     with pytest.raises(MD.DataFormatError, match="missing column"):
-        R.read_molecule_csv_ds(str(path), id_column=None, smiles_column="SMILES", label_columns=["x"],
-                               parse_label=MD._parse_real)
+        MR.read_molecule_csv_ds(str(path), id_column=None, smiles_column="SMILES", label_columns=["x"],
+                               parse_label=MD.parse_real_label)
 
 
 # ----------------------------------------------------------------------------- streaming datasets
@@ -171,11 +173,12 @@ def _plan_bytes(batch) -> bytes:
 
 @pytest.mark.parametrize("block_bytes,head_rows,assembly",
                          [(None, 13, "sort"), (8_000, 0, "sort"), (None, 13, "gather"), (8_000, 0, "auto")])
-def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, cache_env, block_bytes, head_rows,
+def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache_env, block_bytes, head_rows,
                                                                     assembly):
     """``pipelines.streaming.declare_streaming`` (records as Ray Data blocks, traced once,
-    grouped per step) yields, for every (epoch, rank) and eval split, exactly the rows and batches
-    of ``pipelines.sharding.declare_datasets`` over the same records held on the driver.  With
+    grouped per step) yields, for every (epoch, rank) and eval split, exactly the steps of the
+    numpy reference (``step_reference``: which record lands in which step on which rank, from the
+    seed) and the batches ``make_batch`` makes of those records with the step's seed.  With
     ``block_bytes``, Ray Data splits the sorted blocks so that steps span blocks (as Tox21's
     large traces do): ``assemble_steps`` (the trainer's side) joins and builds them.  With
     ``head_rows``, epoch 1's first step per rank comes from the head builders (gathered by
@@ -187,11 +190,10 @@ def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, c
 
     import ray
 
-    from pipelines.streaming import assemble_steps
+    from pipelines.steps import assemble_steps
 
     from pipelines.config import load_config, merged_schema
-    from pipelines.experiment import Splits
-    from pipelines.sharding import declare_datasets
+    from pipelines.sharding import eval_dataset_name, train_dataset_name, train_steps_per_epoch
     from pipelines.sst.experiment import SCHEMA, SSTExperiment
     from pipelines.streaming import StreamSplits, declare_streaming, with_positions
 
@@ -201,24 +203,39 @@ def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, c
                        "sst.train_file=" + str(data_dir / "sst" / "dev.txt"), "sst.limit_train=113",
                        "sst.limit_dev=47", "sst.test_file=", "data.blocks_per_epoch=2",
                        f"data.head_rows={head_rows}", f"data.step_assembly={assembly}"], merged_schema(SCHEMA))
+    from . import step_reference as ref
+    from .reference_splits import sst_splits
+
     exp = SSTExperiment()
-    legacy = exp.load_splits(cfg)
+    legacy = sst_splits(cfg)
     world = 2
-    old = declare_datasets(exp, cfg, Splits(legacy.records, {}, legacy.context), world)
+    seed, bs, ebs = int(cfg["seed"]), cfg["batch_size"], cfg["eval_batch_size"]
+    n_train, n_dev = len(legacy.records["train"]), len(legacy.records["dev"])
+    steps = train_steps_per_epoch(n_train, bs, world, cfg["max_steps_per_epoch"])
+    expected = {}   # dataset name -> (epoch, records, [(step, positions, denom)])
+    for epoch in range(1, cfg["epochs"] + 1):
+        for r in range(world):
+            expected[train_dataset_name(epoch, r)] = (epoch, legacy.records["train"],
+                                                  ref.train_rows(seed, epoch, r, world, bs, n_train, steps))
+    for r in range(world):
+        rows = ref.eval_rows(r, world, ebs, n_dev)
+        if rows:
+            expected[eval_dataset_name("dev", r)] = (0, legacy.records["dev"], rows)
     ctx = ray.data.DataContext.get_current()
     saved = ctx.target_max_block_size
     if block_bytes:
         ctx.target_max_block_size = block_bytes
     try:
-        sources = {"train": with_positions(R.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=30_000,
+        sources = {"train": with_positions(SR.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=30_000,
                                                            rows_per_block=40), 113),
-                   "dev": with_positions(R.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=50_000,
+                   "dev": with_positions(SR.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=50_000,
                                                          rows_per_block=30), 47)}
         new = declare_streaming(exp, cfg, StreamSplits(sources, {}, legacy.context), world)
-        parts = {name: new.datasets[name].take_all() for name in old.plan.datasets}
+        parts = {name: new.datasets[name].take_all() for name in new.plan.datasets}
     finally:
         ctx.target_max_block_size = saved
-    assert new.plan == old.plan
+    assert new.plan.datasets == tuple(sorted(expected)) and new.plan.steps == steps == 5
+    assert new.plan.eval_splits == ("dev",) and new.plan.world == world and new.plan.n_train == n_train == 113
     used = "gather" if assembly == "auto" else assembly
     assert new.params["data/step_assembly"] == used
     from pipelines.background import EpochHead, head_rows as read_head
@@ -253,15 +270,18 @@ def test_streaming_datasets_give_the_same_batches_as_the_driver_path(data_dir, c
         direct = list(cached_eval_rows(cached[0].blocks, r))
         assert direct == parts[f"dev_r{r}"] and direct, r
     n_parts = 0
-    for name in old.plan.datasets:
-        a = old.datasets[name].take_all()
+    builder = ref.builder(exp, cfg, legacy.context)
+    for name in new.plan.datasets:
+        epoch_w, records, a = expected[name]
         n_parts += sum(bool(r["part"]) for r in parts[name])
         is_train = name.startswith("train_e")
         epoch = int(name.split("_e")[1].split("_")[0]) if is_train else 0
         rank = int(name.rsplit("_r", 1)[1])
         b = list(assemble_steps(iter(parts[name]), exp, cfg, legacy.context, epoch, rank, is_train))
-        assert [(r["step"], r["n"], r["denom"]) for r in a] == [(r["step"], r["n"], r["denom"]) for r in b], name
-        for x, y in zip(a, b):
-            assert _plan_bytes(pickle.loads(x["batch"])) == _plan_bytes(pickle.loads(y["batch"])), name
+        assert epoch == epoch_w
+        assert [(i, len(idx), d) for i, idx, d in a] == [(r["step"], r["n"], r["denom"]) for r in b], name
+        for (i, idx, _), y in zip(a, b):
+            x = ref.batch(exp, builder, records, idx, seed, epoch, i, rank)
+            assert _plan_bytes(x) == _plan_bytes(pickle.loads(y["batch"])), (name, i)
     # sorted blocks split by size leave steps in parts; a gathered step is always whole
     assert (n_parts > 0) == (bool(block_bytes) and used == "sort")

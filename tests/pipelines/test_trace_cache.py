@@ -1,4 +1,4 @@
-"""Batches built from cached traces (``data.cache_traces``) are the batches built from records."""
+"""Batches built from records' traces (``data.cache_traces``) are the batches built from records."""
 from __future__ import annotations
 
 import pickle
@@ -6,7 +6,6 @@ import pickle
 import numpy as np
 
 from pipelines.molecules.experiment import MoleculeExperiment, MolRecord, TargetScaling
-from pipelines.sharding import _TraceCache
 
 from .helpers import esol_smiles
 
@@ -27,14 +26,14 @@ def test_molecule_batches_from_cached_traces_equal_batches_from_records(data_dir
                          "mol_hidden": 6, "final_pair_output": False}}
     builder = exp.batch_builder(cfg, TargetScaling())
     records = _molecule_records(data_dir)
-    cache = _TraceCache(len(records))
+    traces = exp.trace_records(builder, records)   # every record traced once, then reused
+    assert len(traces) == len(records) and all(t is not None for t in traces)
     for idx in (np.array([3, 1, 4]), np.array([0, 1, 2, 3, 4, 5, 6, 7]), np.array([7, 3])):
         recs = [records[int(j)] for j in idx]
         a = exp.make_batch(builder, recs)
-        b = exp.make_batch(builder, recs, cache.get(exp, builder, records, idx))
+        b = exp.make_batch(builder, recs, [traces[int(j)] for j in idx])
         assert _plan_bytes(a.batch) == _plan_bytes(b.batch)
         np.testing.assert_array_equal(a.labels, b.labels)
-    assert all(t is not None for t in cache.traces)   # every record traced once, then reused
 
 
 def test_sst_batches_from_cached_traces_equal_batches_from_records(data_dir):
@@ -51,30 +50,19 @@ def test_sst_batches_from_cached_traces_equal_batches_from_records(data_dir):
     torch.manual_seed(0)
     builder = build_compiler(SentimentModules(len(vocab.itos), 8, 6), vocab.stoi, scheduler="coalesce")
     exp = SSTExperiment()
-    cache = _TraceCache(len(trees))
+    traces = exp.trace_records(builder, trees)
     for idx in (np.arange(10), np.array([29, 0, 5, 17]), np.arange(30)):
         recs = [trees[int(j)] for j in idx]
         assert _plan_bytes(exp.make_batch(builder, recs)) == \
-            _plan_bytes(exp.make_batch(builder, recs, cache.get(exp, builder, trees, idx)))
-
-
-class _NoTraces:
-    def trace_records(self, builder, records):
-        return None
-
-
-def test_trace_cache_turns_itself_off_for_experiments_without_traces():
-    cache = _TraceCache(3)
-    assert cache.get(_NoTraces(), None, [1, 2, 3], np.array([0, 1])) is None
-    assert not cache.enabled
+            _plan_bytes(exp.make_batch(builder, recs, [traces[int(j)] for j in idx]))
 
 
 def test_trace_block_in_pieces_equals_one_trace_call(data_dir, monkeypatch):
-    """``pipelines.streaming._trace_block`` traces a block ``TRACE_CHUNK_RECORDS`` records at a
+    """``pipelines.steps.trace_block`` traces a block ``TRACE_CHUNK_RECORDS`` records at a
     time (bounded memory); the traces are those of one ``trace_records`` call over the block."""
     import pyarrow as pa
 
-    from pipelines import streaming
+    from pipelines import steps
 
     exp = MoleculeExperiment("tox21")
     cfg = {"seed": 0, "molecules": {"atom_hidden": 5, "pair_hidden": 4, "n_weave": 2, "gather": "sum",
@@ -82,10 +70,10 @@ def test_trace_block_in_pieces_equals_one_trace_call(data_dir, monkeypatch):
     records = _molecule_records(data_dir)
     table = pa.table({"pos": pa.array(range(len(records)), pa.int64()),
                       "rec": pa.array([pickle.dumps(r) for r in records], pa.binary())})
-    monkeypatch.setattr(streaming, "TRACE_CHUNK_RECORDS", 3)
-    pieces = streaming._trace_block(table, exp, cfg, TargetScaling())
+    monkeypatch.setattr(steps, "TRACE_CHUNK_RECORDS", 3)
+    pieces = steps.trace_block(table, exp, cfg, TargetScaling())
     assert pieces.column_names == ["pos", "rec", "trace"] and pieces.num_rows == len(records)
-    builder = streaming._builder(exp, cfg, TargetScaling())
+    builder = steps.batch_builder(exp, cfg, TargetScaling())
     whole = exp.trace_records(builder, records)
     traced = [pickle.loads(b) for b in pieces.column("trace").to_pylist()]
     for idx in ([0, 1, 2, 3, 4, 5, 6, 7], [6, 2]):
@@ -93,3 +81,24 @@ def test_trace_block_in_pieces_equals_one_trace_call(data_dir, monkeypatch):
         a = exp.make_batch(builder, recs, [whole[j] for j in idx])
         b = exp.make_batch(builder, recs, [traced[j] for j in idx])
         assert _plan_bytes(a.batch) == _plan_bytes(b.batch)
+
+
+class _NoTraces:
+    def batch_builder(self, config, context):
+        return None
+
+    def trace_records(self, builder, records):
+        return None
+
+
+def test_trace_block_leaves_traces_null_for_experiments_without_traces():
+    """An experiment whose ``trace_records`` returns None gets a ``trace`` column of nulls (and
+    its batches are then built from the records)."""
+    import pyarrow as pa
+
+    from pipelines import steps
+
+    table = pa.table({"pos": pa.array([0, 1, 2], pa.int64()),
+                      "rec": pa.array([pickle.dumps(i) for i in range(3)], pa.binary())})
+    out = steps.trace_block(table, _NoTraces(), {"seed": 0, "no_traces": True}, None)
+    assert out.column("trace").to_pylist() == [None, None, None]

@@ -4,7 +4,7 @@ A real two-node cluster (``tests.pipelines.two_node``): a head (``ray start --he
 node (``ray start --address``), each with its own temp dir, ports, 2 CPUs and one ``train_slot``
 custom resource.  ``pipelines.train.run`` trains the toy experiment with
 ``ray.placement_strategy=STRICT_SPREAD`` and ``ray.worker_resources={train_slot: 1}`` (one worker
-per node), its records loaded on the driver (``data.streaming=false``), checkpoints to a
+per node), its records read in Ray Data tasks (the one data path), checkpoints to a
 ``storage_path`` both nodes reach, and ``ray.max_failures=1``:
 
 1. an uninterrupted run is the reference;
@@ -15,7 +15,7 @@ per node), its records loaded on the driver (``data.streaming=false``), checkpoi
    reference's metrics (all but ``time/*``) and parameters.
 
 Before the runs, a task on the second node gathers rows by position from blocks in the head's
-object store (``pipelines.streaming.gather_positions``, what ``data.step_assembly: gather`` does
+object store (``pipelines.steps.gather_positions``, what ``data.step_assembly: gather`` does
 when a step's records live on another node).
 
 Every process a node started is stopped afterwards, also when the test fails.
@@ -52,9 +52,6 @@ def _config(tmp, address, *overrides):
             "toy.embed_lr_scale=0.5", "toy.bad_every=50", "data.skip_bad=true",
             "ray.num_workers=2", "ray.cpus_per_worker=1", "ray.placement_strategy=STRICT_SPREAD",
             f"ray.worker_resources={{{SLOT}: 1}}", f"ray.address={address}",
-            # Records loaded on the driver (the toy data is tiny): what is under test is training
-            # across nodes, and this keeps the two runs short on a 2-core machine.
-            "data.streaming=false",
             "ray.no_progress_timeout_s=120", "log_every=0", "seed=7", "name=toy-two-node",
             f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"ray.storage_path={tmp}/ray_results",
             f"toy.trace_dir={tmp}/workers"]
@@ -122,7 +119,7 @@ def _check_gather_across_nodes(node_id: str) -> None:
     import pyarrow as pa
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from pipelines.streaming import gather_positions
+    from pipelines.steps import gather_positions
 
     blocks = [pa.table({"pos": pa.array(np.arange(a, b), pa.int64()),
                         "rec": pa.array([b"r%d" % p for p in range(a, b)], pa.binary())})

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from pipelines.config import Field
-from pipelines.experiment import Experiment, Splits
+from pipelines.experiment import Experiment
 
 DIM, CLASSES = 8, 3
 
@@ -104,24 +104,9 @@ class ToyExperiment(Experiment):
         self._fail = (0, None)
         self._pause = (0, None, 0.0)
 
-    def load_splits(self, config):
-        t = config["toy"]
-        seed = config["seed"]
-        raw = make_records(t["n_train"], seed, t["bad_every"])
-        train, bad = [], 0
-        for r in raw:
-            if r["x"] is None:
-                if not config["data"]["skip_bad"]:
-                    raise ValueError("unparsable toy record (use data.skip_bad=true)")
-                bad += 1
-                continue
-            train.append(r)
-        return Splits({"train": train, "dev": make_records(t["n_dev"], seed + 1),
-                       "test": make_records(t["n_test"], seed + 2)}, {"train/unparsable": bad})
-
     def read_splits(self, config):
-        """The same splits as :meth:`load_splits`, made in Ray Data tasks (``data.streaming``):
-        rows ``pos`` / ``rec`` (pickled), the driver holds no record."""
+        """The splits made in Ray Data tasks (rows ``pos`` / ``rec``, pickled; the driver holds
+        no record): the same as ``tests/pipelines/reference_splits.toy_splits``."""
         import ray.data
 
         from pipelines.streaming import SplitSource, StreamSplits

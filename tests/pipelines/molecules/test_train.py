@@ -29,7 +29,7 @@ def test_tox21_slice_two_workers_logs_complete_mlflow_run(ray_cluster, data_dir,
         "molecules.atom_hidden=6", "molecules.pair_hidden=4", "molecules.mol_hidden=8",
         "ray.no_progress_timeout_s=120", "name=weave-test", f"tracking.uri={uri}",
         f"ray.storage_path={tmp_path}/ray_results", "data.blocks_per_epoch=2",
-        "data.streaming=true"],   # the conf's default too
+        ],
         merged_schema(exp.config_schema))
     t0 = time.perf_counter()
     res = run(exp, cfg)
@@ -73,14 +73,20 @@ def test_tox21_slice_two_workers_logs_complete_mlflow_run(ray_cluster, data_dir,
     assert list(df["test mean ROC-AUC"][1:3]) == [0.820, 0.829]
     assert all(f"test {t}" in df.columns for t in TOX21_TASKS)
 
-    # the ROC plot's predictions were made in Ray Data tasks (streaming): the same as the driver's
+    # the ROC plot's predictions were made in Ray Data tasks: the same as predicting the reference
+    # loader's test records in-process
     import numpy as np
     import torch
 
+    from pipelines.molecules.train import predict
+
+    from ..reference_splits import molecule_splits
+
     state = torch.load(os.path.join(res.checkpoint_path, BEST_FILE), map_location="cpu")
     ids, smiles, labels, probs = predict_test_split(exp, cfg, state, res.context)
-    driver_cfg = dict(cfg, data=dict(cfg["data"], streaming=False))
-    d_ids, d_smiles, d_labels, d_probs = predict_test_split(exp, driver_cfg, state, res.context)
+    test = molecule_splits(exp, cfg).records["test"]
+    d_ids, d_smiles = [r.id for r in test], [r.smiles for r in test]
+    d_labels, d_probs = np.stack([r.labels for r in test]), predict(exp, cfg, res.context, state, test)
     assert len(ids) == 15 and ids == d_ids and smiles == d_smiles
     np.testing.assert_array_equal(labels, d_labels)
     np.testing.assert_allclose(probs, d_probs, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,135 @@
+"""SST / PTB-format tree files read in Ray Data tasks (:mod:`pipelines.reading` does the
+generic part: lines, blocks, summaries).
+
+* :func:`read_sst_file`: trees parsed with nltk in Ray Data tasks
+  (:func:`pipelines.sst.data.parse_line`), the same trees, errors and skip counts as
+  :func:`pipelines.sst.data.load_file`.
+* :func:`vocab_from_counts`: the vocabulary from the word counts the parse tasks make (one count
+  per parse block, merged when the file's summary is read: no second pass over the trees);
+  :func:`vocab_from_datasets` the same by a Ray Data aggregation over parsed trees; both equal
+  :func:`pipelines.sst.vocab.build_vocab`.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Any, Optional, Sequence
+
+from pipelines.reading import (CHUNK_BYTES, ROWS_PER_BLOCK, ParsedData, add_counts, content_sha256, finish_parsed,
+                               read_lines)
+
+__all__ = ["read_sst_file", "vocab_from_counts", "vocab_from_datasets", "AGGREGATE_PARTITIONS"]
+
+
+def _parse_sst_block(table, first_line_bom: bool = True):
+    """Ray Data task: raw lines -> ``idx``, ``line``, ``rec`` (pickled tuple tree), ``error``."""
+    import pyarrow as pa
+
+    from pipelines.sst.data import leaves, parse_line
+
+    recs, errs = [], []
+    counts: dict = {}
+    for no, raw in zip(table.column("line").to_pylist(), table.column("text").to_pylist()):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            recs.append(None)
+            errs.append(f"not valid UTF-8 ({err.reason})")
+            continue
+        if no == 1 and text.startswith("\ufeff"):
+            text = text[1:]
+        if text.endswith("\n"):
+            text = text[:-1]
+        try:
+            tree = parse_line(text)
+        except (ValueError, RecursionError) as err:
+            recs.append(None)
+            errs.append(str(err) if isinstance(err, ValueError) else "tree too deep")
+            continue
+        recs.append(pickle.dumps(tree, protocol=pickle.HIGHEST_PROTOCOL))
+        errs.append(None)
+        for w in leaves(tree):
+            counts[w] = counts.get(w, 0) + 1
+    # the block's word counts ride in the first row (the vocabulary needs no second pass)
+    words = [pickle.dumps(counts)] + [None] * (len(recs) - 1) if recs else []
+    return pa.table({"idx": table.column("idx"), "line": table.column("line"),
+                     "rec": pa.array(recs, pa.binary()), "error": pa.array(errs, pa.string()),
+                     "words": pa.array(words, pa.binary())})
+
+
+def read_sst_file(path: str, skip_bad: bool = False, expected_sha256: Optional[str] = None,
+                  chunk_bytes: int = CHUNK_BYTES, rows_per_block: int = ROWS_PER_BLOCK) -> ParsedData:
+    """Trees of a PTB-format file, parsed in Ray Data tasks (see the module docstring).
+
+    Errors as :func:`pipelines.sst.data.load_file`: :class:`~pipelines.sst.data.SSTChecksumError`
+    when ``expected_sha256`` differs; :class:`~pipelines.sst.data.SSTFormatError` for an empty
+    file, a file with no valid tree, or (unless ``skip_bad``) the first malformed line
+    (``path:line: reason``).
+    """
+    from pipelines.sst.data import SSTChecksumError, SSTFormatError
+
+    path = os.path.abspath(str(path))
+    sha = content_sha256(path)
+    if expected_sha256 is not None and sha != expected_sha256:
+        raise SSTChecksumError(f"{path}: sha256 {sha} != expected {expected_sha256}; the file is "
+                               "not the canonical SST split (pass verify=False to load it anyway)")
+    if os.path.getsize(path) == 0:
+        raise SSTFormatError(f"{path}: file is empty (expected one tree per line)")
+    parsed = read_lines(path, chunk_bytes, rows_per_block).map_batches(
+        _parse_sst_block, batch_format="pyarrow", batch_size=None)
+    data = finish_parsed(parsed, path, sha)
+    s = data.summary
+    if s.n_bad and not skip_bad:
+        raise SSTFormatError(s.error())
+    if not s.n_ok:
+        raise SSTFormatError(f"{path}: no valid tree in {s.n_rows} line(s) "
+                             f"({s.n_bad} malformed, first: {s.first_bad[:1]})")
+    return data
+
+
+def _count_words_block(table):
+    import collections
+
+    import pyarrow as pa
+
+    from pipelines.sst.data import leaves
+
+    counts: collections.Counter = collections.Counter()
+    for blob in table.column("rec").to_pylist():
+        counts.update(leaves(pickle.loads(blob)))
+    return pa.table({"word": pa.array(list(counts), pa.string()),
+                     "count": pa.array(list(counts.values()), pa.int64())})
+
+
+#: hash partitions of the vocabulary aggregation (Ray Data's default, 200, is 200 reduce tasks for
+#: a few tens of thousands of distinct words)
+AGGREGATE_PARTITIONS = 8
+
+
+def vocab_from_counts(counts: Sequence[Optional[dict]], min_freq: int = 1):
+    """:func:`pipelines.sst.vocab.build_vocab` from word counts (``ReadSummary.word_counts`` of
+    the SST files, counted in the parse tasks): the same vocabulary as
+    :func:`vocab_from_datasets` without another pass over the trees."""
+    from pipelines.sst.vocab import vocab_of_counts
+
+    total: dict = {}
+    for c in counts:
+        if c is None:
+            raise ValueError("vocab_from_counts: a file was read without word counts (not an SST file?)")
+        add_counts(total, c)
+    return vocab_of_counts(total, min_freq)
+
+
+def vocab_from_datasets(datasets: Sequence[Any], min_freq: int = 1):
+    """:func:`pipelines.sst.vocab.build_vocab` of the trees in ``datasets`` (``ParsedData.dataset``
+    of SST files), computed by a Ray Data aggregation: word counts per block, summed per word."""
+    from pipelines.sst.vocab import vocab_of_counts
+
+    if not datasets:
+        return vocab_of_counts({}, min_freq)
+    parts = [d.map_batches(_count_words_block, batch_format="pyarrow", batch_size=None) for d in datasets]
+    ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
+    counts = {}
+    for row in ds.groupby("word", num_partitions=AGGREGATE_PARTITIONS).sum("count").iter_rows():
+        counts[row["word"]] = int(row["sum(count)"])
+    return vocab_of_counts(counts, min_freq)

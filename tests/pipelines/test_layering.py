@@ -1,0 +1,147 @@
+"""Module boundaries in ``pipelines/`` and ``benchmarks/``: no private name (``_name``) is used
+across modules, and the modules import each other without a circle.
+
+Read from the source with ``ast`` (nothing is imported): every ``import`` / ``from ... import``
+anywhere in a module (inside functions too) counts.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGES = ("pipelines", "benchmarks")
+#: packages whose private names the checked modules must not use either (not checked themselves)
+OTHERS = ("foldengine", "schedulers")
+#: modules whose private names anyone may use (the packages' test-facing dunder helpers: none)
+ALLOWED_PRIVATE: set = set()
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules(packages=PACKAGES) -> dict:
+    return {_module_name(p): p for pkg in packages for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _resolve(module: str, path: pathlib.Path, node: ast.ImportFrom) -> str:
+    """The absolute module name of a ``from X import ...`` in ``module``."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    if path.name != "__init__.py":
+        base = base[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(module: str, path: pathlib.Path, known: dict):
+    """``(imported module, names taken from it, attribute uses ``alias.name`` of it)`` per import."""
+    tree = ast.parse(path.read_text(), str(path))
+    aliases: dict = {}          # local name -> module it names
+    out: list = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in known:
+                    aliases[a.asname or a.name] = a.name
+                    out.append((a.name, None, node.lineno))
+        elif isinstance(node, ast.ImportFrom):
+            src = _resolve(module, path, node)
+            for a in node.names:
+                sub = f"{src}.{a.name}"
+                if sub in known:                        # from package import module
+                    aliases[a.asname or a.name] = sub
+                    out.append((sub, None, node.lineno))
+                elif src in known:
+                    out.append((src, a.name, node.lineno))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            out.append((aliases[node.value.id], node.attr, node.lineno))
+    return out
+
+
+def _private(name) -> bool:
+    return bool(name) and name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def test_no_private_name_is_used_across_modules():
+    known = _modules(PACKAGES + OTHERS)
+    bad = []
+    for module, path in _modules().items():
+        for src, name, line in _imports(module, path, known):
+            if src != module and _private(name) and src not in ALLOWED_PRIVATE:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {src}.{name}")
+    assert not bad, "private names used across modules (make them public, with a docstring, or move them):\n" + \
+        "\n".join(bad)
+
+
+def _cycles(graph: dict) -> list:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict = {}
+    low: dict = {}
+    stack: list = []
+    on: set = set()
+    found: list = []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle():
+    known = _modules()
+    graph = {m: sorted({src for src, _, _ in _imports(m, p, known) if src != m and not _is_parent(src, m)})
+             for m, p in known.items()}
+    assert not _cycles(graph), f"import circles: {_cycles(graph)}"
+
+
+def _is_parent(package: str, module: str) -> bool:
+    """``package`` is a package above ``module`` (its ``__init__`` is imported first anyway)."""
+    return module.startswith(package + ".")
+
+
+def test_the_checker_sees_private_uses_and_circles(tmp_path):
+    """The checks themselves: a private import, a private attribute use and a circle are found."""
+    a = tmp_path / "a.py"
+    a.write_text("from .b import _x\nfrom . import b\nb._y()\n")
+    (tmp_path / "b.py").write_text("def f():\n    from .a import g\n")
+    known = {"p.a": a, "p.b": tmp_path / "b.py"}
+    got = [(s, n) for s, n, _ in _imports("p.a", a, known)]
+    assert ("p.b", "_x") in got and ("p.b", "_y") in got
+    graph = {m: sorted({s for s, _, _ in _imports(m, p, known)}) for m, p in known.items()}
+    assert _cycles(graph) == [["p.a", "p.b"]]
+
+
+def test_the_generic_reader_imports_no_domain():
+    """``pipelines.reading`` (files -> Ray Data rows) imports neither ``pipelines.sst`` nor
+    ``pipelines.molecules``."""
+    known = _modules()
+    deps = {src for src, _, _ in _imports("pipelines.reading", known["pipelines.reading"], known)}
+    assert not {d for d in deps if d.startswith(("pipelines.sst", "pipelines.molecules"))}, deps
