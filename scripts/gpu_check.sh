@@ -6,7 +6,7 @@
 #      x86-64 is a CUDA build), then the project's dependencies where they are missing. With
 #      FOLD_WHEELHOUSE=DIR (a machine without a network) the wheels in DIR are installed into
 #      a private site dir instead, without dependencies.
-#   2. tests: pytest -m gpu (engine, weave and SST models on CUDA == CPU, autocast, Ray Train on GPU)
+#   2. tests: pytest -m gpu (engine, weave and SST models on CUDA == CPU, bfloat16 and autocast, Ray Train on GPU)
 #   3. table1: the paper's Table 1 at its sizes (state 1024, 128 leaves, batch 1..1024) on the GPU
 #   4. sst: SST Tree-LSTM training and inference trees/s, batch 25, 100, 1024
 #   5. util: a short Tai-preset pipeline run with ray.use_gpu=true: GPU busy share, data-wait share
@@ -75,8 +75,8 @@ MLFLOW_FLAG=()
 [ "$HAVE_MLFLOW" = 1 ] || MLFLOW_FLAG=(--no-mlflow)
 
 if want tests; then
-  # the gpu-marked tests live in files named *cuda*.py (collecting only them needs no RDKit)
-  mapfile -t GPU_TESTS < <(find tests -name 'test_*cuda*.py' | sort)
+  # the files that hold gpu-marked tests (collecting only them needs no RDKit)
+  mapfile -t GPU_TESTS < <(grep -rl --include='test_*.py' 'pytest.mark.gpu' tests | sort)
   say "tests: pytest -m gpu ${GPU_TESTS[*]}"
   "$PY" -m pytest -q -m gpu -p no:cacheprovider --junitxml="$OUT_DIR/pytest.xml" "${GPU_TESTS[@]}" \
     2>&1 | tee "$OUT_DIR/pytest.log" | tail -25

@@ -26,7 +26,7 @@ from .helpers import flat_tensors
 #: ``cpu`` always, ``cuda`` when a GPU is present (skipped, not dropped, without one)
 DEVICES = [pytest.param("cpu", id="cpu"),
            pytest.param("cuda", id="cuda",
-                        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+                        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")])]
 
 #: relative L2 error allowed against float32: bfloat16 keeps 8 significant bits (2**-8 = 0.4%
 #: per rounding); errors add up over a tree's depth and a sum over atoms
