@@ -96,6 +96,9 @@ BASE_SCHEMA: dict[str, Field] = {
                   doc="foldengine executor (Compiler(executor=...)): auto = tables for small calls, chunks for large"),
     "batch_size": F(int, 25, min=1, doc="GLOBAL records per optimizer step, split over workers"),
     "eval_batch_size": F(int, None, min=1, nullable=True, doc="default: batch_size"),
+    "precision": F(str, "32", choices=("32", "bf16-mixed"),
+                   doc="32: float32; bf16-mixed: the forward under torch.autocast in bfloat16 (CPU or CUDA), "
+                       "parameters and optimizer state in float32"),
     "loss_reduction": F(str, "mean", choices=("mean", "sum"),
                         doc="mean: divide summed loss by records in the global step; sum: don't"),
     "grad_clip": F(float, 0.0, min=0.0, doc="max global grad norm, 0 = off"),

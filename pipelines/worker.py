@@ -23,6 +23,7 @@ split's sums, of the parameter hashes and of the RNG states).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -184,6 +185,15 @@ class EpochTotals:
                    steady_wait_share=max(p.steady_wait_share for p in parts), stats=stats)
 
 
+def mixed_precision(cfg: dict, device: torch.device):
+    """The forward's precision context for ``cfg["precision"]``: ``"bf16-mixed"`` runs it under
+    ``torch.autocast(device.type, dtype=torch.bfloat16)`` (matrix products in bfloat16, the
+    parameters, gradients and optimizer state in float32); ``"32"`` changes nothing."""
+    if cfg.get("precision", "32") == "bf16-mixed":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 class _LossModule(torch.nn.Module):
     """Wraps ``experiment.loss`` so DDP hooks see every parameter while the experiment keeps
     working with the plain model (e.g. ``compiler.metrics``)."""
@@ -307,7 +317,8 @@ def train_epoch(plan: TrainPlan, w: Worker, epoch: int) -> EpochTotals:
             tot.first_wait_s = t0 - t_wait
         batch = pickle.loads(row["batch"])
         w.optimizer.zero_grad(set_to_none=True)
-        loss_sum, stats = w.wrapped(batch)
+        with mixed_precision(cfg, w.device):
+            loss_sum, stats = w.wrapped(batch)
         scale = w.world / float(row["denom"]) if mean else float(w.world)
         (loss_sum * scale).backward()
         if w.sparse_sync is not None:
@@ -357,7 +368,8 @@ def evaluate(plan: TrainPlan, w: Worker) -> dict[str, float]:
                 rows = cached_eval_rows(cached, w.rank) if cached is not None else \
                     ray.train.get_dataset_shard(name).iter_rows()
                 for row in assemble_steps(rows, experiment, plan.config, plan.context, 0, w.rank, False):
-                    sum_into(sums, experiment.eval_stats(w.model, pickle.loads(row["batch"])))
+                    with mixed_precision(plan.config, w.device):
+                        sum_into(sums, experiment.eval_stats(w.model, pickle.loads(row["batch"])))
             total: dict[str, float] = {}
             for part in gather(sums):
                 sum_into(total, part)

@@ -101,6 +101,18 @@ def test_logged_model_predicts_the_test_split_as_evaluated(baseline, data_dir):
 
 
 @pytest.mark.timeout(400)
+def test_bf16_mixed_precision_trains_like_float32(baseline, tmp_path):
+    """``precision=bf16-mixed``: the foldengine forward under bfloat16 autocast inside Ray Train;
+    the run finishes and its per-epoch objective stays within bfloat16 noise of float32's."""
+    res, _, _ = baseline
+    mixed = run(SSTExperiment(), _config(tmp_path, "precision=bf16-mixed"))
+    assert [h["epoch"] for h in mixed.history] == [h["epoch"] for h in res.history]
+    for got, want in zip(mixed.history, res.history):
+        assert got["train/objective"] == pytest.approx(want["train/objective"], rel=0.05)
+    assert all(h["params/consistent"] == 1.0 for h in mixed.history)
+
+
+@pytest.mark.timeout(400)
 def test_resume_from_checkpoint_gives_identical_metrics(baseline, tmp_path):
     res, _, tmp = baseline
     ckpts = []
