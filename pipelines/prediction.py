@@ -39,10 +39,13 @@ class Predictor(abc.ABC):
 
 
 def predict_in_chunks(inputs: Sequence[Any], parse: Callable[[Any], Any],
-                      run: Callable[[list], list], columns: Sequence[str], chunk_size: int = 256):
+                      run: Callable[[list], list], columns: Sequence[str], chunk_size: int = 256,
+                      int_columns: Sequence[str] = ()):
     """The shared loop: ``parse(raw)`` each input (an exception marks the row bad, its message the
     row's ``error``), ``run(parsed_chunk) -> one dict of columns per input`` over chunks of the
-    good rows, and the frame assembled in input order with nulls for bad rows.
+    good rows, and the frame assembled in input order with nulls for bad rows.  Column dtypes do
+    not depend on which rows were bad: ``int_columns`` are pandas ``Int64`` (nullable), the other
+    columns of numbers ``float64`` (NaN when bad), ``error`` a pandas ``string``.
 
     Raises ``ValueError`` for ``chunk_size < 1``.
     """
@@ -65,8 +68,11 @@ def predict_in_chunks(inputs: Sequence[Any], parse: Callable[[Any], Any],
     data = {c: [None if r is None else r[c] for r in rows] for c in columns}
     data["error"] = errors
     frame = pd.DataFrame(data, columns=[*columns, "error"])
-    for c in columns:   # float columns keep NaN for bad rows (not object dtype)
+    for c in columns:
         vals = [v for v in data[c] if v is not None]
-        if vals and all(isinstance(v, (float, np.floating)) for v in vals):
-            frame[c] = frame[c].astype(float)
+        if c in int_columns:
+            frame[c] = frame[c].astype("Int64")
+        elif all(isinstance(v, (float, int, np.floating, np.integer)) for v in vals):
+            frame[c] = frame[c].astype("float64")   # NaN for bad rows, also when every row is bad
+    frame["error"] = frame["error"].astype("string")
     return frame

@@ -36,7 +36,8 @@ class TreePredictor(Predictor):
 
     def predict(self, inputs: Sequence[str], chunk_size: int = 256, nodes: bool = False):
         columns = COLUMNS + (["node_labels"] if nodes else [])
-        return predict_in_chunks(list(inputs), _parse, lambda trees: self._run(trees, nodes), columns, chunk_size)
+        return predict_in_chunks(list(inputs), _parse, lambda trees: self._run(trees, nodes), columns, chunk_size,
+                                 int_columns=("label",))
 
     @torch.no_grad()
     def _run(self, trees: list, nodes: bool) -> list:

@@ -1,7 +1,14 @@
 """Helpers shared by the pipeline tests."""
 from __future__ import annotations
 
+import os
+
 import mlflow
+import torch
+
+from pipelines.config import load_config, merged_schema
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def finished_run(tracking_uri: str, experiment: str, run_id: str):
@@ -48,3 +55,35 @@ def read_records(experiment, config):
     """``experiment.read_splits(config)`` and its records per split (brought to the caller)."""
     splits = experiment.read_splits(config)
     return splits, {name: source_records(src) for name, src in splits.sources.items()}
+
+
+def untrained_sst(data_dir):
+    """``(experiment, config, model_context, compiled model, lines)``: the SST model (state 6,
+    embeddings 5) over the vocabulary of the first 8 of 12 short real dev trees, freshly
+    initialised after ``torch.manual_seed(0)``; ``lines`` are the 12 PTB lines."""
+    from pipelines.sst.data import parse_line
+    from pipelines.sst.experiment import SCHEMA, SSTContext, SSTExperiment
+    from pipelines.sst.vocab import build_vocab
+
+    lines = sst_lines(data_dir, 12)
+    exp = SSTExperiment()
+    cfg = load_config(os.path.join(REPO, "conf", "sst_tai2015.yaml"), ["sst.state_size=6"], merged_schema(SCHEMA))
+    vocab = build_vocab([parse_line(x) for x in lines[:8]])       # the last 4 trees hold unknown words
+    torch.manual_seed(0)
+    model = exp.batch_builder(cfg, SSTContext(vocab=vocab, emb_dim=5, embeddings=None))
+    return exp, cfg, exp.model_context(cfg, SSTContext(vocab=vocab, emb_dim=5, embeddings=None)), model, lines
+
+
+def untrained_esol():
+    """``(experiment, config, model_context, compiled model)``: a small ESOL weave model with
+    target scaling mean -3, std 2, freshly initialised after ``torch.manual_seed(0)``."""
+    from pipelines.molecules.experiment import SCHEMA, MoleculeExperiment, TargetScaling
+
+    exp = MoleculeExperiment("esol")
+    cfg = load_config(os.path.join(REPO, "conf", "molecules_esol.yaml"),
+                      ["molecules.atom_hidden=4", "molecules.pair_hidden=3", "molecules.mol_hidden=5"],
+                      merged_schema(SCHEMA))
+    scaling = TargetScaling(-3.0, 2.0)
+    torch.manual_seed(0)
+    model = exp.build_model(cfg, scaling)
+    return exp, cfg, exp.model_context(cfg, scaling), model

@@ -23,39 +23,11 @@ import pytest
 import torch
 
 import mlflow
-from pipelines.config import load_config, merged_schema
 from pipelines.mlflow_model import load_predictor, log_model, write_package
-from tests.pipelines.helpers import esol_smiles, sst_lines
+from tests.pipelines.helpers import esol_smiles, sst_lines, untrained_esol, untrained_sst
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BAD_TREE = "(3 (2 unbalanced) (3 tree)"
-
-
-def _sst(data_dir):
-    from pipelines.sst.data import parse_line
-    from pipelines.sst.experiment import SCHEMA, SSTContext, SSTExperiment
-    from pipelines.sst.vocab import build_vocab
-
-    lines = sst_lines(data_dir, 12)
-    exp = SSTExperiment()
-    cfg = load_config(os.path.join(REPO, "conf", "sst_tai2015.yaml"), ["sst.state_size=6"], merged_schema(SCHEMA))
-    vocab = build_vocab([parse_line(x) for x in lines[:8]])       # the last 4 trees hold unknown words
-    torch.manual_seed(0)
-    model = exp.batch_builder(cfg, SSTContext(vocab=vocab, emb_dim=5, embeddings=None))
-    return exp, cfg, exp.model_context(cfg, SSTContext(vocab=vocab, emb_dim=5, embeddings=None)), model, lines
-
-
-def _esol():
-    from pipelines.molecules.experiment import SCHEMA, MoleculeExperiment, TargetScaling
-
-    exp = MoleculeExperiment("esol")
-    cfg = load_config(os.path.join(REPO, "conf", "molecules_esol.yaml"),
-                      ["molecules.atom_hidden=4", "molecules.pair_hidden=3", "molecules.mol_hidden=5"],
-                      merged_schema(SCHEMA))
-    scaling = TargetScaling(-3.0, 2.0)
-    torch.manual_seed(0)
-    model = exp.build_model(cfg, scaling)
-    return exp, cfg, exp.model_context(cfg, scaling), model
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +37,8 @@ def logged(data_dir, tmp_path_factory):
     uri = f"sqlite:///{tmp}/mlflow.db"
     client = mlflow.MlflowClient(uri)
     exp_id = client.create_experiment("export-test")
-    sst_exp, sst_cfg, sst_mc, sst_model, lines = _sst(data_dir)
-    esol_exp, esol_cfg, esol_mc, esol_model = _esol()
+    sst_exp, sst_cfg, sst_mc, sst_model, lines = untrained_sst(data_dir)
+    esol_exp, esol_cfg, esol_mc, esol_model = untrained_esol()
     runs = {}
     for key, (exp, cfg, mc, model, reg) in {"sst": (sst_exp, sst_cfg, sst_mc, sst_model, "sst-export-test"),
                                             "esol": (esol_exp, esol_cfg, esol_mc, esol_model, None)}.items():
@@ -148,7 +120,7 @@ def test_registered_version_and_signature(logged):
 
 def test_crafted_weights_run_no_code(tmp_path):
     """A weights.pt whose unpickling would run code is refused, naming the file; nothing runs."""
-    exp, cfg, mc, model = _esol()
+    exp, cfg, mc, model = untrained_esol()
     pkg = tmp_path / "pkg"
     write_package(str(pkg), exp, cfg, mc, model.state_dict())
     marker = tmp_path / "ran"

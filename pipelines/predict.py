@@ -1,0 +1,203 @@
+"""Batch inference on Ray Data: a logged model (:mod:`pipelines.mlflow_model`) over files of raw
+inputs, one input per line (PTB trees for SST, SMILES for molecules), written as Parquet.
+
+    python -m pipelines.predict --model runs:/<run_id>/model --input 'data/*.txt' --output preds/
+
+Data flow: the files' lines are read in Ray Data tasks (:func:`pipelines.reading.read_lines`,
+the training pipeline's reader: rows ``line`` (1-based) and ``text``), an actor pool
+(``map_batches`` with :class:`PredictActor`, each actor holding one
+:class:`~pipelines.prediction.Predictor` built from the model's package, shipped once through
+the object store) parses, batches with the engine and predicts, and the rows stream to Parquet in
+``--output`` (bounded memory: Ray Data's streaming executor).  Output columns: ``path``, ``line``,
+``input``, the predictor's columns and ``error`` (null for a good row; a bad row is kept, never
+fatal).  Blank lines are skipped and counted.  The counts (rows, bad rows, blank lines) and the
+throughput are printed and logged as an MLflow run in experiment ``predict`` (``--no-tracking``:
+none).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+__all__ = ["PredictResult", "PredictActor", "resolve_inputs", "load_package_bytes", "run", "main"]
+
+PACKAGE_FILES = ("package.json", "weights.pt")
+
+
+@dataclass(frozen=True)
+class PredictResult:
+    """What :func:`run` did: counts, seconds, throughput, where the Parquet files are, the MLflow run."""
+
+    rows: int
+    bad: int
+    blank: int
+    seconds: float
+    output: str
+    run_id: Optional[str] = None
+
+    @property
+    def per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+def resolve_inputs(patterns: Sequence[str]) -> list[str]:
+    """The files that ``patterns`` (paths or globs) name, sorted and absolute; raises
+    ``FileNotFoundError`` naming a pattern that matches no file."""
+    files: list[str] = []
+    for pattern in patterns:
+        found = sorted(p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p))
+        if not found:
+            raise FileNotFoundError(f"--input {pattern!r}: no such file")
+        files += [os.path.abspath(p) for p in found]
+    return files
+
+
+def load_package_bytes(model_uri: str) -> dict[str, bytes]:
+    """The model's package files (``package.json``, ``weights.pt``) as bytes, downloaded from
+    MLflow (``runs:/…``, ``models:/…``, a local model directory)."""
+    import mlflow
+
+    with tempfile.TemporaryDirectory(prefix="fold-predict-") as tmp:
+        local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp)
+        pkg = os.path.join(local, "artifacts", "package")
+        if not os.path.isfile(os.path.join(pkg, PACKAGE_FILES[0])):
+            raise ValueError(f"{model_uri}: not a foldengine model (no artifacts/package/{PACKAGE_FILES[0]})")
+        out = {}
+        for name in PACKAGE_FILES:
+            with open(os.path.join(pkg, name), "rb") as f:
+                out[name] = f.read()
+        return out
+
+
+class PredictActor:
+    """Ray Data actor: builds the predictor once from the package bytes (an object ref), then maps
+    blocks of lines (``path``, ``line``, ``text`` bytes) to prediction rows."""
+
+    def __init__(self, package_ref, chunk_size: int):
+        import ray
+
+        from .mlflow_model import load_predictor
+
+        files = package_ref if isinstance(package_ref, dict) else ray.get(package_ref)
+        self._dir = tempfile.mkdtemp(prefix="fold-predictor-")
+        for name, data in files.items():
+            with open(os.path.join(self._dir, name), "wb") as f:
+                f.write(data)
+        self.predictor = load_predictor(self._dir)
+        self.chunk_size = chunk_size
+
+    def __call__(self, batch):
+        import pandas as pd
+
+        texts = [t.decode("utf-8", errors="replace").rstrip("\r\n").lstrip("\ufeff") for t in batch["text"]]
+        keep = [i for i, t in enumerate(texts) if t.strip()]
+        frame = self.predictor.predict([texts[i] for i in keep], chunk_size=self.chunk_size)
+        frame.insert(0, "input", [texts[i] for i in keep])
+        frame.insert(0, "line", [int(batch["line"][i]) for i in keep])
+        frame.insert(0, "path", [str(batch["path"][i]) for i in keep])
+        frame["blank"] = 0
+        if len(keep) < len(texts):   # one marker row per block carries its blank-line count
+            marker = frame.iloc[:0].reindex([0])
+            marker[["path", "line", "input", "blank"]] = ["", -1, "", len(texts) - len(keep)]
+            frame = pd.concat([frame, marker], ignore_index=True)
+        return frame
+
+
+def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int = 256, actors: int = 1,
+        cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, tracking_uri: Optional[str] = None,
+        tracking: bool = True, log=print) -> PredictResult:
+    """Predict every line of ``inputs`` with ``model_uri``; Parquet into ``output``. Needs Ray
+    (connects to ``$RAY_ADDRESS`` or starts a local instance when none is initialised)."""
+    import mlflow
+    import ray
+    import ray.data
+
+    from .reading import read_lines
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    files = resolve_inputs(inputs)
+    package = load_package_bytes(model_uri)
+    started = False
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS") or None)
+        started = True
+    try:
+        ctx = ray.data.DataContext.get_current()
+        ctx.execution_options.preserve_order = True
+        t0 = time.perf_counter()
+        ref = ray.put(package)
+        parts = []
+        for path in files:
+            ds = read_lines(path)
+            parts.append(ds.map_batches(lambda b, p=path: {**b, "path": [p] * len(b["line"])}, batch_format="numpy"))
+        ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
+        preds = ds.map_batches(PredictActor, fn_constructor_args=(ref, chunk_size), batch_size=4 * chunk_size,
+                               batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=actors),
+                               num_cpus=cpus_per_actor, num_gpus=gpus_per_actor or None)
+        os.makedirs(output, exist_ok=True)
+        blank = 0
+        rows = bad = 0
+        for block in preds.iter_batches(batch_format="pandas", batch_size=None):
+            marks = block["line"] < 0
+            blank += int(block.loc[marks, "blank"].sum())
+            good = block.loc[~marks].drop(columns=["blank"])
+            if len(good):
+                good.to_parquet(os.path.join(output, f"part-{rows:012d}.parquet"), index=False)
+            rows += len(good)
+            bad += int(good["error"].notna().sum())
+        seconds = time.perf_counter() - t0
+    finally:
+        if started:
+            ray.shutdown()
+    result = PredictResult(rows=rows, bad=bad, blank=blank, seconds=seconds, output=os.path.abspath(output))
+    log(f"predicted {rows} rows ({bad} bad, {blank} blank lines skipped) from {len(files)} file(s) in "
+        f"{seconds:.1f}s ({result.per_second:.0f} rows/s) -> {result.output}")
+    if tracking:
+        from .tracking import ensure_experiment
+
+        client = mlflow.MlflowClient()
+        run_id = client.create_run(ensure_experiment(client, "predict"),
+                                   tags={"mlflow.note.content": f"batch inference with {model_uri}"}).info.run_id
+        client.log_param(run_id, "model_uri", model_uri)
+        client.log_param(run_id, "inputs", json.dumps(files)[:500])
+        for k, v in (("rows", rows), ("bad_rows", bad), ("blank_lines", blank), ("seconds", seconds),
+                     ("rows_per_s", result.per_second), ("actors", actors)):
+            client.log_metric(run_id, k, float(v))
+        client.set_terminated(run_id)
+        result = PredictResult(rows, bad, blank, seconds, result.output, run_id)
+        log(f"MLflow run {run_id} (experiment predict)")
+    return result
+
+
+def main(argv: Optional[Sequence[str]] = None) -> PredictResult:
+    ap = argparse.ArgumentParser(description="Batch inference with a logged foldengine model on Ray Data "
+                                             "(one raw input per line; Parquet out).")
+    ap.add_argument("--model", required=True, help="runs:/<run_id>/model, models:/<name>/<version>, or a path")
+    ap.add_argument("--input", required=True, nargs="+", help="files or globs, one tree / SMILES per line")
+    ap.add_argument("--output", required=True, help="directory for the Parquet files")
+    ap.add_argument("--chunk-size", type=int, default=256, help="inputs per engine batch (default 256)")
+    ap.add_argument("--actors", type=int, default=1, help="predictor actors (default 1)")
+    ap.add_argument("--cpus-per-actor", type=float, default=1.0)
+    ap.add_argument("--gpus-per-actor", type=float, default=0.0)
+    ap.add_argument("--tracking-uri", help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    ap.add_argument("--no-tracking", dest="tracking", action="store_false")
+    a = ap.parse_args(argv)
+    uri = a.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+    try:
+        return run(a.model, a.input, a.output, chunk_size=a.chunk_size, actors=a.actors,
+                   cpus_per_actor=a.cpus_per_actor, gpus_per_actor=a.gpus_per_actor, tracking_uri=uri,
+                   tracking=a.tracking)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"pipelines.predict: {err}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
