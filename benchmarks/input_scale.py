@@ -149,7 +149,7 @@ def _proc_title(pid: int) -> str:
         return "?"
 
 
-class _RaySampler(threading.Thread):
+class RaySampler(threading.Thread):
     """Largest peak RSS and largest sampled private RSS (kB) of any descendant process, sampled
     every ``period`` seconds, and the title of the process with that private RSS."""
 
@@ -175,7 +175,7 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
     import ray.data
 
     t_start = time.time()
-    sampler = _RaySampler()
+    sampler = RaySampler()
     sampler.start()
     tmp = tempfile.mkdtemp(prefix="bench_input_scale_")
     exp, cfg = _config(workload, path, mode, steps, eval_limit, tmp, epochs)

@@ -1,0 +1,188 @@
+"""Inference throughput of a logged model (:mod:`pipelines.mlflow_model`), three ways, side by side:
+
+* ``per_example``: ``predict`` on one input at a time (a DataFrame of one row per call), on the
+  first ``per_example`` inputs;
+* ``dataframe``: ``predict`` on all inputs at once (dynamic batching in one process);
+* ``ray_data_k<k>``: ``python -m pipelines.predict`` over a file of the inputs repeated ``k``
+  times (Ray Data reads, an actor pool predicts, Parquet out), each ``k`` in a fresh process
+  with its own local Ray, so that its peak memory is its own.
+
+Workloads: ``sst`` (the SST test split's 2,210 PTB lines; the Tai preset's model, state 150,
+GloVe-sized embeddings over the train+dev+test vocabulary) and ``tox21`` (the Tox21 CSV's 7,831
+SMILES; the Tox21 preset's weave model).  The models are freshly initialised: inference cost
+does not depend on the weights.  Reported per row: inputs/s, and for the Ray Data rows the
+driver's peak RSS (``ru_maxrss``) and the largest peak RSS of any Ray process it started
+(:class:`benchmarks.input_scale.RaySampler`), plus ``dataframe_over_per_example`` and
+``ray_data_over_dataframe``.  Logged to MLflow (experiment ``bench_predict``) unless ``mlflow=False``.
+
+    python scripts/bench_predict.py --workloads sst,tox21 --ks 1,20
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+from .reporting import REPO_ROOT, echo, format_table, log_to_mlflow
+
+__all__ = ["WORKLOADS", "inputs_of", "logged_model", "child", "run", "main"]
+
+WORKLOADS = ("sst", "tox21")
+
+
+def inputs_of(workload: str, data_dir: str) -> List[str]:
+    """The raw inputs of a workload: SST test lines, or Tox21 SMILES (file order)."""
+    if workload == "sst":
+        with open(os.path.join(data_dir, "sst", "test.txt"), encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f if line.strip()]
+    import csv
+    with gzip.open(os.path.join(data_dir, "molecules", "tox21.csv.gz"), "rt", newline="") as f:
+        return [row["smiles"] for row in csv.DictReader(f)]
+
+
+def logged_model(workload: str, data_dir: str, tracking_uri: str) -> str:
+    """Log a freshly initialised preset model of ``workload`` to ``tracking_uri``; its model URI."""
+    import mlflow
+    import torch
+
+    from pipelines.config import load_config, merged_schema
+    from pipelines.mlflow_model import log_model
+
+    torch.manual_seed(0)
+    if workload == "sst":
+        from pipelines.sst.data import load_split
+        from pipelines.sst.experiment import SCHEMA, SSTContext, SSTExperiment
+        from pipelines.sst.vocab import build_vocab
+
+        exp = SSTExperiment()
+        cfg = load_config(os.path.join(REPO_ROOT, "conf", "sst_tai2015.yaml"), [], merged_schema(SCHEMA))
+        vocab = build_vocab(*(load_split(s, data_dir=data_dir)[0] for s in cfg["sst"]["vocab_splits"]))
+        ctx = SSTContext(vocab=vocab, emb_dim=50, embeddings=None)
+        model = exp.batch_builder(cfg, ctx)
+    else:
+        from pipelines.molecules.experiment import SCHEMA, MoleculeExperiment, TargetScaling
+
+        exp = MoleculeExperiment("tox21")
+        cfg = load_config(os.path.join(REPO_ROOT, "conf", "molecules_tox21.yaml"), [], merged_schema(SCHEMA))
+        ctx = TargetScaling()
+        model = exp.build_model(cfg, ctx)
+    client = mlflow.MlflowClient(tracking_uri)
+    from pipelines.tracking import ensure_experiment
+
+    run_id = client.create_run(ensure_experiment(client, "bench_predict_models")).info.run_id
+    uri = log_model(tracking_uri, run_id, exp, cfg, exp.model_context(cfg, ctx), model.state_dict()).model_uri
+    client.set_terminated(run_id)
+    return uri
+
+
+def child(model_uri: str, path: str, out: str, actors: int, tracking_uri: str) -> None:
+    """One Ray Data measurement in this (fresh) process; writes ``out`` (JSON)."""
+    import ray
+
+    from .input_scale import RaySampler
+    from pipelines.predict import run as predict_files
+
+    sampler = RaySampler()
+    sampler.start()
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench_predict_") as tmp:
+            res = predict_files(model_uri, [path], tmp, actors=actors, tracking_uri=tracking_uri, tracking=False,
+                                log=lambda s: None)
+    finally:
+        ray.shutdown()
+        sampler.stop.set()
+    with open(out, "w") as f:
+        json.dump({"rows": res.rows, "bad": res.bad, "seconds": res.seconds,
+                   "driver_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                   "ray_rss_mb": sampler.max_kb / 1024, "ray_anon_mb": sampler.max_anon_kb / 1024}, f)
+
+
+def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_example: int = 200,
+        actors: int = 1, data_dir: Optional[str] = None, limit: Optional[int] = None, mlflow: bool = True,
+        log: Callable[[str], None] = echo) -> List[Dict[str, object]]:
+    """Measure every workload three ways (module docstring); returns the rows."""
+    import mlflow as mlf
+    import pandas as pd
+
+    data_dir = data_dir or os.environ.get("FOLD_DATA_DIR") or os.path.join(REPO_ROOT, "..", "shared", "data")
+    rows: List[Dict[str, object]] = []
+    with tempfile.TemporaryDirectory(prefix="bench_predict_") as tmp:
+        store = f"sqlite:///{tmp}/mlflow.db"
+        for w in workloads:
+            inputs = inputs_of(w, data_dir)[:limit]
+            uri = logged_model(w, data_dir, store)
+            mlf.set_tracking_uri(store)
+            model = mlf.pyfunc.load_model(uri)
+            col = "tree" if w == "sst" else "smiles"
+            first = inputs[:per_example]
+            model.predict(pd.DataFrame({col: first[:8]}))                     # warm-up
+            t0 = time.perf_counter()
+            for x in first:
+                model.predict(pd.DataFrame({col: [x]}))
+            per_s = len(first) / (time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            out = model.predict(pd.DataFrame({col: inputs}))
+            df_s = len(inputs) / (time.perf_counter() - t0)
+            base = {"workload": w, "inputs": len(inputs), "bad": int(out["error"].notna().sum())}
+            rows.append({**base, "way": "per_example", "k": 1, "n": len(first), "per_s": per_s})
+            rows.append({**base, "way": "dataframe", "k": 1, "n": len(inputs), "per_s": df_s,
+                         "dataframe_over_per_example": df_s / per_s})
+            log(f"{w}: per example {per_s:.0f}/s, DataFrame {df_s:.0f}/s ({df_s / per_s:.1f}x)")
+            for k in ks:
+                path = os.path.join(tmp, f"{w}_k{k}.txt")
+                with open(path, "w", encoding="utf-8") as f:
+                    for _ in range(k):
+                        f.write("\n".join(inputs) + "\n")
+                res_path = os.path.join(tmp, f"{w}_k{k}.json")
+                subprocess.run([sys.executable, "-m", "benchmarks.predict", "--child", uri, path, res_path,
+                                str(actors), store], cwd=REPO_ROOT, check=True,
+                               env={**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
+                with open(res_path) as f:
+                    r = json.load(f)
+                rate = r["rows"] / r["seconds"]
+                rows.append({**base, "way": f"ray_data_k{k}", "k": k, "n": r["rows"], "per_s": rate,
+                             "ray_data_over_dataframe": rate / df_s, "driver_rss_mb": r["driver_rss_mb"],
+                             "ray_rss_mb": r["ray_rss_mb"], "ray_anon_mb": r["ray_anon_mb"]})
+                log(f"{w}: Ray Data k={k}: {r['rows']} rows, {rate:.0f}/s ({rate / df_s:.2f}x DataFrame), "
+                    f"driver peak {r['driver_rss_mb']:.0f} MB, largest Ray process {r['ray_rss_mb']:.0f} MB")
+    log(format_table(rows, ["workload", "way", "k", "n", "per_s", "dataframe_over_per_example",
+                            "ray_data_over_dataframe", "driver_rss_mb", "ray_rss_mb", "ray_anon_mb"]))
+    if mlflow:
+        metrics = {f"{r['workload']}.{r['way']}.{key}": float(r[key]) for r in rows
+                   for key in ("per_s", "dataframe_over_per_example", "ray_data_over_dataframe", "driver_rss_mb",
+                               "ray_rss_mb") if r.get(key) is not None}
+        run_id = log_to_mlflow("bench_predict", {"workloads": list(workloads), "ks": list(ks), "actors": actors,
+                                                 "per_example": per_example, "limit": limit},
+                               {"bench_predict": rows}, metrics)
+        log(f"MLflow run {run_id}")
+    return rows
+
+
+def main(argv=None):
+    import argparse
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--child":
+        uri, path, out, actors, store = argv[1:6]
+        return child(uri, path, out, int(actors), store)
+    ap = argparse.ArgumentParser(description="Inference throughput: per example, DataFrame, Ray Data")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--ks", default="1,20", help="Ray Data: the inputs repeated k times (comma separated)")
+    ap.add_argument("--per-example", type=int, default=200)
+    ap.add_argument("--actors", type=int, default=1)
+    ap.add_argument("--limit", type=int, help="first N inputs of each workload (smoke runs)")
+    ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
+    a = ap.parse_args(argv)
+    return run([w for w in a.workloads.split(",") if w], [int(k) for k in a.ks.split(",") if k],
+               a.per_example, a.actors, limit=a.limit, mlflow=a.mlflow)
+
+
+if __name__ == "__main__":
+    main()
