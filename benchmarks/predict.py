@@ -90,6 +90,7 @@ def child(model_uri: str, path: str, out: str, actors: int, tracking_uri: str) -
 
     sampler = RaySampler()
     sampler.start()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")     # a private local Ray on loopback
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     try:
         with tempfile.TemporaryDirectory(prefix="bench_predict_") as tmp:
@@ -113,13 +114,17 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_e
 
     data_dir = data_dir or os.environ.get("FOLD_DATA_DIR") or os.path.join(REPO_ROOT, "..", "shared", "data")
     rows: List[Dict[str, object]] = []
+    previous = mlf.get_tracking_uri()
     with tempfile.TemporaryDirectory(prefix="bench_predict_") as tmp:
         store = f"sqlite:///{tmp}/mlflow.db"
         for w in workloads:
             inputs = inputs_of(w, data_dir)[:limit]
             uri = logged_model(w, data_dir, store)
             mlf.set_tracking_uri(store)
-            model = mlf.pyfunc.load_model(uri)
+            try:
+                model = mlf.pyfunc.load_model(uri)
+            finally:   # before the temporary store goes: the results are logged to the caller's store
+                mlf.set_tracking_uri(previous)
             col = "tree" if w == "sst" else "smiles"
             first = inputs[:per_example]
             model.predict(pd.DataFrame({col: first[:8]}))                     # warm-up
