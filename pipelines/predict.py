@@ -86,11 +86,11 @@ class PredictActor:
         from .mlflow_model import load_predictor
 
         files = package_ref if isinstance(package_ref, dict) else ray.get(package_ref)
-        self._dir = tempfile.mkdtemp(prefix="fold-predictor-")
-        for name, data in files.items():
-            with open(os.path.join(self._dir, name), "wb") as f:
-                f.write(data)
-        self.predictor = load_predictor(self._dir)
+        with tempfile.TemporaryDirectory(prefix="fold-predictor-") as tmp:   # read once, then removed
+            for name, data in files.items():
+                with open(os.path.join(tmp, name), "wb") as f:
+                    f.write(data)
+            self.predictor = load_predictor(tmp)
         self.chunk_size = chunk_size
 
     def __call__(self, batch):
