@@ -1,118 +1,229 @@
-"""Summary of a reproduction (``scripts/reproduce.sh``): one table of our figures beside the
-paper's and the anchors', written as Markdown and logged as an MLflow run linking the runs
-(experiment ``reproduce``).  Inputs: the Table 1 JSON (:func:`benchmarks.table1.run`) and the
-logs of the SST and Tox21 entry points (each ends its output with a result JSON object).
+"""Summary of a reproduction (``scripts/reproduce.sh``): one table, accuracy and timing, our
+figures beside the paper's and the anchors', each with the range it is expected in.
+
+Inputs: the Table 1 JSON (:func:`benchmarks.table1.run`) and the result JSON files the training
+entry points write with ``--result-json`` (run id, ``best/*``, ``time/*``).  Expected ranges:
+``conf/reproduce.yaml`` (``quick:`` and ``full:`` sections, keyed by :attr:`Row.key`).
+Outputs: ``results/summary.md`` (Markdown, run ids linked to the MLflow UI), the same rows as
+``summary.csv`` / ``summary.json`` beside it, and an MLflow run (experiment ``reproduce``) whose
+main artifact is that table, tagged with the runs it links.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .reporting import echo
+from .reporting import REPO_ROOT, echo
 
-__all__ = ["PAPER_SST", "TAI_SST", "MOLECULENET_TOX21", "last_json_object", "table1_rows", "summary_rows",
-           "markdown", "run"]
+__all__ = ["PAPER_SST", "TAI_SST", "MOLECULENET_TOX21", "EXPECTED_RANGES", "Row", "expected_ranges",
+           "table1_rows", "training_rows", "summary_rows", "markdown", "run"]
 
 PAPER_SST = {"fine": 52.3, "binary": 89.4}          # Looks et al. 2017, Table 2, single model
 TAI_SST = {"fine": 51.0, "binary": 88.0}            # Tai et al. 2015
 MOLECULENET_TOX21 = {"weave": 0.820, "graphconv": 0.829}  # MoleculeNet (Wu et al. 2018), random split
+#: Paper Table 1, CPU, inference (vector 1024, 32 threads): cost ratio at batch 1.
+PAPER_TABLE1_B1_COST = 0.49
+EXPECTED_RANGES = os.path.join(REPO_ROOT, "conf", "reproduce.yaml")
+UI_URL = os.environ.get("FOLD_MLFLOW_UI", "http://127.0.0.1:5000")
 
 
-def last_json_object(path: str) -> Dict:
-    """The last top-level JSON object an entry point printed (it ends its output with one)."""
+@dataclasses.dataclass
+class Row:
+    """One figure of the summary."""
+
+    key: str                        #: stable id, e.g. ``sst.test_fine`` (the expected-range key)
+    experiment: str                 #: e.g. ``Table 2 (SST)``
+    figure: str                     #: what is measured, with its unit
+    ours: Optional[float]
+    digits: int = 3                 #: decimals shown
+    paper: Optional[float] = None
+    anchor: Optional[float] = None
+    expected: Optional[Tuple[float, float]] = None  #: ``[lo, hi]`` from ``conf/reproduce.yaml``
+    run: Optional[str] = None       #: ``<experiment id>/<run id>`` of the MLflow run it comes from
+
+    @property
+    def inside(self) -> Optional[bool]:
+        """Whether ``ours`` lies in ``expected`` (None where either is missing)."""
+        if self.expected is None or self.ours is None or not math.isfinite(self.ours):
+            return None
+        return self.expected[0] <= self.ours <= self.expected[1]
+
+    def record(self) -> Dict[str, object]:
+        """A flat, rounded dict (CSV / JSON row)."""
+        r = lambda v: None if v is None or not math.isfinite(v) else round(float(v), self.digits)  # noqa: E731
+        return {"experiment": self.experiment, "figure": self.figure, "ours": r(self.ours),
+                "expected_low": r(self.expected[0]) if self.expected else None,
+                "expected_high": r(self.expected[1]) if self.expected else None,
+                "inside": self.inside, "paper": r(self.paper), "anchor": r(self.anchor),
+                "run": self.run, "key": self.key}
+
+
+def expected_ranges(quick: bool, path: str = EXPECTED_RANGES) -> Dict[str, Tuple[float, float]]:
+    """``key -> (lo, hi)`` of ``path``'s ``quick`` or ``full`` section."""
+    import yaml
+
     with open(path) as f:
-        lines = f.read().splitlines()
-    for start in range(len(lines) - 1, -1, -1):
-        if lines[start] != "{":
-            continue
-        for end in range(start + 1, len(lines)):
-            if lines[end] == "}":
-                try:
-                    return json.loads("\n".join(lines[start:end + 1]))
-                except json.JSONDecodeError:
-                    break
-    raise ValueError(f"{path}: no result JSON found (did the run fail?)")
+        conf = yaml.safe_load(f) or {}
+    section = conf.get("quick" if quick else "full") or {}
+    out = {}
+    for k, v in section.items():
+        if not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v) and v[0] <= v[1]):
+            raise ValueError(f"{path}: {'quick' if quick else 'full'}.{k}: expected [low, high], got {v!r}")
+        out[k] = (float(v[0]), float(v[1]))
+    return out
 
 
-def table1_rows(result: Dict) -> List[Dict]:
+def table1_rows(result: Dict) -> List[Row]:
+    """Cost and speedup ratios (inference and training) at the largest batch and at batch 1."""
     rows = result["rows"]
     sched = rows[0]["scheduler"]
     sizes = sorted({r["batch_size"] for r in rows})
     big = 256 if 256 in sizes else sizes[-1]
+    run = result.get("mlflow_run")
     out = []
     for mode in ("inference", "training"):
         r = {x["batch_size"]: x for x in rows if x["mode"] == mode and x["scheduler"] == sched}
         if not r:
             continue
         paper = result.get("paper_cpu", {}).get(str(big), {}) if mode == "inference" else {}
-        out.append({"experiment": "Table 1 (speed)", "metric": f"{mode} cost ratio, batch {big}",
-                    "ours": r[big]["cost_ratio"], "paper": paper.get("cost_ratio"), "anchor": None})
-        out.append({"experiment": "Table 1 (speed)", "metric": f"{mode} speedup ratio, batch {big}",
-                    "ours": r[big]["speedup_ratio"], "paper": paper.get("speedup_ratio"), "anchor": None})
+        out.append(Row(f"table1.{mode}.cost_big", "Table 1 (speed)", f"{mode} cost ratio dynamic/manual, batch {big}",
+                       r[big]["cost_ratio"], 2, paper.get("cost_ratio"), run=run))
+        out.append(Row(f"table1.{mode}.speedup_big", "Table 1 (speed)",
+                       f"{mode} speedup over manual batch 1, batch {big}", r[big]["speedup_ratio"], 1,
+                       paper.get("speedup_ratio"), run=run))
         if 1 in r:
-            out.append({"experiment": "Table 1 (speed)", "metric": f"{mode} cost ratio, batch 1",
-                        "ours": r[1]["cost_ratio"], "paper": 0.49 if mode == "inference" else None, "anchor": None})
+            out.append(Row(f"table1.{mode}.cost_1", "Table 1 (speed)", f"{mode} cost ratio dynamic/manual, batch 1",
+                           r[1]["cost_ratio"], 2, PAPER_TABLE1_B1_COST if mode == "inference" else None, run=run))
     return out
 
 
-def summary_rows(table1: Optional[str] = None, sst_log: Optional[str] = None,
-                 tox21_log: Optional[str] = None) -> Tuple[List[Dict], Dict[str, str]]:
-    """``(rows, links)``: the table's rows and the MLflow run ids of the runs summarised."""
-    rows: List[Dict] = []
-    links: Dict[str, str] = {}
-    if table1:
-        with open(table1) as f:
-            t1 = json.load(f)
+def training_rows(name: str, prefix: str, result: Dict, accuracy: List[Tuple[str, str, str, float, Optional[float],
+                                                                 Optional[float], int]],
+                  unit: str) -> List[Row]:
+    """Accuracy rows ``(key, figure, metric, scale, paper, anchor, digits)`` then the timing rows
+    (``<prefix>.epoch_s``, ``.per_s`` in ``unit``/s, ``.build_share``) of one training run's
+    result JSON."""
+    run = result.get("mlflow_run")
+    out = [Row(key, name, figure, None if result.get(metric) is None else scale * result[metric], digits,
+               paper, anchor, run=run)
+           for key, figure, metric, scale, paper, anchor, digits in accuracy]
+    out.append(Row(f"{prefix}.epoch_s", name, "seconds per epoch (mean)", result.get("time/mean_epoch_s"), 1, run=run))
+    out.append(Row(f"{prefix}.per_s", name, f"{unit} per second, training (mean)",
+                   result.get("time/mean_records_per_s"), 0, run=run))
+    out.append(Row(f"{prefix}.build_share", name, "batch-build share of step time (mean)",
+                   result.get("time/mean_build_share"), 2, run=run))
+    return out
+
+
+def _load(path: Optional[str]) -> Optional[Dict]:
+    if not path:
+        return None
+    with open(path) as f:
+        data = json.load(f)
+    run_id = data.get("run_id") or data.get("mlflow_run_id")
+    if run_id:
+        data["mlflow_run"] = _experiment_of(run_id, data.get("tracking_uri")) + "/" + run_id
+    return data
+
+
+def _experiment_of(run_id: str, uri: Optional[str]) -> str:
+    """The MLflow experiment id of ``run_id`` ('?' when the store cannot say)."""
+    try:
+        import mlflow
+
+        return mlflow.MlflowClient(uri or os.environ.get("MLFLOW_TRACKING_URI")).get_run(run_id).info.experiment_id
+    except Exception:  # noqa: BLE001  (a summary without links is still a summary)
+        return "?"
+
+
+def summary_rows(table1: Optional[str] = None, sst: Optional[str] = None, tox21: Optional[str] = None,
+                 quick: bool = False, ranges_path: str = EXPECTED_RANGES) -> List[Row]:
+    """The rows of the summary, each with its expected range."""
+    rows: List[Row] = []
+    t1, sst_r, tox_r = _load(table1), _load(sst), _load(tox21)
+    if t1:
         rows += table1_rows(t1)
-        if t1.get("mlflow_run_id"):
-            links["table1_run_id"] = t1["mlflow_run_id"]
-    if sst_log:
-        sst = last_json_object(sst_log)
-        links["sst_run_id"] = sst["run_id"]
-        for k in ("fine", "binary"):
-            rows.append({"experiment": "Table 2 (SST)", "metric": f"test {k}-grained accuracy %" if k == "fine"
-                         else "test binary accuracy %", "ours": 100 * sst[f"best/test/{k}"],
-                         "paper": PAPER_SST[k], "anchor": TAI_SST[k]})
-    if tox21_log:
-        tox = last_json_object(tox21_log)
-        links["tox21_run_id"] = tox["run_id"]
-        rows.append({"experiment": "App. B (Tox21 weave)", "metric": "mean test ROC-AUC (12 tasks)",
-                     "ours": tox["best/test/auc"], "paper": None, "anchor": MOLECULENET_TOX21["weave"]})
-    return rows, links
+    if sst_r:
+        rows += training_rows("Table 2 (SST)", "sst", sst_r, [
+            ("sst.test_fine", "test fine-grained accuracy %", "best/test/fine", 100.0, PAPER_SST["fine"],
+             TAI_SST["fine"], 1),
+            ("sst.test_binary", "test binary accuracy %", "best/test/binary", 100.0, PAPER_SST["binary"],
+             TAI_SST["binary"], 1)], "trees")
+    if tox_r:
+        rows += training_rows("App. B (Tox21 weave)", "tox21", tox_r, [
+            ("tox21.test_auc", "mean test ROC-AUC (12 tasks)", "best/test/auc", 1.0, None,
+             MOLECULENET_TOX21["weave"], 3)], "molecules")
+    ranges = expected_ranges(quick, ranges_path)
+    for r in rows:
+        r.expected = ranges.get(r.key)
+    return rows
 
 
-def markdown(rows: List[Dict], links: Dict[str, str], quick: bool = False) -> str:
-    def fmt(v):
-        return "" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
-    title = "foldengine reproduction" + (" (QUICK smoke run: slices, not comparable)" if quick else "")
-    md = [f"# {title}", "", "| experiment | metric | ours | paper | anchor |", "| --- | --- | --- | --- | --- |"]
-    md += [f"| {r['experiment']} | {r['metric']} | {fmt(r['ours'])} | {fmt(r['paper'])} | {fmt(r['anchor'])} |"
-           for r in rows]
-    md += ["", "Anchors: Tai et al. 2015 (SST); MoleculeNet weave, random split (Tox21).",
-           "Runs: " + ", ".join(f"{k}={v}" for k, v in links.items())]
+def _fmt(v: Optional[float], digits: int) -> str:
+    return "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}f}"
+
+
+def markdown(rows: List[Row], quick: bool = False) -> str:
+    """The summary table in Markdown; figures outside their expected range are marked."""
+    title = "foldengine reproduction" + (" (quick: slices and few epochs; a smoke run, its figures are not "
+                                         "comparable with the paper's)" if quick else "")
+    md = [f"# {title}", "", "| experiment | figure | ours | expected | paper | anchor | run |",
+          "| --- | --- | ---: | --- | ---: | ---: | --- |"]
+    for r in rows:
+        exp = f"{_fmt(r.expected[0], r.digits)} to {_fmt(r.expected[1], r.digits)}" if r.expected else ""
+        ours = _fmt(r.ours, r.digits) + (" (outside)" if r.inside is False else "")
+        run = ""
+        if r.run:
+            exp_id, run_id = r.run.split("/")
+            run = f"[{run_id[:8]}]({UI_URL}/#/experiments/{exp_id}/runs/{run_id})"
+        md.append(f"| {r.experiment} | {r.figure} | **{ours}** | {exp} | {_fmt(r.paper, r.digits)} | "
+                  f"{_fmt(r.anchor, r.digits)} | {run} |")
+    outside = [r.figure for r in rows if r.inside is False]
+    md += ["", "Paper: Looks et al. 2017 (Table 1 CPU rows: vector 1024, 32 threads; Table 2: single model). "
+               "Anchors: Tai et al. 2015 (SST); MoleculeNet weave, random split (Tox21). "
+               f"Expected ranges: `conf/reproduce.yaml` ({'quick' if quick else 'full'}); timings for a 2-core CPU "
+               "machine.",
+           f"Run links open the MLflow UI at {UI_URL} (`bash scripts/ui.sh`).",
+           "All figures inside their expected ranges." if not outside else
+           "OUTSIDE the expected range: " + "; ".join(outside) + "."]
     return "\n".join(md) + "\n"
 
 
-def run(table1: Optional[str] = None, sst_log: Optional[str] = None, tox21_log: Optional[str] = None,
+def run(table1: Optional[str] = None, sst: Optional[str] = None, tox21: Optional[str] = None,
         out: str = "results/summary.md", quick: bool = False, mlflow: bool = True,
-        log: Callable[[str], None] = echo) -> List[Dict]:
-    """Write the Markdown summary to ``out``, print it, log it to MLflow unless ``mlflow=False``
-    (tags: the linked run ids); returns the rows."""
-    rows, links = summary_rows(table1, sst_log, tox21_log)
-    text = markdown(rows, links, quick)
+        log: Callable[[str], None] = echo) -> List[Row]:
+    """Write the summary (``out`` plus ``.csv``/``.json`` beside it), print it, log it to MLflow
+    unless ``mlflow=False``; returns the rows."""
+    import pandas as pd
+
+    rows = summary_rows(table1, sst, tox21, quick)
+    text = markdown(rows, quick)
+    base = os.path.splitext(out)[0]
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         f.write(text)
+    frame = pd.DataFrame([r.record() for r in rows])
+    frame.to_csv(base + ".csv", index=False)
+    with open(base + ".json", "w") as f:
+        json.dump([r.record() for r in rows], f, indent=1)
     log(text)
     if mlflow:
         import mlflow as mlf
-        import pandas as pd
+
         mlf.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
         mlf.set_experiment("reproduce")
-        with mlf.start_run(run_name="summary-quick" if quick else "summary") as mrun:
-            mlf.set_tags({**links, "quick": str(quick)})
-            mlf.log_table(pd.DataFrame(rows), artifact_file="summary.json")
+        mlf.set_experiment_tag("mlflow.experimentKind", "custom_model_development")
+        links = {f"{r.key.split('.')[0]}_run": r.run.split("/")[1] for r in rows if r.run}
+        with mlf.start_run(run_name="reproduce-quick" if quick else "reproduce") as mrun:
+            mlf.set_tags({**links, "quick": str(quick),
+                          "mlflow.note.content": text})  # the run page's description shows the table
+            mlf.log_metrics({r.key: float(r.ours) for r in rows if r.ours is not None and math.isfinite(r.ours)})
+            mlf.log_metric("figures_outside_expected", float(sum(r.inside is False for r in rows)))
+            mlf.log_table(frame, artifact_file="summary_table.json")
             mlf.log_artifact(out)
-            log(f"MLflow summary run {mrun.info.run_id}")
+            mlf.log_artifact(base + ".csv")
+            log(f"MLflow run {mrun.info.run_id} (experiment reproduce)")
     return rows

@@ -104,6 +104,10 @@ BASE_SCHEMA: dict[str, Field] = {
     "grad_clip": F(float, 0.0, min=0.0, doc="max global grad norm, 0 = off"),
     "max_steps_per_epoch": F(int, None, min=1, nullable=True, doc="cap (smoke runs)"),
     "log_every": F(int, 50, min=0, doc="log training progress every N steps (0 = epoch only)"),
+    "verbose": F(bool, False, doc="show everything Ray, Ray Data, Ray Train, MLflow and the workers print "
+                                  "(default: one line per epoch, progress, warnings)"),
+    "progress_every_s": F(float, 30.0, min=0.0, doc="seconds between step-progress lines when the output is "
+                                                     "not a terminal (a terminal gets a progress bar); 0 = none"),
     "resume_from": F(str, None, nullable=True, doc="a Ray Train checkpoint directory"),
     "optimizer.name": F(str, "adam", choices=("adagrad", "adam", "adamw", "sgd", "rmsprop")),
     "optimizer.lr": F(float, 1e-3, min=0.0),
@@ -114,7 +118,8 @@ BASE_SCHEMA: dict[str, Field] = {
     "data.cache_eval": F(bool, True, doc="build dev/test batches once (materialize) not per epoch"),
     "data.cache_traces": F(bool, True, doc="trace each record once per Ray Data worker process and build "
                                           "later batches from the cached traces (same batches)"),
-    "data.progress_bars": F(bool, False, doc="Ray Data progress bars"),
+    "data.progress_bars": F(bool, None, nullable=True,
+                            doc="Ray Data progress bars (default: when stderr is a terminal)"),
     "data.prefetch_next_epoch": F(bool, True, doc="each worker starts reading the next epoch's steps half way "
                                   "through an epoch (its sort and first builds overlap this epoch's training)"),
     "data.blocks_per_epoch": F(int, 16, min=1, doc="Ray Data blocks (parallel tasks) per epoch"),
@@ -304,6 +309,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         help="train even if the MLflow server is unreachable")
     parser.add_argument("--no-tracking", action="store_true", help="tracking.mode=off")
     parser.add_argument("--print-config", action="store_true", help="print the config and exit")
+    parser.add_argument("--verbose", "-v", action="store_true", help="verbose=true: everything the libraries log")
+    parser.add_argument("--result-json", metavar="PATH",
+                        help="also write the run's result (run id, best/* and time/* metrics) to PATH as JSON")
     return parser
 
 
@@ -315,6 +323,8 @@ def config_from_args(args: argparse.Namespace, schema: Optional[Mapping[str, Fie
         overrides.append("tracking.mode=optional")
     if getattr(args, "no_tracking", False):
         overrides.append("tracking.mode=off")
+    if getattr(args, "verbose", False):
+        overrides.append("verbose=true")
     return load_config(args.config, overrides, schema)
 
 

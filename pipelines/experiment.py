@@ -44,6 +44,8 @@ class Experiment(abc.ABC):
     selection_metric: str = "accuracy"
     #: ``"max"`` if higher is better, ``"min"`` otherwise.
     selection_mode: str = "max"
+    #: ``summarize()`` keys shown in the per-epoch line (dev split); empty: ``selection_metric``
+    key_metrics: tuple[str, ...] = ()
     #: Extra config keys (dotted) this experiment reads, merged with ``config.BASE_SCHEMA``.
     config_schema: Mapping[str, Field] = {}
 

@@ -20,14 +20,18 @@ example, and registers a new version when asked (tagged with the run's best dev 
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+import logging
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 import mlflow
+import pandas as pd
 import torch
 
 from .prediction import Predictor
@@ -76,7 +80,7 @@ class FoldModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         self.predictor = load_predictor(context.artifacts["package"])
 
-    def predict(self, context, model_input, params: Optional[dict] = None):
+    def predict(self, context, model_input: pd.DataFrame, params: Optional[dict] = None) -> pd.DataFrame:
         p = self.predictor
         if isinstance(model_input, dict):
             model_input = model_input[p.input_column]
@@ -98,16 +102,41 @@ class LoggedModel:
     version: Optional[str] = None
 
 
+@contextlib.contextmanager
+def quiet_model_logging():
+    """MLflow's notes that do not apply to these models, silenced while one is logged: the
+    ``PythonModel`` is a small
+    class of this package whose state lives in the ``package`` artifact (cloudpickle's note), the
+    schema's integer columns hold no missing values, and the input example's validation and
+    download are routine."""
+    noisy = logging.getLogger("mlflow.pyfunc"), logging.getLogger("mlflow.models"), logging.getLogger("mlflow.types")
+    levels = [lg.level for lg in noisy]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Hint: Inferred schema contains integer column")
+        for lg in noisy:
+            lg.setLevel(logging.ERROR)
+        old_bar = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+        os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+        try:
+            yield
+        finally:
+            for lg, level in zip(noisy, levels):
+                lg.setLevel(level)
+            if old_bar is None:
+                os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
+            else:
+                os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = old_bar
+
+
 def log_model(tracking_uri: str, run_id: str, experiment, config: Mapping[str, Any], model_context: Mapping[str, Any],
               state_dict: Mapping[str, torch.Tensor], register_as: Optional[str] = None,
               version_tags: Optional[Mapping[str, Any]] = None) -> LoggedModel:
     """Log the trained model into run ``run_id`` as ``model`` (pyfunc), with the signature and
     input example of ``experiment.example_inputs()``; with ``register_as``, register it as a new
     version of that registered model and tag the version with ``version_tags``."""
-    import pandas as pd
     from mlflow.models import infer_signature
 
-    with tempfile.TemporaryDirectory(prefix="fold-model-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="fold-model-") as tmp, quiet_model_logging():
         pkg = os.path.join(tmp, "package")
         write_package(pkg, experiment, config, model_context, state_dict)
         predictor = load_predictor(pkg)          # the example's output, and a check that it loads

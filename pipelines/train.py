@@ -32,12 +32,14 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 import time
 from typing import Any, Mapping, Optional
 
 import numpy as np
 
 from . import checkpoint
+from . import console
 from . import tracking as trk
 from .checkpoint import BEST_FILE, STATE_FILE
 from .config import ConfigError, merged_schema, validate
@@ -49,7 +51,7 @@ from .sharding import DeclaredData
 from .streaming import StreamSplits, declare_streaming
 from .worker import TrainPlan, train_loop
 
-__all__ = ["run", "main", "connect_ray", "configure_ray_data", "RunResult", "STATE_FILE", "BEST_FILE"]
+__all__ = ["run", "main", "report", "connect_ray", "configure_ray_data", "RunResult", "STATE_FILE", "BEST_FILE"]
 
 logger = logging.getLogger("pipelines.train")
 
@@ -106,10 +108,7 @@ def connect_ray(cfg: dict) -> bool:
     if ray.is_initialized():
         return False
     address = cfg["ray"]["address"] or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address)
-    else:
-        ray.init()
+    ray.init(address=address or None, **console.ray_init_kwargs(cfg.get("verbose", False)))
     return True
 
 
@@ -211,7 +210,8 @@ def configure_ray_data(cfg: dict) -> None:
     ctx = ray.data.DataContext.get_current()
     ctx.execution_no_progress_timeout_s = cfg["ray"]["no_progress_timeout_s"]
     ctx.execution_options.preserve_order = True  # step order must be reproducible
-    ctx.enable_progress_bars = cfg["data"]["progress_bars"]
+    bars = cfg["data"]["progress_bars"]
+    ctx.enable_progress_bars = sys.stderr.isatty() if bars is None else bars
 
 
 def _read_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> StreamSplits:
@@ -275,8 +275,12 @@ def _fit(plan: TrainPlan, declared: DeclaredData, resources: dict, tracker: trk.
         dataset_config=ray.train.DataConfig(datasets_to_split=[], execution_options=ex_opts),
     )
     tracker.tags({"ray.run_name": run_name, "ray.storage_path": storage})
+    printer = console.ProgressPrinter(plan.progress, cfg["epochs"], interval_s=cfg["progress_every_s"]).start()
     t0 = time.perf_counter()
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    finally:
+        printer.stop()
     return result, time.perf_counter() - t0
 
 
@@ -377,6 +381,7 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
         splits = _read_splits(experiment, cfg, tracker)
         declared = _declare_data(experiment, cfg, splits, world, tracker)
         plan = TrainPlan(experiment=experiment, config=cfg, context=splits.context, data=declared.plan,
+                         progress=ray.remote(num_cpus=0)(console.ProgressBoard).remote(),
                          eval_blocks={b.split: b.blocks for b in declared.background if isinstance(b, CachedEval)},
                          heads={b.epoch: b.refs for b in declared.background if isinstance(b, EpochHead)})
         result, fit_s = _fit(plan, declared, resources, tracker)
@@ -409,10 +414,27 @@ def main(experiment: Experiment, argv=None, description: str = "") -> RunResult:
     """Entry-point helper: ``python -m pipelines.sst.train --config conf/sst.yaml lr=0.1``."""
     from .config import parse_cli
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    cfg, _ = parse_cli(argv, merged_schema(experiment.config_schema),
-                       description or f"Train {experiment.name}")
+    cfg, args = parse_cli(argv, merged_schema(experiment.config_schema),
+                          description or f"Train {experiment.name}")
+    console.configure(cfg["verbose"])
     res = run(experiment, cfg)
-    print(json.dumps({"run_id": res.run_id, "checkpoint": res.checkpoint_path, **res.metrics},
-                     indent=2, default=str))
+    report(experiment, res, {}, args.result_json)
     return res
+
+
+def report(experiment: Experiment, res: RunResult, extra: Mapping[str, float], result_json: Optional[str]) -> None:
+    """An entry point's last words: the results table (ours beside the references), the run and
+    its model; with ``result_json`` the result (run id, checkpoint, ``best/*``, ``time/*`` and
+    ``extra``) also written there as JSON."""
+    table = experiment.results_table({k.split("/", 1)[1]: v for k, v in res.metrics.items()
+                                      if k.startswith("best/")})
+    wide = len(table.columns) > 6
+    print(table.iloc[:, :6].round(4).to_string(index=False)
+          + ("\n(all columns: the run's results.json artifact)" if wide else ""))
+    if res.run_id:
+        print(f"MLflow run {res.run_id} ({res.tracking_uri}); model: runs:/{res.run_id}/model")
+    if result_json:
+        os.makedirs(os.path.dirname(os.path.abspath(result_json)), exist_ok=True)
+        with open(result_json, "w") as f:
+            json.dump({"run_id": res.run_id, "tracking_uri": res.tracking_uri, "checkpoint": res.checkpoint_path,
+                       **res.metrics, **extra}, f, indent=2, default=str)

@@ -36,6 +36,7 @@ import torch
 
 from . import checkpoint
 from .experiment import Experiment
+from .console import epoch_line
 from .metrics import better, prefixed, sum_into
 from .optim import make_optimizer
 from .seeding import derived_seed, param_hash, rng_state, seed_all, set_rng_state
@@ -62,6 +63,9 @@ class TrainPlan:
     #: epoch -> {rank: [ref of a step row, ...]}: the epoch's first steps, built by background
     #: actors (:class:`pipelines.background.EpochHead`); the epoch's dataset holds the rest
     heads: dict = dataclasses.field(default_factory=dict)
+    #: a :class:`pipelines.console.ProgressBoard` actor: rank 0 posts its step progress and epoch
+    #: lines there for the driver to show (None: not shown)
+    progress: Any = None
 
 
 @dataclasses.dataclass
@@ -310,6 +314,7 @@ def train_epoch(plan: TrainPlan, w: Worker, epoch: int) -> EpochTotals:
         rows = prefetched if prefetched is not None else \
             ray.train.get_dataset_shard(train_dataset_name(epoch, w.rank)).iter_rows()
     prefetch_next = cfg["data"].get("prefetch_next_epoch", True) and epoch < cfg["epochs"]
+    last_post = time.monotonic()
     for row in assemble_steps(rows, plan.experiment, cfg, plan.context, epoch, w.rank, True):
         t0 = time.perf_counter()
         tot.wait_s += t0 - t_wait
@@ -340,6 +345,9 @@ def train_epoch(plan: TrainPlan, w: Worker, epoch: int) -> EpochTotals:
             # the epoch, it delayed the epoch's first batch 5x (56 s against 11 s, SST Tai preset);
             # after its first step, it made half the epoch's steps wait (wait share 0.51).
             w.prefetch[epoch + 1] = RowPrefetcher(ray.train.get_dataset_shard(train_dataset_name(epoch + 1, w.rank)))
+        if plan.progress is not None and w.rank == 0 and time.monotonic() - last_post >= 1.0:
+            plan.progress.post.remote(epoch, tot.steps, plan.data.steps)
+            last_post = time.monotonic()
         if log_every and w.rank == 0 and tot.steps % log_every == 0:
             w.log.info("epoch %d step %d/%d loss/record %.4f", epoch, tot.steps, plan.data.steps,
                        tot.loss / max(tot.n, 1))
@@ -425,11 +433,11 @@ def report_epoch(plan: TrainPlan, w: Worker, state: RunState, epoch: int, metric
     if w.rank != 0:
         ray.train.report(metrics)
         return
-    w.log.info("epoch %d/%d  objective %.4f  %s  %.0f rec/s  build share %.2f  (%.1fs)",
-               epoch, cfg["epochs"], metrics["train/objective"],
-               " ".join(f"{k}={metrics[k]:.4f}" for k in sorted(metrics)
-                        if k.startswith(("dev/", "test/"))),
-               metrics["time/records_per_s"], metrics["time/build_share"], metrics["time/epoch_s"])
+    line = epoch_line(metrics, cfg["epochs"], plan.experiment.key_metrics or (plan.experiment.selection_metric,))
+    if plan.progress is not None:
+        plan.progress.say.remote(line)
+    else:
+        w.log.info("%s", line)
     st = checkpoint.TrainingState(
         model={k: v.cpu() for k, v in w.model.state_dict().items()},
         optimizer=w.optimizer.state_dict(), epoch=epoch, history=state.history, best=state.best,

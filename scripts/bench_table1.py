@@ -51,6 +51,8 @@ def parse_args(argv=None):
     ap.add_argument("--no-mlflow", dest="mlflow", action="store_false", default=None)
     ap.add_argument("--experiment", help="MLflow experiment name")
     ap.add_argument("--run-name")
+    ap.add_argument("--brief", action="store_true", default=None,
+                    help="print only the main tables and the goals (the JSON and MLflow keep everything)")
     return ap.parse_args(argv)
 
 

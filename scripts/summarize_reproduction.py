@@ -3,7 +3,7 @@
 paper's and the anchors', written as Markdown and logged as an MLflow run linking the runs.
 
     python scripts/summarize_reproduction.py --table1 results/table1.json \
-        --sst-log results/sst.log --tox21-log results/tox21.log --out results/summary.md
+        --sst results/sst.json --tox21 results/tox21.json --out results/summary.md [--quick]
 
 The summary lives in ``benchmarks/reproduction.py``.
 """
@@ -18,10 +18,11 @@ from benchmarks import reproduction
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--table1")
-    ap.add_argument("--sst-log")
-    ap.add_argument("--tox21-log")
+    ap.add_argument("--sst", help="result JSON of pipelines.sst.train --result-json")
+    ap.add_argument("--tox21", help="result JSON of pipelines.molecules.train --result-json")
     ap.add_argument("--out", default="results/summary.md")
-    ap.add_argument("--quick", action="store_true", help="label the figures as a smoke run")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: label it so and use the quick expected ranges (conf/reproduce.yaml)")
     ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
     return reproduction.run(**vars(ap.parse_args(argv)))
 

@@ -13,7 +13,6 @@ and per-molecule test predictions (``tables/test_predictions.csv``).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -21,9 +20,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from pipelines import console
 from pipelines.config import merged_schema, parse_cli
 from pipelines.checkpoint import read_best_model
-from pipelines.train import BEST_FILE, RunResult, run
+from pipelines.train import BEST_FILE, RunResult, report, run
 
 from .experiment import SCHEMA, MoleculeExperiment, TargetScaling
 
@@ -174,16 +174,14 @@ def after_run(experiment: MoleculeExperiment, cfg: dict, res: RunResult) -> dict
 
 
 def main(argv: Optional[Sequence[str]] = None) -> RunResult:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    cfg, _ = parse_cli(argv, merged_schema(SCHEMA), "Train the weave model (Tox21 / ESOL)")
+    cfg, args = parse_cli(argv, merged_schema(SCHEMA), "Train the weave model (Tox21 / ESOL)")
+    console.configure(cfg["verbose"])
     try:
         experiment = MoleculeExperiment.from_config(cfg)
     except ValueError as e:  # ConfigError included
         raise SystemExit(f"error: {e}") from None
     res = run(experiment, cfg)
-    extra = after_run(experiment, cfg, res)
-    print(json.dumps({"run_id": res.run_id, "checkpoint": res.checkpoint_path, **res.metrics, **extra},
-                     indent=2, default=str))
+    report(experiment, res, after_run(experiment, cfg, res), args.result_json)
     return res
 
 

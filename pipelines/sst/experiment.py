@@ -122,6 +122,7 @@ class SSTExperiment(Experiment):
 
     name = "sst-treelstm"
     selection_metric = "fine"
+    key_metrics = ("fine", "binary")
     selection_mode = "max"
     config_schema = SCHEMA
 

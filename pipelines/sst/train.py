@@ -12,13 +12,13 @@ Table 2 (logged by the glue as ``results.json``; printed here).
 """
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from typing import Optional, Sequence
 
+from pipelines import console
 from pipelines.config import merged_schema, parse_cli
-from pipelines.train import RunResult, run
+from pipelines.train import RunResult, report, run
 
 from .experiment import SCHEMA, SSTExperiment
 
@@ -66,19 +66,14 @@ def after_run(experiment: SSTExperiment, res: RunResult) -> dict[str, float]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> RunResult:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     argv = _split_embeddings_flag(list(sys.argv[1:] if argv is None else argv))
-    cfg, _ = parse_cli(argv, merged_schema(SCHEMA),
-                       "Train the SST Tree-LSTM (fine-grained + binary root accuracy, paper Table 2). "
-                       "--embeddings PATH: a GloVe text file (default GloVe 6B 50d).")
+    cfg, args = parse_cli(argv, merged_schema(SCHEMA),
+                          "Train the SST Tree-LSTM (fine-grained + binary root accuracy, paper Table 2). "
+                          "--embeddings PATH: a GloVe text file (default GloVe 6B 50d).")
+    console.configure(cfg["verbose"])
     experiment = SSTExperiment()
     res = run(experiment, cfg)
-    extra = after_run(experiment, res)
-    table = experiment.results_table({k.split("/", 1)[1]: v for k, v in res.metrics.items()
-                                      if k.startswith("best/")})
-    print(table.to_string(index=False))
-    print(json.dumps({"run_id": res.run_id, "checkpoint": res.checkpoint_path, **res.metrics, **extra},
-                     indent=2, default=str))
+    report(experiment, res, after_run(experiment, res), args.result_json)
     return res
 
 

@@ -36,20 +36,35 @@ def test_benchmarks_is_not_an_installed_package(tmp_path):
 
 
 def test_reproduction_summary(tmp_path):
-    """The summary table of a reproduction, from a Table 1 JSON and the entry points' logs."""
+    """The summary of a reproduction: one table (accuracy and timing beside the paper and the
+    expected range) from a Table 1 JSON and the entry points' result JSONs; figures outside their
+    range are marked; CSV/JSON copies beside the Markdown."""
     import json
 
     from benchmarks import reproduction
     t1 = {"rows": [{"mode": m, "scheduler": "depth", "batch_size": b, "cost_ratio": 1.0 + b / 1000,
                     "speedup_ratio": 2.0} for m in ("inference", "training") for b in (1, 256)],
-          "paper_cpu": {"256": {"cost_ratio": 1.26, "speedup_ratio": 25.23}}, "mlflow_run_id": "r1"}
+          "paper_cpu": {"256": {"cost_ratio": 1.26, "speedup_ratio": 25.23}}}
     (tmp_path / "t1.json").write_text(json.dumps(t1))
-    (tmp_path / "sst.log").write_text("noise\n{\n" + '"run_id": "r2", "best/test/fine": 0.5, '
-                                      '"best/test/binary": 0.875\n}\n')
-    out = tmp_path / "summary.md"
-    rows = reproduction.run(table1=str(tmp_path / "t1.json"), sst_log=str(tmp_path / "sst.log"),
-                            out=str(out), mlflow=False, log=lambda s: None)
-    text = out.read_text()
-    assert "| Table 1 (speed) | inference cost ratio, batch 256 | 1.256 | 1.260 |  |" in text
-    assert "| Table 2 (SST) | test binary accuracy % | 87.500 | 89.400 | 88.000 |" in text
-    assert "table1_run_id=r1, sst_run_id=r2" in text and len(rows) == 8
+    (tmp_path / "sst.json").write_text(json.dumps({"best/test/fine": 0.5, "best/test/binary": 0.999,
+                                                   "time/mean_epoch_s": 20.04, "time/mean_records_per_s": 427.2,
+                                                   "time/mean_build_share": 0.123}))
+    (tmp_path / "ranges.yaml").write_text("full:\n  sst.test_fine: [45, 54]\n  sst.test_binary: [84, 91]\n"
+                                          "  table1.inference.cost_big: [0.7, 1.3]\n")
+    rows = reproduction.summary_rows(str(tmp_path / "t1.json"), str(tmp_path / "sst.json"),
+                                     ranges_path=str(tmp_path / "ranges.yaml"))
+    text = reproduction.markdown(rows)
+    assert "| Table 1 (speed) | inference cost ratio dynamic/manual, batch 256 | **1.26** | 0.70 to 1.30 | 1.26 |" in text
+    assert "| Table 2 (SST) | test fine-grained accuracy % | **50.0** | 45.0 to 54.0 | 52.3 | 51.0 |" in text
+    assert "| test binary accuracy % | **99.9 (outside)** | 84.0 to 91.0 |" in text
+    assert "| seconds per epoch (mean) | **20.0** |" in text and "| trees per second, training (mean) | **427** |" in text
+    assert "OUTSIDE the expected range: test binary accuracy %." in text
+    assert [r.inside for r in rows if r.key.startswith("sst.test")] == [True, False]
+
+    out = tmp_path / "summary.md"   # the repository's ranges, files beside the Markdown
+    rows = reproduction.run(table1=str(tmp_path / "t1.json"), sst=str(tmp_path / "sst.json"), out=str(out),
+                            mlflow=False, log=lambda s: None)
+    assert len(rows) == 6 + 5
+    records = json.loads((tmp_path / "summary.json").read_text())
+    assert records[0]["figure"].startswith("inference cost ratio") and records[-1]["ours"] == 0.12
+    assert (tmp_path / "summary.csv").read_text().splitlines()[0].startswith("experiment,figure,ours,expected_low")

@@ -1,0 +1,200 @@
+"""What a run shows on the terminal: quiet logs, one line per epoch, progress.
+
+* :func:`configure` (driver, once, before Ray starts): ``pipelines.*`` log at INFO; Ray, Ray
+  Data, Ray Train and MLflow at WARNING; the warnings in :data:`HARMLESS_WARNINGS` filtered;
+  MLflow's artifact progress bars off.  With ``verbose=True`` everything is left as the libraries
+  set it.
+* :func:`ray_init_kwargs`: keyword arguments for ``ray.init``: workers' output is not forwarded
+  to the driver unless ``verbose`` (the epoch lines come from the driver; a worker's failure
+  reaches it as Ray Train's error, with the worker's traceback).
+* :func:`epoch_line`: one line per epoch from the reported metrics (``dict[str, float]``).
+* :class:`ProgressBoard` (a Ray actor) and :class:`ProgressPrinter` (a driver thread): rank 0
+  posts ``(epoch, step, steps)``; the driver shows it as a bar on a terminal, otherwise as one
+  line every ``interval_s`` seconds per epoch that runs longer than that.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import warnings
+from typing import Mapping, Optional, Sequence
+
+__all__ = ["HARMLESS_WARNINGS", "configure", "ray_init_kwargs", "epoch_line", "ProgressBoard",
+           "ProgressPrinter"]
+
+#: ``(category, message regex)`` of warnings known to be harmless in these pipelines.
+HARMLESS_WARNINGS: tuple[tuple[type, str], ...] = (
+    (UserWarning, r"Sparse invariant checks are implicitly disabled"),
+    (UserWarning, r".*Add type hints to the `predict` method"),
+    (UserWarning, r"Hint: Inferred schema contains integer column"),
+    (DeprecationWarning, r".*"),
+    (FutureWarning, r".*"),
+)
+QUIET_LOGGERS = ("ray", "ray.data", "ray.train", "ray.tune", "mlflow", "alembic", "urllib3")
+
+
+def filter_harmless_warnings() -> None:
+    """Ignore :data:`HARMLESS_WARNINGS` in this process (also called in the training workers)."""
+    for category, message in HARMLESS_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    try:  # Ray's own deprecation category does not derive from DeprecationWarning
+        from ray.util.annotations import RayDeprecationWarning
+        warnings.filterwarnings("ignore", category=RayDeprecationWarning)
+    except ImportError:
+        pass
+
+
+def quiet_ray_data_console() -> None:
+    """Ray Data's console handler to WARNING (its per-dataset INFO lines stay in Ray's log files)."""
+    import ray.data  # noqa: F401  (configures the ray.data logger)
+
+    for h in logging.getLogger("ray.data").handlers:
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+            h.setLevel(logging.WARNING)
+            # bars are off on purpose where the output is no terminal (data.progress_bars)
+            h.addFilter(lambda record: not record.getMessage().startswith("Progress bars disabled"))
+
+
+def configure(verbose: bool = False) -> None:
+    """Set up the driver's logging and warnings (see the module docstring)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if verbose:
+        return
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # e.g. DDP's find_unused_parameters note
+    filter_harmless_warnings()
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # the pipelines log their models from their own code on purpose (see pipelines.mlflow_model)
+    logging.getLogger("mlflow.pyfunc").addFilter(
+        lambda record: "Passing a Python object as `python_model`" not in record.getMessage())
+    quiet_ray_data_console()
+
+
+def ray_init_kwargs(verbose: bool = False) -> dict:
+    """Keyword arguments for ``ray.init`` (see the module docstring)."""
+    if verbose:
+        return {}
+    return {"log_to_driver": False, "logging_level": logging.WARNING}
+
+
+def epoch_line(metrics: Mapping[str, float], epochs: int, key_metrics: Sequence[str]) -> str:
+    """``epoch 2/10  31.2s  objective 0.5496  dev auc 0.712 (best 0.731 @1)  812 rec/s  build 12%``.
+
+    ``key_metrics``: metric names without split (e.g. ``("fine", "binary")``), shown for the
+    dev split (train when there is none) and, for the first one, its best value so far.
+    """
+    split = "dev" if any(k.startswith("dev/") for k in metrics) else "train"
+    parts = [f"epoch {int(metrics['epoch'])}/{epochs}", f"{metrics.get('time/epoch_s', float('nan')):.1f}s",
+             f"objective {metrics.get('train/objective', float('nan')):.4f}"]
+    shown = [f"{m} {metrics[f'{split}/{m}']:.3f}" for m in key_metrics if f"{split}/{m}" in metrics]
+    if shown:
+        parts.append(f"{split} " + " ".join(shown))
+    best_key = f"best/{split}/{key_metrics[0]}" if key_metrics else None
+    if best_key and best_key in metrics and "best/epoch" in metrics:
+        parts.append(f"(best {metrics[best_key]:.3f} @{int(metrics['best/epoch'])})")
+    if "time/records_per_s" in metrics:
+        parts.append(f"{metrics['time/records_per_s']:.0f} rec/s")
+    if "time/build_share" in metrics:
+        parts.append(f"build {100 * metrics['time/build_share']:.0f}%")
+    return "  ".join(parts)
+
+
+class ProgressBoard:
+    """What rank 0 tells the driver: its latest ``(epoch, step, steps)`` and the epoch lines;
+    run as a Ray actor (``ray.remote(num_cpus=0)(ProgressBoard).remote()``)."""
+
+    def __init__(self):
+        self.state: tuple[int, int, int] = (0, 0, 0)
+        self.lines: list[str] = []
+
+    def post(self, epoch: int, step: int, steps: int) -> None:
+        self.state = (int(epoch), int(step), int(steps))
+
+    def say(self, line: str) -> None:
+        self.lines.append(str(line))
+
+    def read(self, since: int = 0) -> tuple[tuple[int, int, int], list[str]]:
+        """``(state, lines[since:])``."""
+        return self.state, self.lines[since:]
+
+
+class ProgressPrinter:
+    """A daemon thread polling a :class:`ProgressBoard` actor every ``poll_s`` seconds: it logs
+    each new line, and shows the step progress as a tqdm bar per epoch when ``stream`` is a
+    terminal, else as a line ``epoch 3/10: step 120/400 (30%), 45s`` every ``interval_s`` seconds
+    (0: none).  ``stop()`` polls once more (the last epoch's line) and ends it."""
+
+    def __init__(self, board, epochs: int, interval_s: float = 30.0, poll_s: float = 1.0,
+                 stream=None, log: Optional[logging.Logger] = None):
+        self.board, self.epochs, self.interval_s, self.poll_s = board, epochs, interval_s, poll_s
+        self.stream = stream or sys.stderr
+        self.log = log or logging.getLogger("pipelines.train")
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.seen = 0
+        self._bar = None
+        self._t0 = time.monotonic()
+        self._epoch, self._epoch_t0, self._last_line = 0, self._t0, self._t0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
+
+    def start(self) -> "ProgressPrinter":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    def _loop(self) -> None:
+        while True:
+            stopping = self._stop.wait(self.poll_s)
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001  (the board went away with the cluster)
+                break
+            if stopping:
+                break
+        self._close_bar()
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def poll(self) -> None:
+        """Read the board once; log new lines, update the bar or print a progress line."""
+        import ray
+
+        (epoch, step, steps), lines = ray.get(self.board.read.remote(self.seen), timeout=10)
+        if lines:
+            self._close_bar()
+            for line in lines:
+                self.log.info("%s", line)
+            self.seen += len(lines)
+        now = time.monotonic()
+        if not steps:  # no step yet: the workers start, the first batches are built
+            if self.interval_s and not self.tty and now - self._last_line >= self.interval_s:
+                self._last_line = now
+                self.log.info("training workers starting, first batches building (%.0fs)", now - self._t0)
+            return
+        if step >= steps:
+            return
+        if epoch != self._epoch:
+            self._epoch, self._epoch_t0, self._last_line = epoch, now, now
+        if self.tty:
+            from tqdm import tqdm
+
+            if self._bar is None or self._bar.desc != f"epoch {epoch}/{self.epochs}":
+                self._close_bar()
+                self._bar = tqdm(total=steps, desc=f"epoch {epoch}/{self.epochs}", unit="step",
+                                 file=self.stream, leave=False)
+            self._bar.n = step
+            self._bar.refresh()
+        elif self.interval_s and now - self._last_line >= self.interval_s:
+            self._last_line = now
+            self.log.info("epoch %d/%d: step %d/%d (%.0f%%), %.0fs", epoch, self.epochs, step, steps,
+                          100.0 * step / steps, now - self._epoch_t0)
