@@ -16,6 +16,8 @@ import math
 import os
 from typing import Callable, Dict, List, Optional, Tuple
 
+from pipelines.runs_view import run_url
+
 from .reporting import REPO_ROOT, echo
 
 __all__ = ["PAPER_SST", "TAI_SST", "MOLECULENET_TOX21", "EXPECTED_RANGES", "Row", "expected_ranges",
@@ -178,7 +180,7 @@ def markdown(rows: List[Row], quick: bool = False) -> str:
         run = ""
         if r.run:
             exp_id, run_id = r.run.split("/")
-            run = f"[{run_id[:8]}]({UI_URL}/#/experiments/{exp_id}/runs/{run_id})"
+            run = f"[{run_id[:8]}]({run_url(UI_URL, exp_id, run_id)})"
         md.append(f"| {r.experiment} | {r.figure} | **{ours}** | {exp} | {_fmt(r.paper, r.digits)} | "
                   f"{_fmt(r.anchor, r.digits)} | {run} |")
     outside = [r.figure for r in rows if r.inside is False]

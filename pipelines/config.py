@@ -164,6 +164,8 @@ BASE_SCHEMA: dict[str, Field] = {
                                  doc="register the logged model under this name (a new version per run, tagged "
                                      "with its best dev metric)"),
     "tracking.tags": F(dict, {}),
+    "tracking.system_metrics_s": F(float, 10.0, min=0.0, doc="log the driver machine's CPU, memory, disk and "
+                                   "network use (MLflow system metrics) every this many seconds; 0 = off"),
 }
 del F
 

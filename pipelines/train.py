@@ -43,6 +43,8 @@ from . import console
 from . import tracking as trk
 from .checkpoint import BEST_FILE, STATE_FILE
 from .config import ConfigError, merged_schema, validate
+from .dataset_inputs import dataset_inputs, log_dataset_inputs
+from .runs_view import columns_for, run_url, runs_view_url, save_runs_view
 from .experiment import Experiment
 from .metrics import prefixed
 from .seeding import seed_all
@@ -74,6 +76,12 @@ class RunResult:
 
 # ---------------------------------------------------------------------------- driver helpers
 
+def epoch_series(metrics: Mapping[str, float]) -> dict[str, float]:
+    """An epoch's metrics as logged per step: all but ``best/*``, which are logged once, at the
+    end (as per-epoch series they filled the charts ahead of the learning curves)."""
+    return {k: v for k, v in metrics.items() if not k.startswith("best/")}
+
+
 def _mlflow_callback_cls():
     import ray.train
 
@@ -91,7 +99,7 @@ def _mlflow_callback_cls():
             if epoch is None or int(epoch) in self.logged:
                 return
             try:
-                self.tracker.metrics(m, step=int(epoch))
+                self.tracker.metrics(epoch_series(m), step=int(epoch))
                 self.logged.add(int(epoch))
             except Exception as e:  # noqa: BLE001 - never kill training over logging
                 logging.getLogger("pipelines.train").warning("MLflow logging failed: %s", e)
@@ -198,7 +206,51 @@ def _log_loaded(tracker: trk.Tracker, counts: dict, skipped, params, load_s: flo
                      "time/load_s": load_s}, step=0)
     if params:
         tracker.params({str(k): str(v) for k, v in params.items()})
-    logger.info("%s %s in %.1fs; skipped %s", verb, counts, load_s, dict(skipped or {}))
+        if tracker.enabled:
+            try:
+                renamed = log_dataset_inputs(tracker.client, tracker.run_id, dataset_inputs(
+                    {str(k): str(v) for k, v in params.items()}, {k.split("/")[1][:-len("_records")]: v
+                                                                  for k, v in counts.items()}),
+                    tracker.client.get_run(tracker.run_id).info.run_name)
+                if renamed:
+                    logger.info("run named %s (data other than the canonical release)", renamed)
+            except Exception as e:  # noqa: BLE001  (the run goes on without its dataset panel)
+                logger.warning("could not log the dataset inputs: %s", e)
+    n = ", ".join(f"{v} {k.split('/')[1][:-len('_records')]}" for k, v in counts.items())
+    bad = sum((skipped or {}).values())
+    logger.info("%s: %s records in %.1fs%s", verb, n, load_s,
+                f"; skipped {bad}: {dict(skipped)}" if bad else "")
+
+
+def _save_runs_view(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> None:
+    """The experiment's saved runs-table view (:mod:`pipelines.runs_view`): the experiment's key
+    metrics, timing and the params that tell runs apart, as columns."""
+    if not tracker.enabled:
+        return
+    flat = trk.flatten_params(cfg)
+    params = [p for p in ("scheduler", "seed", "epochs", "batch_size", "optimizer.lr", "precision") if p in flat]
+    try:
+        exp_id = tracker.client.get_run(tracker.run_id).info.experiment_id
+        save_runs_view(tracker.client, exp_id, columns_for(experiment.key_metrics or (experiment.selection_metric,),
+                                                           params))
+    except Exception as e:  # noqa: BLE001  (the UI then shows its default columns)
+        logger.warning("could not save the runs-table view: %s", e)
+
+
+def _system_metrics(tracker: trk.Tracker, every_s: float):
+    """MLflow's system-metrics monitor on ``tracker``'s run (started; ``finish()`` stops it), or
+    None when tracking is off, ``every_s`` is 0 or the monitor cannot run here (e.g. no psutil)."""
+    if not tracker.enabled or not every_s:
+        return None
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        monitor = SystemMetricsMonitor(tracker.run_id, sampling_interval=every_s, tracking_uri=tracker.uri)
+        monitor.start()
+        return monitor
+    except Exception as e:  # noqa: BLE001  (a run without system metrics is still a run)
+        logger.warning("no system metrics: %s", e)
+        return None
 
 
 def configure_ray_data(cfg: dict) -> None:
@@ -305,7 +357,7 @@ def _log_results(experiment: Experiment, cfg: dict, tracker: trk.Tracker, state:
     logged = tracker.logged_steps("train/objective")
     for h in history:
         if int(h["epoch"]) not in logged:
-            tracker.metrics(h, step=int(h["epoch"]))
+            tracker.metrics(epoch_series(h), step=int(h["epoch"]))
     tracker.metrics(final, step=len(history))
     table = experiment.results_table({k.split("/", 1)[1] if k.startswith("best/") else k: v
                                       for k, v in final.items() if k.startswith("best/")})
@@ -369,6 +421,7 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
 
     tracker = _setup_tracking(experiment, cfg)  # fail fast, before Ray
     started_ray = False
+    monitor = _system_metrics(tracker, cfg["tracking"]["system_metrics_s"])
     try:
         started_ray = connect_ray(cfg)
         world = cfg["ray"]["num_workers"]
@@ -376,6 +429,7 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
         tracker.params(trk.flatten_params(cfg))
         tracker.params({**trk.system_info(world, cfg["ray"]["use_gpu"]),
                         "sys.cpus_per_worker": str(resources["CPU"])})
+        _save_runs_view(experiment, cfg, tracker)
 
         configure_ray_data(cfg)
         splits = _read_splits(experiment, cfg, tracker)
@@ -406,6 +460,8 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
             pass
         raise
     finally:
+        if monitor is not None:
+            monitor.finish()
         if started_ray:
             ray.shutdown()
 
@@ -433,6 +489,15 @@ def report(experiment: Experiment, res: RunResult, extra: Mapping[str, float], r
           + ("\n(all columns: the run's results.json artifact)" if wide else ""))
     if res.run_id:
         print(f"MLflow run {res.run_id} ({res.tracking_uri}); model: runs:/{res.run_id}/model")
+        try:
+            from mlflow import MlflowClient
+
+            exp_id = MlflowClient(res.tracking_uri).get_run(res.run_id).info.experiment_id
+            ui = os.environ.get("FOLD_MLFLOW_UI", "http://127.0.0.1:5000")
+            print(f"in the MLflow UI (bash scripts/ui.sh): {run_url(ui, exp_id, res.run_id)}\n"
+                  f"  runs table: {runs_view_url(ui, exp_id)}")
+        except Exception:  # noqa: BLE001  (the links are a convenience)
+            pass
     if result_json:
         os.makedirs(os.path.dirname(os.path.abspath(result_json)), exist_ok=True)
         with open(result_json, "w") as f:

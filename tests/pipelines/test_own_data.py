@@ -187,7 +187,7 @@ def test_custom_classification_csv(tmp_path, smiles, ray_data_ordered):
     m = exp.summarize(stats)
     assert set(k for k in m if k.startswith("auc/")) == {"auc/active", "auc/toxic"}
     table = exp.results_table({"test/auc": 0.5})
-    assert list(table["model"]) == ["Weave, foldengine (ours)"]   # no Tox21 paper rows
+    assert list(table["model"]) == ["ours: Weave, foldengine"]   # no Tox21 paper rows
 
 
 def test_esol_scaling_and_loss_unchanged_without_missing_labels(smiles):
