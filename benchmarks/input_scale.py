@@ -7,9 +7,9 @@ its own local Ray:
 
 * ``input``: the input pipeline alone: ``experiment.read_splits`` (files
   read and parsed in Ray Data tasks, vocabulary / label statistics by aggregation), then
-  :func:`pipelines.streaming.declare_streaming` (the training split's trace pass started in the
+  :func:`pipelines.data.feed.declare_feed` (the training split's trace pass started in the
   background, eval batches built and cached), then the first batch of epoch 1 on rank 0 (the
-  first step of the epoch head, :class:`pipelines.background.EpochHead`, when there is one; else
+  first step of the epoch head, :class:`pipelines.data.background.EpochHead`, when there is one; else
   of ``train_e1_r0``; built from records), then the first batch of ``train_e2_r0`` (read from the traces: it waits for
   the trace pass).  Reports ``read_s``, ``trace_s`` (the declaration), ``first_batch_s``,
   ``e2_first_batch_s`` and ``parsed_per_s`` (data rows of all files read / ``read_s``).
@@ -183,10 +183,9 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
     out: Dict[str, float] = {}
     try:
         if phase == "input":
-            from pipelines.background import EpochHead, head_rows
+            from pipelines.data.background import EpochHead, head_rows
             from pipelines.seeding import seed_all
-            from pipelines.sharding import train_dataset_name
-            from pipelines.streaming import declare_streaming
+            from pipelines.data.feed import declare_feed, train_dataset_name
             from pipelines.train import configure_ray_data
 
             configure_ray_data(cfg)
@@ -199,11 +198,11 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
             out["records"] = float(n["train"])
             out["parsed_per_s"] = rows / out["read_s"]
             t0 = time.perf_counter()
-            declared = declare_streaming(exp, cfg, splits, 2)
+            declared = declare_feed(exp, cfg, splits, 2)
             out["trace_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             heads = [b for b in declared.background if isinstance(b, EpochHead)]
-            if heads:       # epoch 1's first steps come from the head builders (pipelines.background)
+            if heads:       # epoch 1's first steps come from the head builders (pipelines.data.background)
                 next(head_rows(heads[0].refs[0]))
             else:
                 next(iter(declared.datasets[train_dataset_name(1, 0)].iter_rows()))

@@ -53,10 +53,10 @@ class Experiment(abc.ABC):
     @abc.abstractmethod
     def read_splits(self, config: dict):
         """All splits as Ray Data datasets and the context the model needs: a
-        :class:`pipelines.streaming.StreamSplits` whose ``sources`` hold one
-        :class:`pipelines.streaming.SplitSource` per split (``train`` required; rows ``pos``, the
+        :class:`pipelines.data.splits.StreamSplits` whose ``sources`` hold one
+        :class:`pipelines.data.splits.SplitSource` per split (``train`` required; rows ``pos``, the
         record's position 0..n-1, and ``rec``, the pickled record), read and parsed in Ray Data
-        tasks (:mod:`pipelines.reading`), with skip counts, ``context`` and params.  Runs on the
+        tasks (:mod:`pipelines.data.sources`), with skip counts, ``context`` and params.  Runs on the
         driver with Ray up; the records never come to the driver.  Honour
         ``config["data"]["skip_bad"]``.  Must not change ``self``."""
 

@@ -3,7 +3,7 @@ inputs, one input per line (PTB trees for SST, SMILES for molecules), written as
 
     python -m pipelines.predict --model runs:/<run_id>/model --input 'data/*.txt' --output preds/
 
-Data flow: the files' lines are read in Ray Data tasks (:func:`pipelines.reading.read_lines`,
+Data flow: the files' lines are read in Ray Data tasks (:func:`pipelines.data.sources.read_lines`,
 the training pipeline's reader: rows ``line`` (1-based) and ``text``), an actor pool
 (``map_batches`` with :class:`PredictActor`, each actor holding one
 :class:`~pipelines.prediction.Predictor` built from the model's package, shipped once through
@@ -119,7 +119,7 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
     import ray
     import ray.data
 
-    from .reading import read_lines
+    from .data.sources import read_lines
 
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)

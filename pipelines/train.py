@@ -6,12 +6,10 @@
    tracking store is unreachable (unless ``tracking.mode`` is ``optional``/``off``);
 2. connects to Ray (``ray.address`` / ``$RAY_ADDRESS`` / an already initialised Ray) or starts a
    local one; sizes workers with fractional CPUs so Ray Data keeps >= 1 CPU to build batches;
-3. reads the splits in Ray Data tasks (``experiment.read_splits``: ``pipelines.reading`` /
-   ``pipelines.streaming``; the records stay Ray Data blocks, the training split is traced once)
-   and declares one lazy Ray Data dataset per (epoch, rank) for training and per (split, rank)
-   for evaluation (``pipelines.streaming.declare_streaming``; which records form which step on
-   which rank is a pure function of the config, ``pipelines.sharding``, so resuming /
-   restarting reproduces an uninterrupted run exactly);
+3. reads the splits in Ray Data tasks (``experiment.read_splits``) and declares one lazy Ray Data
+   dataset per (epoch, rank) for training and per (split, rank) for evaluation
+   (:func:`pipelines.data.feed.declare_feed`; which records form which step on which rank is a
+   pure function of the config, so resuming / restarting reproduces an uninterrupted run exactly);
 4. trains with ``TorchTrainer`` (gloo on CPU, NCCL on GPU), each worker running
    ``pipelines.worker.train_loop`` on a ``TrainPlan`` (experiment, config, context, data plan):
    DDP, one ``ray.train.report`` per epoch with a checkpoint (``pipelines.checkpoint``: model,
@@ -20,8 +18,7 @@
 5. logs to MLflow: params (flattened config), system info, skip counts, per-epoch metrics
    (live, from a Ray Train callback in the controller), timing, results table, plots, best model.
 
-Module map: ``pipelines.streaming`` (Ray Data datasets and batch building), ``pipelines.sharding``
-(dataset names and the data plan), ``pipelines.worker``
+Module map: ``pipelines.data`` (the data path, in the order the data flows), ``pipelines.worker``
 (the per-rank training loop), ``pipelines.checkpoint`` (checkpoint contents), ``pipelines.seeding``
 (seeds, RNG state, parameter hashes), ``pipelines.optim``, ``pipelines.metrics`` (metric dicts),
 ``pipelines.tracking`` (MLflow).
@@ -48,9 +45,9 @@ from .runs_view import columns_for, run_url, runs_view_url, save_runs_view
 from .experiment import Experiment
 from .metrics import prefixed
 from .seeding import seed_all
-from .background import CachedEval, EpochHead
-from .sharding import DeclaredData
-from .streaming import StreamSplits, declare_streaming
+from .data.background import CachedEval, EpochHead
+from .data.feed import DeclaredData, declare_feed
+from .data.splits import StreamSplits
 from .worker import TrainPlan, train_loop
 
 __all__ = ["run", "main", "report", "connect_ray", "configure_ray_data", "RunResult", "STATE_FILE", "BEST_FILE"]
@@ -275,7 +272,7 @@ def _read_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> Str
     splits = experiment.read_splits(cfg)
     if not isinstance(splits, StreamSplits):
         raise TypeError(f"{type(experiment).__name__}.read_splits returned {type(splits).__name__}, "
-                        "expected pipelines.streaming.StreamSplits")
+                        "expected pipelines.data.splits.StreamSplits")
     _log_loaded(tracker, {k: v.n for k, v in splits.sources.items()}, splits.skipped, splits.params,
                 time.perf_counter() - t0, "read in Ray Data")
     return splits
@@ -283,11 +280,11 @@ def _read_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> Str
 
 def _declare_data(experiment: Experiment, cfg: dict, splits: StreamSplits, world: int,
                   tracker: trk.Tracker) -> DeclaredData:
-    """Declare the datasets (:func:`pipelines.streaming.declare_streaming`: starts the training
+    """Declare the datasets (:func:`pipelines.data.feed.declare_feed`: starts the training
     split's background trace pass)."""
     configure_ray_data(cfg)
     t0 = time.perf_counter()
-    declared = declare_streaming(experiment, cfg, splits, world)
+    declared = declare_feed(experiment, cfg, splits, world)
     tracker.metrics({"time/eval_materialize_s": time.perf_counter() - t0,
                      "data/steps_per_epoch": declared.plan.steps}, step=0)
     if declared.params:

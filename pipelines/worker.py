@@ -40,10 +40,10 @@ from .console import epoch_line
 from .metrics import better, prefixed, sum_into
 from .optim import make_optimizer
 from .seeding import derived_seed, param_hash, rng_state, seed_all, set_rng_state
-from .sharding import DataPlan, eval_dataset_name, train_dataset_name
-from .background import cached_eval_rows, head_rows
+from .data.assembly import assemble_steps
+from .data.background import cached_eval_rows, head_rows
+from .data.feed import DataPlan, eval_dataset_name, train_dataset_name
 from .sparse_grads import SparseGradSync
-from .steps import assemble_steps
 
 __all__ = ["TrainPlan", "Worker", "RunState", "EpochTotals", "train_loop", "setup", "restore",
            "train_epoch", "evaluate", "run_epoch", "report_epoch", "gather"]
@@ -56,12 +56,12 @@ class TrainPlan:
     experiment: Experiment
     config: dict        #: the validated run config
     context: Any        #: ``StreamSplits.context`` from ``experiment.read_splits`` (for ``build_model``)
-    data: DataPlan      #: the declared datasets (``pipelines.sharding``)
+    data: DataPlan      #: the declared datasets (:mod:`pipelines.data.feed`)
     #: eval split -> ref of its step rows built by a background actor
-    #: (:class:`pipelines.background.CachedEval`): read directly instead of its dataset
+    #: (:class:`pipelines.data.background.CachedEval`): read directly instead of its dataset
     eval_blocks: dict = dataclasses.field(default_factory=dict)
     #: epoch -> {rank: [ref of a step row, ...]}: the epoch's first steps, built by background
-    #: actors (:class:`pipelines.background.EpochHead`); the epoch's dataset holds the rest
+    #: actors (:class:`pipelines.data.background.EpochHead`); the epoch's dataset holds the rest
     heads: dict = dataclasses.field(default_factory=dict)
     #: a :class:`pipelines.console.ProgressBoard` actor: rank 0 posts its step progress and epoch
     #: lines there for the driver to show (None: not shown)
@@ -92,7 +92,7 @@ class RowPrefetcher:
     Started for epoch ``e + 1`` half way through epoch ``e``, so the next epoch's Ray Data pipeline
     (the step sort and its first builds: about 11 s of the 25 s SST Tai-preset epoch was the wait
     for the first batch) runs while this epoch trains.  It yields the shard's raw rows in order:
-    :func:`pipelines.steps.assemble_steps`, which touches the RNG, stays in the training
+    :func:`pipelines.data.assembly.assemble_steps`, which touches the RNG, stays in the training
     thread, so the batches and the training are exactly those of reading the shard directly.
     An error in the reader thread is raised by the iteration."""
 

@@ -125,7 +125,7 @@ def _check_block(table, good_ref, limit, scaffold):
 
     import ray
 
-    from pipelines.sharding import cached
+    from pipelines.data.cache import cached
 
     from .featurize import SmilesError, parse_smiles
     from .splits import murcko_scaffold
@@ -157,7 +157,7 @@ def _split_block(table, good_ref, assign_ref, split):
 
     import ray
 
-    from pipelines.sharding import cached
+    from pipelines.data.cache import cached
 
     good = cached(("good_idx", good_ref[0].hex()), lambda: ray.get(good_ref[0]))
     split_of, pos_of = cached(("assign", assign_ref[0].hex()), lambda: ray.get(assign_ref[0]))
@@ -256,7 +256,7 @@ class MoleculeExperiment(Experiment):
         import ray
 
         from .reading import label_stats, read_molecule_csv_ds
-        from pipelines.streaming import SplitSource, StreamSplits
+        from pipelines.data.splits import SplitSource, StreamSplits
 
         from . import data as D
         from .featurize import parse_smiles

@@ -1,4 +1,4 @@
-"""Molecule CSV files (plain or ``.gz``) read in Ray Data tasks (:mod:`pipelines.reading` does
+"""Molecule CSV files (plain or ``.gz``) read in Ray Data tasks (:mod:`pipelines.data.sources` does
 the generic part: blocks, summaries).
 
 * :class:`CsvSource` / :func:`read_molecule_csv_ds`: the CSV streamed by one read task (CSV rows
@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
-from pipelines.reading import ROWS_PER_BLOCK, ParsedData, content_sha256, datasource_base, finish_parsed
+from pipelines.data.sources import ROWS_PER_BLOCK, ParsedData, content_sha256, datasource_base, finish_parsed
 
 __all__ = ["CsvSource", "read_molecule_csv_ds", "label_stats"]
 

@@ -75,7 +75,7 @@ def _predict_block(table, experiment, cfg, context, state_ref, batch_size):
     import pyarrow as pa
     import ray
 
-    from pipelines.sharding import cached
+    from pipelines.data.cache import cached
 
     recs = [pickle.loads(b) for b in table.column("rec").to_pylist()]
     state = cached(("best_state", state_ref[0].hex()), lambda: ray.get(state_ref[0]))

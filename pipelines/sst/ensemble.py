@@ -104,7 +104,7 @@ def _ensemble_block(table, experiment, configs, state_refs, context, batch_size)
     import pyarrow as pa
     import ray
 
-    from pipelines.sharding import cached
+    from pipelines.data.cache import cached
 
     trees = [pickle.loads(b) for b in table.column("rec").to_pylist()]
     states = [cached(("member_state", r.hex()), lambda r=r: ray.get(r)) for r in state_refs]

@@ -141,7 +141,7 @@ class SSTExperiment(Experiment):
         import ray
 
         from .reading import read_sst_file, vocab_from_counts
-        from pipelines.streaming import StreamSplits, with_positions
+        from pipelines.data.splits import StreamSplits, with_positions
 
         from .data import SPLITS, SST_SHA256, resolve_split_path
 

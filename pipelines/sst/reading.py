@@ -1,4 +1,4 @@
-"""SST / PTB-format tree files read in Ray Data tasks (:mod:`pipelines.reading` does the
+"""SST / PTB-format tree files read in Ray Data tasks (:mod:`pipelines.data.sources` does the
 generic part: lines, blocks, summaries).
 
 * :func:`read_sst_file`: trees parsed with nltk in Ray Data tasks
@@ -15,7 +15,7 @@ import os
 import pickle
 from typing import Any, Optional, Sequence
 
-from pipelines.reading import (CHUNK_BYTES, ROWS_PER_BLOCK, ParsedData, add_counts, content_sha256, finish_parsed,
+from pipelines.data.sources import (CHUNK_BYTES, ROWS_PER_BLOCK, ParsedData, add_counts, content_sha256, finish_parsed,
                                read_lines)
 
 __all__ = ["read_sst_file", "vocab_from_counts", "vocab_from_datasets", "AGGREGATE_PARTITIONS"]

@@ -117,7 +117,7 @@ def build_vocab(*tree_lists: Iterable, min_freq: int = 1) -> Vocab:
 def vocab_of_counts(counts: Mapping[str, int], min_freq: int = 1) -> Vocab:
     """The vocabulary of word counts: ``UNK`` dropped, words with at least ``min_freq``
     occurrences, most frequent first, ties broken by the word.  Every vocabulary builder
-    (:func:`build_vocab`, and the Ray Data ones in :mod:`pipelines.reading`) ends here."""
+    (:func:`build_vocab`, and the Ray Data ones in :mod:`pipelines.sst.reading`) ends here."""
     kept = {w: int(c) for w, c in counts.items() if w != UNK and c >= min_freq}
     words = sorted(kept, key=lambda w: (-kept[w], w))
     return Vocab(words, {w: kept[w] for w in words})

@@ -38,7 +38,7 @@ def esol_smiles(data_dir, n: int) -> list:
 
 
 def source_records(source) -> list:
-    """The records of a :class:`pipelines.streaming.SplitSource` in position order (checks that
+    """The records of a :class:`pipelines.data.splits.SplitSource` in position order (checks that
     the positions are 0..n-1, each once)."""
     import pickle
 

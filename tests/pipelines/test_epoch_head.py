@@ -1,5 +1,5 @@
-"""Epoch 1's head (``pipelines.streaming.train_step_positions``, ``gather_positions``,
-``head_steps``): the positions a head step gathers are the rows ``_assign_train`` gives that step,
+"""Epoch 1's head (``pipelines.data.positions.train_step_positions``, ``gather_positions``,
+``head_steps``): the positions a head step gathers are the rows ``assign_train`` gives that step,
 and the gather returns them in that order.  The built batches are checked against the driver path
 in ``tests/pipelines/test_reading.py``."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines.steps import train_step_positions
-from pipelines.streaming import _assign_train, head_steps
+from pipelines.data.assembly import assign_train
+from pipelines.data.positions import head_steps, train_step_positions
 
 
 @pytest.mark.parametrize("n,batch_size,world,epoch", [(113, 25, 2, 1), (100, 10, 3, 2), (7, 4, 1, 5), (64, 64, 2, 1)])
@@ -18,7 +18,7 @@ def test_head_step_positions_are_the_rows_the_sort_assigns(n, batch_size, world,
     table = pa.table({"pos": pa.array(np.arange(n), pa.int64()), "rec": pa.array([b"r"] * n, pa.binary())})
     seen = []
     for rank in range(world):
-        assigned = _assign_train(table, 11, epoch, rank, world, batch_size, n, steps)
+        assigned = assign_train(table, 11, epoch, rank, world, batch_size, n, steps)
         step = np.asarray(assigned.column("step"))
         j = np.asarray(assigned.column("j"))
         pos = np.asarray(assigned.column("pos"))
@@ -30,7 +30,7 @@ def test_head_step_positions_are_the_rows_the_sort_assigns(n, batch_size, world,
             assert set(np.asarray(assigned.column("denom"))[mine]) <= {denom}
             seen += positions.tolist()
         # first= drops the head's steps from the dataset's rows, and nothing else
-        tail = _assign_train(table, 11, epoch, rank, world, batch_size, n, steps, first=1)
+        tail = assign_train(table, 11, epoch, rank, world, batch_size, n, steps, first=1)
         assert sorted(np.asarray(tail.column("pos")).tolist()) == sorted(pos[step >= 1].tolist())
     assert sorted(seen) == list(range(n))        # every record once per epoch
 
@@ -46,7 +46,7 @@ def test_head_steps_in_whole_steps_and_at_most_the_epoch():
 def test_gather_positions_returns_rows_in_the_asked_order(ray_cluster):
     import ray
 
-    from pipelines.steps import gather_positions
+    from pipelines.data.assembly import gather_positions
 
     blocks = [pa.table({"pos": pa.array(np.arange(a, b), pa.int64()),
                         "rec": pa.array([str(p).encode() for p in range(a, b)], pa.binary())})
@@ -69,8 +69,8 @@ def _blocks(ranges, extra=False):
 def test_gather_positions_takes_the_asked_columns_and_checks_the_tiling(ray_cluster):
     import ray
 
-    from pipelines.steps import gather_positions
-    from pipelines.streaming import block_starts
+    from pipelines.data.assembly import gather_positions
+    from pipelines.data.splits import block_starts
 
     refs = [ray.put(t) for t in _blocks([(0, 4), (4, 9)], extra=True)]
     starts = block_starts(refs, 9)
@@ -89,19 +89,19 @@ def test_gather_positions_takes_the_asked_columns_and_checks_the_tiling(ray_clus
 
 
 def test_step_ranges_cover_the_steps_once_in_order(ray_data_ordered):
-    from pipelines.streaming import _step_ranges_dataset
+    from pipelines.data.assembly import step_ranges_dataset
 
     for first, steps, per in [(0, 171, 81), (81, 171, 81), (0, 5, 1), (3, 4, 100)]:
-        rows = _step_ranges_dataset(first, steps, per).take_all()
+        rows = step_ranges_dataset(first, steps, per).take_all()
         covered = [s for r in rows for s in range(r["first"], r["stop"])]
         assert covered == list(range(first, steps)), (first, steps, per)
         assert all(r["stop"] - r["first"] <= per for r in rows)
 
 
 def test_step_assembly_choice(ray_cluster):
-    from pipelines.streaming import GATHER_STORE_SHARE, _smallest_object_store, step_assembly
+    from pipelines.data.feed import GATHER_STORE_SHARE, smallest_object_store, step_assembly
 
-    store = _smallest_object_store()
+    store = smallest_object_store()
     assert store > 0
     auto = {"data": {"step_assembly": "auto"}}
     assert step_assembly(auto, int(GATHER_STORE_SHARE * store)) == "gather"

@@ -6,8 +6,7 @@ import torch
 
 from pipelines import checkpoint
 from pipelines.seeding import derived_seed, param_hash, rng_state, seed_all, set_rng_state
-from pipelines.sharding import eval_groups, train_steps_per_epoch
-from pipelines.steps import train_step_positions
+from pipelines.data.positions import eval_groups, train_step_positions, train_steps_per_epoch
 
 from . import step_reference as ref
 from pipelines.worker import EpochTotals, RunState

@@ -140,8 +140,8 @@ def test_the_checker_sees_private_uses_and_circles(tmp_path):
 
 
 def test_the_generic_reader_imports_no_domain():
-    """``pipelines.reading`` (files -> Ray Data rows) imports neither ``pipelines.sst`` nor
+    """``pipelines.data.sources`` (files -> Ray Data rows) imports neither ``pipelines.sst`` nor
     ``pipelines.molecules``."""
     known = _modules()
-    deps = {src for src, _, _ in _imports("pipelines.reading", known["pipelines.reading"], known)}
+    deps = {src for src, _, _ in _imports("pipelines.data.sources", known["pipelines.data.sources"], known)}
     assert not {d for d in deps if d.startswith(("pipelines.sst", "pipelines.molecules"))}, deps

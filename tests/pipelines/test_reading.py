@@ -1,4 +1,4 @@
-"""pipelines.reading: files read and parsed in Ray Data tasks give exactly what the in-process
+"""pipelines.data.sources: files read and parsed in Ray Data tasks give exactly what the in-process
 loaders give (records in file order, errors naming file:line, skip counts, vocabulary, target
 statistics), whatever the block and byte-range sizes."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from pipelines import reading as R
+from pipelines.data import sources as R
 from pipelines.molecules import data as MD
 from pipelines.molecules import reading as MR
 from pipelines.molecules.featurize import SmilesError, parse_smiles
@@ -175,7 +175,7 @@ def _plan_bytes(batch) -> bytes:
                          [(None, 13, "sort"), (8_000, 0, "sort"), (None, 13, "gather"), (8_000, 0, "auto")])
 def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache_env, block_bytes, head_rows,
                                                                     assembly):
-    """``pipelines.streaming.declare_streaming`` (records as Ray Data blocks, traced once,
+    """``pipelines.data.feed.declare_feed`` (records as Ray Data blocks, traced once,
     grouped per step) yields, for every (epoch, rank) and eval split, exactly the steps of the
     numpy reference (``step_reference``: which record lands in which step on which rank, from the
     seed) and the batches ``make_batch`` makes of those records with the step's seed.  With
@@ -190,12 +190,14 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
 
     import ray
 
-    from pipelines.steps import assemble_steps
+    from pipelines.data.assembly import assemble_steps
 
     from pipelines.config import load_config, merged_schema
-    from pipelines.sharding import eval_dataset_name, train_dataset_name, train_steps_per_epoch
+    from pipelines.data.feed import eval_dataset_name, train_dataset_name
+    from pipelines.data.positions import train_steps_per_epoch
     from pipelines.sst.experiment import SCHEMA, SSTExperiment
-    from pipelines.streaming import StreamSplits, declare_streaming, with_positions
+    from pipelines.data.feed import declare_feed
+    from pipelines.data.splits import StreamSplits, with_positions
 
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     cfg = load_config(os.path.join(repo, "conf", "sst_tai2015.yaml"),
@@ -230,7 +232,7 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
                                                            rows_per_block=40), 113),
                    "dev": with_positions(SR.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=50_000,
                                                          rows_per_block=30), 47)}
-        new = declare_streaming(exp, cfg, StreamSplits(sources, {}, legacy.context), world)
+        new = declare_feed(exp, cfg, StreamSplits(sources, {}, legacy.context), world)
         parts = {name: new.datasets[name].take_all() for name in new.plan.datasets}
     finally:
         ctx.target_max_block_size = saved
@@ -238,7 +240,7 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
     assert new.plan.eval_splits == ("dev",) and new.plan.world == world and new.plan.n_train == n_train == 113
     used = "gather" if assembly == "auto" else assembly
     assert new.params["data/step_assembly"] == used
-    from pipelines.background import EpochHead, head_rows as read_head
+    from pipelines.data.background import EpochHead, head_rows as read_head
     heads = [b for b in new.background if isinstance(b, EpochHead)]
     assert len(heads) == (1 if head_rows else 0)
     for h in heads:
@@ -250,7 +252,7 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
     # epoch 2 read the background pass's traces: one traced block per source block, every
     # record traced once; the eval batches came from background builders; all of them made by
     # low-priority processes
-    from pipelines.background import BACKGROUND_NICENESS, CachedEval, TracedBlocks
+    from pipelines.data.background import BACKGROUND_NICENESS, CachedEval, TracedBlocks
     traced = [b for b in new.background if isinstance(b, TracedBlocks)]
     cached = [b for b in new.background if isinstance(b, CachedEval)]
     assert len(traced) == 1 and len(cached) == len(new.plan.eval_splits) == 1
@@ -264,7 +266,7 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
             want = plain if isinstance(b, EpochHead) else BACKGROUND_NICENESS
             assert ray.get(worker.__ray_call__.remote(lambda self: os.nice(0))) == want
     # what the trainer reads (cached_eval_rows, no Ray Data execution) is the eval dataset's rows
-    from pipelines.background import cached_eval_rows
+    from pipelines.data.background import cached_eval_rows
     assert cached[0].split == "dev"
     for r in range(world):
         direct = list(cached_eval_rows(cached[0].blocks, r))

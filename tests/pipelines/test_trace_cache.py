@@ -58,11 +58,11 @@ def test_sst_batches_from_cached_traces_equal_batches_from_records(data_dir):
 
 
 def test_trace_block_in_pieces_equals_one_trace_call(data_dir, monkeypatch):
-    """``pipelines.steps.trace_block`` traces a block ``TRACE_CHUNK_RECORDS`` records at a
+    """``pipelines.data.step.trace_block`` traces a block ``TRACE_CHUNK_RECORDS`` records at a
     time (bounded memory); the traces are those of one ``trace_records`` call over the block."""
     import pyarrow as pa
 
-    from pipelines import steps
+    from pipelines.data import step as steps
 
     exp = MoleculeExperiment("tox21")
     cfg = {"seed": 0, "molecules": {"atom_hidden": 5, "pair_hidden": 4, "n_weave": 2, "gather": "sum",
@@ -96,7 +96,7 @@ def test_trace_block_leaves_traces_null_for_experiments_without_traces():
     its batches are then built from the records)."""
     import pyarrow as pa
 
-    from pipelines import steps
+    from pipelines.data import step as steps
 
     table = pa.table({"pos": pa.array([0, 1, 2], pa.int64()),
                       "rec": pa.array([pickle.dumps(i) for i in range(3)], pa.binary())})

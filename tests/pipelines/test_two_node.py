@@ -15,7 +15,7 @@ per node), its records read in Ray Data tasks (the one data path), checkpoints t
    reference's metrics (all but ``time/*``) and parameters.
 
 Before the runs, a task on the second node gathers rows by position from blocks in the head's
-object store (``pipelines.steps.gather_positions``, what ``data.step_assembly: gather`` does
+object store (``pipelines.data.assembly.gather_positions``, what ``data.step_assembly: gather`` does
 when a step's records live on another node).
 
 Every process a node started is stopped afterwards, also when the test fails.
@@ -119,7 +119,7 @@ def _check_gather_across_nodes(node_id: str) -> None:
     import pyarrow as pa
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from pipelines.steps import gather_positions
+    from pipelines.data.assembly import gather_positions
 
     blocks = [pa.table({"pos": pa.array(np.arange(a, b), pa.int64()),
                         "rec": pa.array([b"r%d" % p for p in range(a, b)], pa.binary())})

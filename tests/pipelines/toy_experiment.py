@@ -109,7 +109,7 @@ class ToyExperiment(Experiment):
         no record): the same as ``tests/pipelines/reference_splits.toy_splits``."""
         import ray.data
 
-        from pipelines.streaming import SplitSource, StreamSplits
+        from pipelines.data.splits import SplitSource, StreamSplits
 
         t = config["toy"]
         seed = config["seed"]

@@ -1,25 +1,16 @@
-"""Reading and parsing data files in Ray Data tasks, in blocks (issue 14, "input pipeline at scale").
+"""Generic file sources read in Ray Data tasks, in blocks; no process holds a whole file.
 
-No process holds a whole file: the files are read by Ray Data read tasks in blocks of
-``rows_per_block`` rows, each record is parsed in a Ray Data task, and the parsed records stay
-Ray Data blocks (object store, spilled to disk when large).  The driver gets only small
-summaries: counts, the first few malformed records (``file:line`` and reason), the stable
-indices of the good records (8 bytes per record), vocabularies and statistics from Ray Data
-aggregations.
-
-Stable record indices: every line (text files) or data row (CSV) gets ``idx``, its 0-based
-position in the file (bad lines included), and ``line``, its 1-based physical line number; so
-which record is which is a pure function of the file, never of task scheduling.
-
-* :class:`LineSource`: a Ray Data datasource of a text file's lines (``idx``, ``line``, ``text``
-  as bytes).  Plain files are cut into byte ranges read in parallel (a line belongs to the range
-  its first byte is in; each task counts the newlines before its range for the line numbers);
-  ``.gz`` files are streamed by one task.
+* :class:`LineSource` / :func:`read_lines`: a text file's lines as rows ``idx`` (0-based line
+  index), ``line`` (1-based line number), ``text`` (bytes); plain files are read in byte ranges
+  in parallel, ``.gz`` files streamed by one task.
 * :func:`finish_parsed`: a parsed dataset (rows ``idx``, ``line``, ``rec``, ``error``) ->
-  :class:`ParsedData` (good rows kept as blocks; counts, first errors, good indices).
+  :class:`ParsedData`: the good records kept as blocks; counts, the first malformed records
+  (``file:line`` and reason) and the good records' indices brought to the driver
+  (:class:`ReadSummary`).
 
-The formats live with their domains: :mod:`pipelines.sst.reading` (tree files),
-:mod:`pipelines.molecules.reading` (molecule CSVs).  This module imports neither.
+Which record is which is a pure function of the file (``idx`` counts every line or data row,
+bad ones included), never of task scheduling.  The formats live with their domains
+(:mod:`pipelines.sst.reading`, :mod:`pipelines.molecules.reading`); this module imports neither.
 """
 from __future__ import annotations
 

@@ -1,32 +1,18 @@
-"""Data work that runs beside training instead of before it: the training split's trace pass and
-the eval batches' build (the data path, :mod:`pipelines.streaming`; steps built by :mod:`pipelines.steps`).
-
-Both run in :class:`BackgroundWorker` actors that reserve no logical CPU, run at a low CPU
-priority (``os.nice(BACKGROUND_NICENESS)``) and are pinned to the driver's node: on a busy
-machine the trainer and epoch 1's batch building come first and the background work takes the
-idle cycles, and losing a worker node loses none of their objects.  Their results are object
-refs that datasets can be declared on before they exist: a Ray Data task that reads one waits
-for it (a task blocked in ``ray.get`` gives its CPU back).
+"""Data work that runs beside training instead of before it, in :class:`BackgroundWorker`
+actors pinned to the driver's node that reserve no logical CPU.
 
 * :func:`trace_in_background` -> :class:`TracedBlocks`: every block of the training split with a
-  ``trace`` column, for epochs from the second on (epoch 1 builds from the records);
+  ``trace`` column, for the epochs from the second on (lowest CPU priority,
+  :data:`BACKGROUND_NICENESS`);
 * :func:`build_head_in_background` -> :class:`EpochHead`: epoch 1's first steps of every rank,
-  gathered from the parsed blocks by position (no pass over the split) and built while Ray
-  Train starts, so the first step waits neither for the epoch's dataset (with
-  ``data.step_assembly: sort`` a pass over every block) nor for the trainer's own Ray Data
-  start; run at normal priority (the trainer waits for it);
+  gathered from the parsed blocks by position and built while Ray Train starts (normal
+  priority: the trainer waits for them); :func:`head_rows` reads them;
 * :func:`build_eval_in_background` -> :class:`CachedEval`: one eval split's step rows per rank,
-  built once (``data.cache_eval``) and read by every epoch's evaluation
-  (:func:`cached_eval_rows`, in the trainer: ``TrainPlan.eval_blocks``).  Before this, the eval
-  datasets were materialised before training could start: 4 datasets of ~15 s each for SST
-  dev/test on 2 cores, and for a CSV split ``k`` times larger ``k`` times that.
+  built once and read by every epoch's evaluation (:func:`cached_eval_rows`).
 
-Keep the records (``DeclaredData.background``) for the run: the actors own what they made.
-
-Priorities: Ray starts its worker processes at niceness 15 (trainers and Ray Data tasks
-included); ``os.nice(19)`` takes a background actor to 19, a CFS weight of 15 against their 36,
-so it still gets some CPU on a busy machine (a trace pass must finish during epoch 1).  The head
-builders stay at 15 with the trainers, which wait for them.
+Results are object refs that datasets can be declared on before they exist (a task reading one
+waits for it).  The actors own what they made: keep the records
+(``DeclaredData.background``) for the run.  Why these priorities: ``docs/data-path.md``.
 """
 from __future__ import annotations
 
@@ -36,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from .steps import STEP_ROW_FIELDS, EvalExpected, assign_eval, build_gathered_step, build_steps, step_table, trace_block
+from .assembly import EvalExpected, assign_eval, build_gathered_step, build_steps
+from .step import STEP_ROW_FIELDS, step_table, trace_block
 
 __all__ = ["BACKGROUND_NICENESS", "BackgroundWorker", "TracedBlocks", "CachedEval", "EpochHead", "trace_in_background",
            "build_eval_in_background", "build_head_in_background", "cached_eval_rows"]
@@ -63,10 +50,10 @@ class BackgroundWorker:
 
     def build_train_step(self, block_refs: list, starts: np.ndarray, seed: int, epoch: int, rank: int, world: int,
                          batch_size: int, n: int, step: int) -> dict:
-        """Step ``step`` of rank ``rank`` in ``epoch`` as the row :func:`pipelines.steps.build_steps`
+        """Step ``step`` of rank ``rank`` in ``epoch`` as the row :func:`pipelines.data.assembly.build_steps`
         makes for it, its records gathered by position from ``block_refs`` (the parsed blocks,
         block ``i`` starting at position ``starts[i]``) without reading the others
-        (:func:`pipelines.streaming.build_gathered_step`)."""
+        (:func:`pipelines.data.assembly.build_gathered_step`)."""
         return dict(zip(STEP_ROW_FIELDS, build_gathered_step(block_refs, starts, self.experiment, self.cfg, self.context,
                                                              seed, epoch, rank, world, batch_size, n, step, False)))
 
@@ -74,7 +61,7 @@ class BackgroundWorker:
         """The step rows of one eval split (blocks of rows ``pos``, ``rec``; ``n`` records) for
         every rank: ``{rank: [ref of a step-row table, ...]}`` in step order, each table about
         :data:`EVAL_BLOCK_BYTES`.  Group ``g`` (positions ``g*B .. g*B+B-1``) is step
-        ``g // world`` of rank ``g % world``, built as :func:`pipelines.steps.build_steps`
+        ``g // world`` of rank ``g % world``, built as :func:`pipelines.data.assembly.build_steps`
         builds it in a Ray Data task (same seed, same bytes).
 
         Reads one source block at a time, in position order, and builds each group as soon as
@@ -199,7 +186,7 @@ class CachedEval:
     """One eval split's step rows, built once by a background actor: ``blocks`` is the ref of
     ``{rank: [ref of a step-row table, ...]}`` (owned by ``worker``: keep this object for the
     run).  :meth:`dataset` is the rank's dataset of step rows (the rows of
-    :func:`pipelines.steps.build_steps`), declared at once; reading it waits for the build.
+    :func:`pipelines.data.assembly.build_steps`), declared at once; reading it waits for the build.
     The reading task reserves no CPU (it only fetches blocks): with one, every epoch's
     evaluation queued behind the next epoch's batch-building tasks (up to 22 s per eval split
     in a Tai-preset run on 2 cores, 0.1 s when a slot was free)."""
@@ -218,7 +205,7 @@ class CachedEval:
 
 def build_eval_in_background(split: str, source, experiment, cfg: dict, context: Any, world: int, batch_size: int,
                              niceness: int = BACKGROUND_NICENESS) -> CachedEval:
-    """Build the eval split ``split`` (``source``, a :class:`pipelines.streaming.SplitSource`)
+    """Build the eval split ``split`` (``source``, a :class:`pipelines.data.splits.SplitSource`)
     for every rank in a background actor (:meth:`BackgroundWorker.build_eval`); returns at once."""
     worker = _start((experiment, cfg, context), niceness)
     refs = source.dataset.materialize().to_arrow_refs()
@@ -229,7 +216,7 @@ def build_eval_in_background(split: str, source, experiment, cfg: dict, context:
 class EpochHead:
     """Epoch ``epoch``'s first ``steps`` steps of every rank, built by background actors
     (:meth:`BackgroundWorker.build_train_step`): ``refs[rank][i]`` is the ref of step ``i``'s row
-    (a dict as :func:`pipelines.steps.build_steps` yields).  The epoch's dataset holds the
+    (a dict as :func:`pipelines.data.assembly.build_steps` yields).  The epoch's dataset holds the
     steps from ``steps`` on.  Keep this object for the run (the actors own the rows)."""
 
     epoch: int

@@ -1,0 +1,202 @@
+"""The feed: the datasets declared on the driver (:func:`declare_feed`) and what every training
+worker reads from them.
+
+:func:`declare_feed` turns an experiment's :class:`pipelines.data.splits.StreamSplits` into lazy
+Ray Data datasets without bringing records to the driver: ``train_e<epoch>_r<rank>``
+(:func:`train_dataset_name`, one row per step, exactly :attr:`DataPlan.steps` rows on every
+rank) and ``<split>_r<rank>`` (:func:`eval_dataset_name`), assembled by gather or sort
+(:func:`step_assembly`, :mod:`pipelines.data.assembly`); it starts the background work
+(:mod:`pipelines.data.background`: trace pass with ``data.cache_traces``, epoch 1's head with
+``data.head_rows``, eval cache with ``data.cache_eval``).  Which records form which step on
+which rank is a pure function of the config (:mod:`pipelines.data.positions`), so a resumed run
+reproduces an uninterrupted one.  Raises ``ConfigError`` when the training split cannot make one
+step on ``world`` ranks.
+
+Design notes and measurements: ``docs/data-path.md``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from ..config import ConfigError
+from ..experiment import Experiment
+from .assembly import (SORTED_BLOCK_ROWS, EvalExpected, TrainExpected, assign_eval, assign_traced_block, assign_train,
+                       build_steps, gather_steps, step_boundaries, step_ranges_dataset)
+from .background import build_eval_in_background, build_head_in_background, trace_in_background
+from .positions import EVAL_SPLITS, eval_groups, head_steps, train_steps_per_epoch
+from .splits import StreamSplits, block_starts
+from .step import trace_block
+
+__all__ = ["DataPlan", "DeclaredData", "train_dataset_name", "eval_dataset_name", "GATHER_STORE_SHARE",
+           "estimated_split_bytes", "smallest_object_store", "step_assembly", "declare_feed"]
+
+
+def train_dataset_name(epoch: int, rank: int) -> str:
+    return f"train_e{epoch}_r{rank}"
+
+
+def eval_dataset_name(split: str, rank: int) -> str:
+    return f"{split}_r{rank}"
+
+
+@dataclasses.dataclass(frozen=True)
+class DataPlan:
+    """What the workers need to know about the declared datasets."""
+
+    steps: int                     #: global optimizer steps per epoch (rows of each train dataset)
+    eval_splits: tuple[str, ...]   #: evaluated splits, in :data:`EVAL_SPLITS` order
+    world: int                     #: number of ranks the datasets were declared for
+    n_train: int                   #: training records
+    datasets: tuple[str, ...]      #: names of all declared datasets (sorted)
+
+    def has(self, name: str) -> bool:
+        return name in self.datasets
+
+
+@dataclasses.dataclass
+class DeclaredData:
+    """:func:`declare_feed`'s result: the lazy datasets by name (for ``TorchTrainer``) and their plan."""
+
+    datasets: dict[str, Any]       #: name -> ``ray.data.Dataset``
+    plan: DataPlan
+    #: work the datasets depend on that runs in the background (hold it for the run):
+    #: :class:`pipelines.data.background.TracedBlocks`, :class:`pipelines.data.background.CachedEval`, :class:`pipelines.data.background.EpochHead`
+    background: tuple = ()
+    #: how the data path was set up (``data/step_assembly``, ...), logged as MLflow params
+    params: dict = dataclasses.field(default_factory=dict)
+
+
+#: ``data.step_assembly: auto`` gathers when the training split's blocks (traces included,
+#: estimated) take at most this share of the smallest node's object store
+GATHER_STORE_SHARE = 0.25
+
+
+#: records traced on the driver to estimate the traced split's size
+TRACE_SAMPLE_RECORDS = 32
+
+
+def estimated_split_bytes(source, experiment: Experiment, cfg: dict, context: Any, n: int, use_traces: bool) -> int:
+    """Bytes of the training split's blocks in the object store: the parsed blocks plus, with
+    traces, ``n`` times the mean pickled trace of the first :data:`TRACE_SAMPLE_RECORDS` records
+    (traced here)."""
+    import ray
+
+    total = int(source.size_bytes())
+    if use_traces and n:
+        refs = source.to_arrow_refs()
+        first = next((t for t in (ray.get(r) for r in refs[:4]) if t.num_rows), None)
+        if first is not None:
+            sample = trace_block(first.slice(0, TRACE_SAMPLE_RECORDS), experiment, cfg, context)
+            blobs = sample.column("trace")
+            total += int(blobs.nbytes / max(len(blobs), 1) * n)
+    return total
+
+
+def smallest_object_store() -> int:
+    import ray
+
+    stores = [float(node.get("Resources", {}).get("object_store_memory", 0)) for node in ray.nodes() if node.get("Alive")]
+    return int(min(stores)) if stores else 0
+
+
+def step_assembly(cfg: dict, split_bytes: Optional[int]) -> str:
+    """``"gather"`` or ``"sort"`` (:mod:`pipelines.data.assembly`): ``data.step_assembly`` unless ``auto``;
+    ``auto``: gather when ``split_bytes`` <= :data:`GATHER_STORE_SHARE` x the smallest node's
+    object store."""
+    mode = cfg["data"].get("step_assembly", "auto")
+    if mode != "auto":
+        return mode
+    store = smallest_object_store()
+    return "gather" if split_bytes is not None and store and split_bytes <= GATHER_STORE_SHARE * store else "sort"
+
+
+def declare_feed(experiment: Experiment, cfg: dict, splits: StreamSplits, world: int) -> DeclaredData:
+    """Lazy Ray Data datasets, one per (epoch, rank) and per (eval split, rank) (names and
+    step counts: :mod:`pipelines.data.positions`), and their plan, from ``splits.sources`` without
+    bringing records to the driver (see the module docstring).  Raises ``ConfigError`` when the
+    training split cannot make one step on ``world`` ranks."""
+    bs = cfg["batch_size"]
+    ebs = cfg["eval_batch_size"] or bs
+    seed = int(cfg["seed"])
+    ctx_obj = splits.context
+    train = splits.sources["train"]
+    steps = train_steps_per_epoch(train.n, bs, world, cfg["max_steps_per_epoch"])
+    if steps < 1:
+        raise ConfigError(f"{train.n} training records cannot make one step of {world} worker(s)", "batch_size")
+    source = train.dataset.materialize()          # rows pos, rec: parsed once, kept as blocks
+    use_traces = bool(cfg["data"].get("cache_traces", False)) and cfg["epochs"] > 1
+    traced = trace_in_background(source, experiment, cfg, ctx_obj) if use_traces else None
+    background: list = [traced] if traced is not None else []
+    # epoch 1's first steps: gathered by position and built while Ray Train starts (not when the
+    # run resumes from a checkpoint: it starts after epoch 1)
+    head = 0 if cfg.get("resume_from") else head_steps(cfg, steps, world)
+    datasets: dict = {}
+    build_kw = dict(experiment=experiment, cfg=cfg, context=ctx_obj)
+    split_bytes = None
+    if cfg["data"].get("step_assembly", "auto") == "auto":
+        split_bytes = estimated_split_bytes(source, experiment, cfg, ctx_obj, train.n, use_traces)
+    assembly = step_assembly(cfg, split_bytes)
+    params = {"data/step_assembly": assembly}
+    if split_bytes is not None:
+        params["data/train_split_mb"] = round(split_bytes / 2 ** 20, 1)
+    if head or assembly == "gather":
+        import ray
+
+        source_refs = source.to_arrow_refs()
+        # where each block starts (read in a task: the driver does not fetch the blocks)
+        starts = ray.get(ray.remote(num_cpus=0)(block_starts).remote(source_refs, train.n))
+    if head:
+        background.append(build_head_in_background(source_refs, starts, experiment, cfg, ctx_obj, 1, world, bs,
+                                                   train.n, head))
+    per_task = max(1, int(SORTED_BLOCK_ROWS // max(bs / world, 1.0)))   # a gather task's steps
+    for epoch in range(1, cfg["epochs"] + 1):
+        for r in range(world):
+            first = head if epoch == 1 else 0
+            from_traces = traced is not None and epoch > 1
+            if assembly == "gather":
+                ds = step_ranges_dataset(first, steps, per_task).map_batches(
+                    gather_steps, batch_format="pyarrow", batch_size=None,
+                    fn_kwargs=dict(build_kw, refs=traced.refs if from_traces else source_refs, starts=starts,
+                                   seed=seed, epoch=epoch, rank=r, world=world, batch_size=bs, n=train.n,
+                                   use_traces=from_traces))
+                datasets[train_dataset_name(epoch, r)] = ds
+                continue
+            assign_kw = dict(seed=seed, epoch=epoch, rank=r, world=world, batch_size=bs, n=train.n, steps=steps,
+                             first=first)
+            if from_traces:
+                ds = traced.dataset().map_batches(assign_traced_block, batch_format="pyarrow", batch_size=None,
+                                                  fn_kwargs=dict(assign_kw, refs=traced.refs))
+            else:
+                ds = source.map_batches(assign_train, batch_format="pyarrow", batch_size=None, fn_kwargs=assign_kw)
+            ds = ds.sort("step", boundaries=step_boundaries(steps, bs / world)).map_batches(
+                build_steps, batch_format="pyarrow", batch_size=None,
+                fn_kwargs=dict(build_kw, epoch=epoch, rank=r, use_traces=from_traces,
+                               expected=TrainExpected(r, world, bs, train.n)))
+            datasets[train_dataset_name(epoch, r)] = ds
+    eval_splits = []
+    for split in EVAL_SPLITS:
+        src = splits.sources.get(split)
+        if src is None or not src.n:
+            continue
+        eval_splits.append(split)
+        cached = None
+        if cfg["data"]["cache_eval"]:
+            cached = build_eval_in_background(split, src, experiment, cfg, ctx_obj, world, ebs)
+            background.append(cached)
+        for r in range(world):
+            if eval_groups(src.n, ebs, world, r) == 0:
+                continue
+            if cached is not None:
+                datasets[eval_dataset_name(split, r)] = cached.dataset(r)
+                continue
+            ds = src.dataset.map_batches(assign_eval, batch_format="pyarrow", batch_size=None,
+                                         fn_kwargs=dict(rank=r, world=world, batch_size=ebs))
+            ds = ds.sort("step", boundaries=step_boundaries(eval_groups(src.n, ebs, world, r), ebs)).map_batches(
+                build_steps, batch_format="pyarrow", batch_size=None,
+                fn_kwargs=dict(build_kw, epoch=0, rank=r, use_traces=False,
+                               expected=EvalExpected(r, world, ebs, src.n)))
+            datasets[eval_dataset_name(split, r)] = ds
+    plan = DataPlan(steps=steps, eval_splits=tuple(eval_splits), world=world, n_train=train.n,
+                    datasets=tuple(sorted(datasets)))
+    return DeclaredData(datasets, plan, background=tuple(background), params=params)

@@ -1,0 +1,92 @@
+"""One step of one rank: the step row that crosses from Ray Data to the trainer, and
+:func:`build_step`, the one place a batch is built.
+
+The step row (:data:`STEP_ROW_FIELDS`, a table made by :func:`step_table`): ``batch`` (the
+pickled ``experiment.make_batch``; empty for a part), ``n`` (records on this rank), ``denom``
+(records in the global step: the ``mean`` loss divisor), ``build_s``, ``step`` and ``part`` (the
+pickled rows of a step that spanned blocks, joined and built in the trainer; empty otherwise).
+
+:func:`build_step` builds a step's rows (columns ``step``, ``j``, ``rec``, ``denom``, optionally
+``trace``) with the RNGs seeded from ``(seed, epoch, step, rank)``, so a batch is a pure
+function of the config wherever it is built (a Ray Data task, a background actor, the trainer).
+:func:`batch_builder` is the experiment's builder, made once per process; :func:`trace_block`
+traces a block's records for the later epochs.
+"""
+from __future__ import annotations
+
+import pickle
+import time
+from typing import Any
+
+from ..experiment import Experiment
+from ..seeding import derived_seed, seed_all
+from .cache import cached, config_key
+
+__all__ = ["STEP_ROW_FIELDS", "TRACE_CHUNK_RECORDS", "batch_builder", "trace_block", "build_step", "step_table"]
+
+
+def batch_builder(experiment: Experiment, cfg: dict, context: Any):
+    """``experiment.batch_builder(cfg, context)``, made once per process and config (with the
+    RNGs seeded from ``cfg["seed"]`` first) and cached."""
+    def make():
+        seed_all(int(cfg["seed"]))
+        return experiment.batch_builder(cfg, context)
+
+    return cached(("builder", type(experiment).__module__, type(experiment).__qualname__, config_key(cfg)), make)
+
+
+#: records traced per ``experiment.trace_records`` call: a trace's Python objects are many times
+#: its pickle (a Tox21 molecule: ~100 kB pickled), so a block is traced in pieces, each pickled
+#: before the next is made
+TRACE_CHUNK_RECORDS = 256
+
+
+def trace_block(table, experiment, cfg, context):
+    """One block of rows ``pos``, ``rec`` -> the same rows with ``trace`` (each record's pickled
+    trace, ``experiment.trace_records``; nulls when the experiment keeps no traces).  Traces
+    :data:`TRACE_CHUNK_RECORDS` records at a time."""
+    import pyarrow as pa
+
+    builder = batch_builder(experiment, cfg, context)
+    column = table.column("rec")
+    blobs: list = []
+    for a in range(0, table.num_rows, TRACE_CHUNK_RECORDS):
+        recs = [pickle.loads(b) for b in column.slice(a, TRACE_CHUNK_RECORDS).to_pylist()]
+        traces = experiment.trace_records(builder, recs)
+        blobs += [None] * len(recs) if traces is None else \
+            [pickle.dumps(t, protocol=pickle.HIGHEST_PROTOCOL) for t in traces]
+        del recs, traces
+    return table.append_column("trace", pa.array(blobs, pa.binary()))
+
+
+def build_step(table, experiment, cfg, context, epoch, rank, use_traces):
+    """One step's rows (sorted by ``j``) -> ``(blob, n, denom, build_s, step)``: the pickled
+    ``experiment.make_batch`` of the records (from their traces when ``use_traces`` and every row
+    has one), seeded from ``(seed, epoch, step, rank)``; ``denom`` 0 means the step's size."""
+    builder = batch_builder(experiment, cfg, context)
+    i = int(table.column("step")[0].as_py())
+    recs = [pickle.loads(b) for b in table.column("rec").to_pylist()]
+    denom = int(table.column("denom")[0].as_py()) or len(recs)
+    seed_all(derived_seed(int(cfg["seed"]), epoch, i, rank, 17))
+    t0 = time.perf_counter()
+    blobs = table.column("trace").to_pylist() if use_traces and "trace" in table.column_names else None
+    if blobs is not None and all(b is not None for b in blobs):
+        batch = experiment.make_batch(builder, recs, [pickle.loads(b) for b in blobs])
+    else:
+        batch = experiment.make_batch(builder, recs)
+    blob = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+    return blob, len(recs), denom, time.perf_counter() - t0, i
+
+
+#: the fields of a step row, in the order of :func:`step_table`'s tuples
+STEP_ROW_FIELDS = ("batch", "n", "denom", "build_s", "step", "part")
+
+
+def step_table(rows: list):
+    """Step rows (:data:`STEP_ROW_FIELDS`) ``(batch, n, denom, build_s, step, part)`` as a typed table (also for no rows)."""
+    import pyarrow as pa
+
+    cols = list(zip(*rows)) if rows else [()] * 6
+    return pa.table({"batch": pa.array(cols[0], pa.binary()), "n": pa.array(cols[1], pa.int64()),
+                     "denom": pa.array(cols[2], pa.int64()), "build_s": pa.array(cols[3], pa.float64()),
+                     "step": pa.array(cols[4], pa.int64()), "part": pa.array(cols[5], pa.binary())})
