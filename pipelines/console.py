@@ -4,6 +4,8 @@
   Data, Ray Train and MLflow at WARNING; the warnings in :data:`HARMLESS_WARNINGS` filtered;
   MLflow's artifact progress bars off.  With ``verbose=True`` everything is left as the libraries
   set it.
+* :func:`private_local_token`: a local Ray started by ``ray.init()`` authenticates with a token
+  held in this process's environment, not written to ``~/.ray``.
 * :func:`ray_init_kwargs`: keyword arguments for ``ray.init``: workers' output is not forwarded
   to the driver unless ``verbose`` (the epoch lines come from the driver; a worker's failure
   reaches it as Ray Train's error, with the worker's traceback).
@@ -22,7 +24,7 @@ import time
 import warnings
 from typing import Mapping, Optional, Sequence
 
-__all__ = ["HARMLESS_WARNINGS", "configure", "ray_init_kwargs", "epoch_line", "ProgressBoard",
+__all__ = ["HARMLESS_WARNINGS", "configure", "ray_init_kwargs", "private_local_token", "epoch_line", "ProgressBoard",
            "ProgressPrinter"]
 
 #: ``(category, message regex)`` of warnings known to be harmless in these pipelines.
@@ -72,6 +74,20 @@ def configure(verbose: bool = False) -> None:
     logging.getLogger("mlflow.pyfunc").addFilter(
         lambda record: "Passing a Python object as `python_model`" not in record.getMessage())
     quiet_ray_data_console()
+
+
+def private_local_token() -> None:
+    """Before ``ray.init()`` starts a local Ray: token authentication with a token for this
+    process and its children only (``RAY_AUTH_TOKEN`` in the environment), unless the user chose
+    (``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN``/``RAY_AUTH_TOKEN_PATH``, or an existing
+    ``~/.ray/auth_token``).  Left to itself Ray writes a token into ``~/.ray`` and warns."""
+    chosen = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+    if any(k in os.environ for k in chosen) or os.path.exists(os.path.expanduser("~/.ray/auth_token")):
+        return
+    import secrets
+
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 
 def ray_init_kwargs(verbose: bool = False) -> dict:

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from .console import private_local_token
+
 __all__ = ["PredictResult", "PredictActor", "resolve_inputs", "load_package_bytes", "run", "main"]
 
 PACKAGE_FILES = ("package.json", "weights.pt")
@@ -127,6 +129,8 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
     package = load_package_bytes(model_uri)
     started = False
     if not ray.is_initialized():
+        if not os.environ.get("RAY_ADDRESS"):
+            private_local_token()
         ray.init(address=os.environ.get("RAY_ADDRESS") or None)
         started = True
     try:

@@ -128,6 +128,15 @@ sys.exit(1)
 PY
 }
 
+# Ray's worker port range (ray start's defaults for --min-worker-port / --max-worker-port).
+RAY_MIN_WORKER_PORT=10002
+RAY_MAX_WORKER_PORT=19999
+
+forget_ports() {  # a failed start leaves no port files behind for the next start to reuse
+  rm -f "$FOLD_CLUSTER_DIR"/{ray,dashboard,ray_client,ray_agent}.port "$FOLD_CLUSTER_DIR/ray_host" \
+        "$FOLD_CLUSTER_DIR/ray_temp_dir"
+}
+
 start_ray() {
   local pidfile="$FOLD_CLUSTER_DIR/ray.pid"
   if fold_pid_alive "$pidfile"; then
@@ -150,6 +159,16 @@ start_ray() {
     return
   fi
   rm -f "$pidfile"
+  # Ray gives its worker processes ports 10002-19999 (ray start --min/--max-worker-port); a
+  # service port in that range fails later with Ray's raw error, or collides with a worker.
+  local name value
+  for name in FOLD_RAY_PORT FOLD_RAY_DASHBOARD_PORT FOLD_RAY_CLIENT_PORT FOLD_RAY_AGENT_PORT; do
+    value=${!name:-}
+    if [ -n "$value" ] && [ "$value" -ge "$RAY_MIN_WORKER_PORT" ] && [ "$value" -le "$RAY_MAX_WORKER_PORT" ]; then
+      forget_ports
+      fold_die "$name=$value lies in Ray's worker port range $RAY_MIN_WORKER_PORT-$RAY_MAX_WORKER_PORT; choose a port outside it (defaults: FOLD_RAY_PORT 6379, FOLD_RAY_DASHBOARD_PORT 8265, FOLD_RAY_CLIENT_PORT 10001)"
+    fi
+  done
   for p in "$FOLD_RAY_PORT" "$FOLD_RAY_DASHBOARD_PORT" "$FOLD_RAY_CLIENT_PORT"; do
     if fold_port_in_use "$p"; then
       fold_die "port $p on 127.0.0.1 is taken by another process (not started from $FOLD_CLUSTER_DIR); free it or choose other ports (FOLD_RAY_PORT / FOLD_RAY_DASHBOARD_PORT / FOLD_RAY_CLIENT_PORT)"
@@ -243,7 +262,10 @@ start_ray() {
     fi
     fold_log "Ray head did not come up: stopping what was started (logs: $LOG_DIR/ray.log, $FOLD_RAY_TEMP_DIR)"
     fold_stop_service ray "$FOLD_RAY_TEMP_DIR/" >/dev/null 2>&1 || true
-    [ "$try" -lt "$tries" ] || fold_die "Ray head failed to start $tries times; see the logs above"
+    if [ "$try" -ge "$tries" ]; then
+      forget_ports
+      fold_die "Ray head failed to start $tries times; see the logs above"
+    fi
   done
   fold_log "Ray head ready (pid $(cat "$pidfile"))"
 }

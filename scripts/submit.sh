@@ -104,6 +104,8 @@ PY
 )"
 
 fold_log "submitting $SUBMISSION_ID to $FOLD_DASHBOARD_URL: ${CMD[*]}"
+# Ray's own hints below (`ray job logs <id>` ...) leave out the address this cluster needs:
+fold_log "its logs later: $(fold_tool ray) job logs --address $FOLD_DASHBOARD_URL $SUBMISSION_ID (status: job status, stop: job stop, same --address)"
 fold_log "MLFLOW_TRACKING_URI=$TRACKING_URI FOLD_DATA_DIR=${DATA_DIR:-<unset>}"
 
 RAY_BIN="$(fold_tool ray)"

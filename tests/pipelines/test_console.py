@@ -56,8 +56,11 @@ def test_progress_printer_shows_lines_once_and_periodic_progress(ray_cluster, ca
 def test_entry_point_prints_an_epoch_line_per_epoch_and_little_else(tmp_path, data_dir):
     """``python -m pipelines.sst.train`` without ``--verbose``: no Ray Data / Ray Train / worker
     chatter, one line per epoch, the results table, the run; ``--result-json`` holds the run."""
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": REPO, "FOLD_DATA_DIR": str(data_dir),
-           "FOLD_CACHE_DIR": str(tmp_path / "cache")}
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env.update({"HOME": str(home), "PYTHONPATH": REPO, "FOLD_DATA_DIR": str(data_dir),
+                "FOLD_CACHE_DIR": str(tmp_path / "cache")})
     out_json = tmp_path / "result.json"
     cmd = [sys.executable, "-m", "pipelines.sst.train", "--config", os.path.join(REPO, "conf", "sst_tai2015.yaml"),
            "epochs=2", "batch_size=50", "sst.limit_train=100", "sst.limit_dev=50", "sst.limit_test=50",
@@ -76,3 +79,17 @@ def test_entry_point_prints_an_epoch_line_per_epoch_and_little_else(tmp_path, da
     result = json.loads(out_json.read_text())
     assert result["run_id"] and 0.0 <= result["best/test/fine"] <= 1.0 and result["time/mean_epoch_s"] > 0
     assert f"model: runs:/{result['run_id']}/model" in res.stdout
+    assert "viewStateShareKey=foldengine&workflowType=machine_learning" in res.stdout
+    assert not (home / ".ray").exists()     # the local Ray's token stayed in the process environment
+
+
+def test_a_local_ray_gets_a_private_token_unless_the_user_chose(monkeypatch, tmp_path):
+    for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    console.private_local_token()
+    assert os.environ["RAY_AUTH_MODE"] == "token" and len(os.environ["RAY_AUTH_TOKEN"]) == 64
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
+    console.private_local_token()
+    assert os.environ["RAY_AUTH_MODE"] == "disabled" and "RAY_AUTH_TOKEN" not in os.environ

@@ -50,11 +50,12 @@ def test_readme_own_trees_example(tmp_path, data_dir):
     (run,) = _finished_runs(client, "sst-tai2015")
     p, m = run.data.params, run.data.metrics
     for split, n in (("train", 400), ("dev", 100), ("test", 100)):
-        assert p[f"sst.{split}_file"] == f"my_{split}.txt"
-        assert p[f"data.{split}.file"] == str(tmp_path / f"my_{split}.txt")
+        assert p[f"sst.{split}_file"] == f"mydata/{split}.txt"
+        assert p[f"data.{split}.file"] == str(tmp_path / "mydata" / f"{split}.txt")
         assert p[f"data.{split}.canonical"] == "false"
         assert m[f"data/{split}_records"] == n and m[f"skipped/{split}/malformed"] == 0
     assert 0.0 <= m["best/test/fine"] <= 1.0 and m["best/epoch"] >= 1
+    assert run.info.run_name.startswith("sst-tai2015-coalesce-seed0-data")   # not the canonical run's name
 
 
 @pytest.mark.timeout(900)
@@ -64,8 +65,8 @@ def test_readme_own_molecules_example(tmp_path, data_dir):
     assert len(runs) == 2
     by_type = {r.data.params["molecules.task_type"]: r for r in runs}
     cls, reg = by_type["classification"], by_type["regression"]
-    assert cls.data.params["data.csv.file"].endswith("my_molecules.csv.gz")
-    assert reg.data.params["data.csv.file"].endswith("my_molecules.csv")
+    assert cls.data.params["data.csv.file"].endswith("mydata/molecules.csv.gz")
+    assert reg.data.params["data.csv.file"].endswith("mydata/molecules.csv")
     for r in runs:
         assert r.data.params["data.csv.canonical"] == "false"
         assert r.data.metrics["skipped/all/unparsable_smiles"] == 0

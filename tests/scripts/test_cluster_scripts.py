@@ -452,3 +452,20 @@ def test_lan_host_turns_token_auth_on(cluster_env, tmp_path):
         env={k: v for k, v in env.items() if not k.startswith("RAY_AUTH")},
         capture_output=True, text=True, timeout=180)
     assert probe.returncode != 0 and "CONNECTED" not in probe.stdout, probe.stdout + probe.stderr
+
+
+def test_a_port_in_rays_worker_range_is_refused_and_no_port_file_stays(cluster_env):
+    """A client port inside Ray's worker range (10002-19999) is refused before anything starts,
+    naming the variable and the range; port files a failed start left behind are removed, so the
+    next plain cluster_up.sh does not reuse them."""
+    env, state, ports = cluster_env
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "ray_client.port").write_text("15001\n")      # what an earlier failed start left
+    bad = {**env, "FOLD_RAY_CLIENT_PORT": "15001"}
+    t0 = time.monotonic()
+    res = subprocess.run(["bash", str(SCRIPTS / "cluster_up.sh")], env=bad, cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode != 0 and time.monotonic() - t0 < 60
+    assert "FOLD_RAY_CLIENT_PORT=15001 lies in Ray's worker port range 10002-19999" in res.stderr + res.stdout
+    assert not (state / "ray_client.port").exists() and not (state / "ray.pid").exists()
+    assert not _listening(ports["ray"]) and not _listening(ports["mlflow"])
