@@ -4,8 +4,8 @@
   Data, Ray Train and MLflow at WARNING; the warnings in :data:`HARMLESS_WARNINGS` filtered;
   MLflow's artifact progress bars off.  With ``verbose=True`` everything is left as the libraries
   set it.
-* :func:`private_local_token`: a local Ray started by ``ray.init()`` authenticates with a token
-  held in this process's environment, not written to ``~/.ray``.
+* :func:`private_local_token` (called by :func:`configure`): a local Ray started by ``ray.init()``
+  authenticates with a token held in this process's environment, not written to ``~/.ray``.
 * :func:`ray_init_kwargs`: keyword arguments for ``ray.init``: workers' output is not forwarded
   to the driver unless ``verbose`` (the epoch lines come from the driver; a worker's failure
   reaches it as Ray Train's error, with the worker's traceback).
@@ -35,6 +35,10 @@ HARMLESS_WARNINGS: tuple[tuple[type, str], ...] = (
     (DeprecationWarning, r".*"),
     (FutureWarning, r".*"),
 )
+#: Ray Data warnings that describe how these pipelines work on purpose: bars off where the output
+#: is no terminal (``data.progress_bars``); training workers holding the CPUs while Ray Data
+#: waits for the fraction left to it (``ray.cpus_per_worker``).
+RAY_DATA_EXPECTED = ("Progress bars disabled", "Warning: The Ray cluster currently does not have any available CPUs")
 QUIET_LOGGERS = ("ray", "ray.data", "ray.train", "ray.tune", "mlflow", "alembic", "urllib3")
 
 
@@ -56,16 +60,18 @@ def quiet_ray_data_console() -> None:
     for h in logging.getLogger("ray.data").handlers:
         if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
             h.setLevel(logging.WARNING)
-            # bars are off on purpose where the output is no terminal (data.progress_bars)
-            h.addFilter(lambda record: not record.getMessage().startswith("Progress bars disabled"))
+            h.addFilter(lambda record: not record.getMessage().startswith(RAY_DATA_EXPECTED))
 
 
 def configure(verbose: bool = False) -> None:
-    """Set up the driver's logging and warnings (see the module docstring)."""
+    """Set up the driver's logging and warnings, and :func:`private_local_token` (see the module
+    docstring); call first, before Ray is imported."""
+    private_local_token()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if verbose:
         return
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when mlflow is first imported
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # e.g. DDP's find_unused_parameters note
     filter_harmless_warnings()
     for name in QUIET_LOGGERS:
@@ -77,17 +83,20 @@ def configure(verbose: bool = False) -> None:
 
 
 def private_local_token() -> None:
-    """Before ``ray.init()`` starts a local Ray: token authentication with a token for this
-    process and its children only (``RAY_AUTH_TOKEN`` in the environment), unless the user chose
-    (``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN``/``RAY_AUTH_TOKEN_PATH``, or an existing
-    ``~/.ray/auth_token``).  Left to itself Ray writes a token into ``~/.ray`` and warns."""
-    chosen = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
-    if any(k in os.environ for k in chosen) or os.path.exists(os.path.expanduser("~/.ray/auth_token")):
+    """Token authentication for a local Ray this process may start, without ``~/.ray``: a token
+    for this process and its children only (``RAY_AUTH_TOKEN`` in the environment), unless the
+    user chose (``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN``/``RAY_AUTH_TOKEN_PATH``, ``RAY_ADDRESS``);
+    with an existing ``~/.ray/auth_token`` token mode is set explicitly (Ray's notice about it
+    stays away).  Left to itself Ray writes a token into ``~/.ray`` and warns.  Must run before
+    ``ray`` is imported: Ray reads its auth mode once per process."""
+    chosen = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
+    if any(k in os.environ for k in chosen) or "ray" in sys.modules:
         return
-    import secrets
-
     os.environ["RAY_AUTH_MODE"] = "token"
-    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    if not os.path.exists(os.path.expanduser("~/.ray/auth_token")):
+        import secrets
+
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 
 def ray_init_kwargs(verbose: bool = False) -> dict:

@@ -129,8 +129,6 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
     package = load_package_bytes(model_uri)
     started = False
     if not ray.is_initialized():
-        if not os.environ.get("RAY_ADDRESS"):
-            private_local_token()
         ray.init(address=os.environ.get("RAY_ADDRESS") or None)
         started = True
     try:
@@ -194,6 +192,7 @@ def main(argv: Optional[Sequence[str]] = None) -> PredictResult:
     ap.add_argument("--tracking-uri", help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     ap.add_argument("--no-tracking", dest="tracking", action="store_false")
     a = ap.parse_args(argv)
+    private_local_token()   # before Ray is imported
     uri = a.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
     try:
         return run(a.model, a.input, a.output, chunk_size=a.chunk_size, actors=a.actors,

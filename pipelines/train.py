@@ -113,8 +113,6 @@ def connect_ray(cfg: dict) -> bool:
     if ray.is_initialized():
         return False
     address = cfg["ray"]["address"] or os.environ.get("RAY_ADDRESS")
-    if not address:
-        console.private_local_token()
     ray.init(address=address or None, **console.ray_init_kwargs(cfg.get("verbose", False)))
     return True
 

@@ -84,9 +84,10 @@ def test_entry_point_prints_an_epoch_line_per_epoch_and_little_else(tmp_path, da
 
 
 def test_a_local_ray_gets_a_private_token_unless_the_user_chose(monkeypatch, tmp_path):
-    for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+    for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ray", raising=False)   # as in a fresh entry point
     console.private_local_token()
     assert os.environ["RAY_AUTH_MODE"] == "token" and len(os.environ["RAY_AUTH_TOKEN"]) == 64
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
