@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Dict, List, Sequence
 
 import itertools
+from array import array
 
 import numpy as np
 import torch
@@ -38,7 +39,8 @@ class GraphTracer:
 
     Handles are ints numbering every value in creation order.  While tracing we only keep
     what is cheap to append: each handle's ASAP depth, each node's operation, inputs and
-    first output handle, and the constants (handle and value) per type; :meth:`finish`
+    first output handle (in ``array.array('q')`` buffers, which numpy reads without a
+    conversion per element), and the constants (handle and value) per type; :meth:`finish`
     derives the per-handle arrays with numpy.  ``zeros(tid)`` returns one shared handle per
     type for all zero constants of one input (:meth:`end_input` starts the next input).
     """
@@ -49,11 +51,11 @@ class GraphTracer:
     def __init__(self, n_types: int, op_out_tids: Sequence[Sequence[int]]):
         self.n_types = n_types
         self.op_out_tids = op_out_tids
-        self.h_depth: List[int] = []
-        self.node_op: List[int] = []
-        self.node_ptr: List[int] = [0]
-        self.edges: List[int] = []
-        self.node_out: List[int] = []
+        self.h_depth = array("q")
+        self.node_op = array("q")
+        self.node_ptr = array("q", [0])
+        self.edges = array("q")
+        self.node_out = array("q")
         #: per type: the constants recorded one at a time (:meth:`const`), in order
         self.consts: List[list] = [[] for _ in range(n_types)]
         #: per type: ``(position, array)`` for each block of rows recorded at once
@@ -287,9 +289,9 @@ class GraphTracer:
         """The numpy trace of everything recorded so far."""
         i64 = np.int64
         H = len(self.h_depth)
-        h_depth = np.asarray(self.h_depth, np.int32)
-        node_op = np.asarray(self.node_op, np.int32)
-        node_out = np.asarray(self.node_out, i64)
+        h_depth = _numpy(self.h_depth, np.int32)
+        node_op = _numpy(self.node_op, np.int32)
+        node_out = _numpy(self.node_out, i64)
         n_nodes = len(node_op)
         handle_type = np.zeros(H, np.int32)
         handle_node = np.full(H, -1, i64)
@@ -312,11 +314,19 @@ class GraphTracer:
             node_depth = h_depth[node_out]
         else:
             node_depth = np.zeros(0, np.int32)
-        return Trace(node_op=node_op, node_in_ptr=np.asarray(self.node_ptr, i64),
-                     edge_src=np.asarray(self.edges, i64), node_out=node_out,
+        return Trace(node_op=node_op, node_in_ptr=_numpy(self.node_ptr, i64),
+                     edge_src=_numpy(self.edges, i64), node_out=node_out,
                      handle_type=handle_type, handle_node=handle_node, handle_index=handle_index,
                      node_depth=node_depth,
                      n_consts=np.asarray([len(c) + k for c, k in zip(self.consts, self.n_block_rows)], i64))
+
+
+def _numpy(buf: array, dtype) -> np.ndarray:
+    """A copy of the int64 buffer ``buf`` as a numpy array of ``dtype`` (no view is kept, so
+    ``buf`` can still grow)."""
+    if not len(buf):
+        return np.zeros(0, dtype)
+    return np.frombuffer(buf, np.int64).astype(dtype)
 
 
 class EagerContext:
