@@ -14,6 +14,8 @@ skipped and their gradient is zero.  The plain composition of these aten operato
 fourteen autograd nodes per call; this records one, whose backward is ten elementwise kernels
 (``sigmoid_backward`` over the contiguous gate block, ``tanh_backward`` twice) and keeps only the
 gate activations, ``u`` before the mask, ``tanh(c)``, the mask and the children's memories.
+Its backward runs as Python operator calls where the plain nodes' runs in C++, so which is
+faster depends on the rows per call (``docs/dynamic-batching.md``, "Measured").
 
 Dtypes: every tensor argument is cast to the promoted dtype of ``z`` and the memories (so under
 ``torch.autocast`` the bfloat16 pre-activations of the affine maps give bfloat16 states, as the
@@ -28,7 +30,6 @@ import torch
 
 __all__ = ["tree_lstm_gates", "plain_tree_lstm_gates"]
 
-_sigmoid_backward = torch.ops.aten.sigmoid_backward.default
 _tanh_backward = torch.ops.aten.tanh_backward.default
 _sigmoid_backward_out = torch.ops.aten.sigmoid_backward.grad_input
 _tanh_backward_out = torch.ops.aten.tanh_backward.grad_input
