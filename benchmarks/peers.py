@@ -30,7 +30,15 @@ against it.  ``floor/module-calls`` (:class:`ModuleCallsFloor`, on unless ``floo
 same module calls with no data movement between them: its ``vs_hand`` is (up to noise) the most
 any executor can reach with these modules, and ``vs_floor`` says how close each variant comes.
 ``dynet/autobatch``: the same model in DyNet 2.1 with autobatching (:mod:`benchmarks.dynet_treelstm`,
-graph building included, one thread), when ``dynet`` is importable.
+graph building included, one thread), when ``dynet`` is importable.  ``fused_gates`` adds
+``foldengine/<first scheduler>/fused-gates`` and ``hand-written/fused-gates``: the same runs with
+the cell's gate arithmetic as one autograd node with a hand-derived backward
+(``BinaryTreeLSTMCell(fused_gates=True)``, :func:`foldengine.lstm_gates.tree_lstm_gates`) instead of
+the plain aten composition.
+
+The workload (output / input / recurrent dropout, dense or sparse embedding gradient) is printed
+and logged with every run, and every row carries ``cpu_s`` (median process CPU seconds of the
+epoch, all threads) beside the wall-clock ``epoch_s``.
 """
 from __future__ import annotations
 
@@ -58,6 +66,8 @@ DENSE_HAND = "hand-written/dense-emb"
 FLOOR = "floor/module-calls"
 #: DyNet 2.1's autobatching (:mod:`benchmarks.dynet_treelstm`), when ``dynet`` imports; 1 thread
 DYNET = "dynet/autobatch"
+#: suffix of the variants whose cell computes its gates as one fused autograd node
+FUSED_GATES = "fused-gates"
 
 
 # --------------------------------------------------------------------------- hand-written baseline
@@ -118,6 +128,20 @@ def tai_preset(overrides: Sequence[str] = ()) -> dict:
     from pipelines.config import load_config, merged_schema
     from pipelines.sst.experiment import SCHEMA
     return load_config(TAI_CONFIG, overrides, merged_schema(SCHEMA))
+
+
+def workload(cfg: dict) -> str:
+    """The training step's workload in words: dropout probabilities and the embedding gradient."""
+    sc = cfg["sst"]
+    return (f"state {sc['state_size']}, output dropout {sc['output_dropout']}, input dropout "
+            f"{sc['input_dropout']}, recurrent dropout {sc['recurrent_dropout']}, "
+            f"{'sparse' if sc['sparse_embedding'] else 'dense'} embedding gradient, {cfg['optimizer']['name']}")
+
+
+def _fused_gates(modules):
+    """``modules`` with the cell's gates as one fused autograd node (in place)."""
+    modules.tree_lstm.cell.fused_gates = True
+    return modules
 
 
 def make_modules(cfg: dict, vocab_size: int, emb: int = 50, seed: int = 0):
@@ -234,7 +258,8 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
         schedulers: Sequence[str] = ("coalesce", "depth"), repeats: int = 3, warmup: int = 1,
         executors: Sequence[str] = ("auto", "chunks"), no_defer: bool = True,
         emb: int = 50, overrides: Sequence[str] = (), seed: int = 0, data_dir: Optional[str] = None,
-        floor: bool = True, dynet: bool = True, mlflow: bool = True, log: Callable[[str], None] = echo) -> Dict[str, float]:
+        floor: bool = True, dynet: bool = True, fused_gates: bool = True, mlflow: bool = True,
+        log: Callable[[str], None] = echo) -> Dict[str, float]:
     """Measure, print, log to MLflow (experiment ``bench_peers``, with a plot) unless
     ``mlflow=False``; returns the metrics (``t1.b25.foldengine_coalesce.vs_hand``, ...).
     ``overrides``: ``key=value`` changes to the Tai preset (e.g. ``sst.state_size=8``).
@@ -256,7 +281,10 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
               "executors": list(executors), "no_defer": no_defer, "floor": floor,
               "repeats": repeats, "warmup": warmup, "emb": emb, "overrides": list(overrides), "seed": seed,
               "state": cfg["sst"]["state_size"], "sparse_embedding": cfg["sst"]["sparse_embedding"],
-              "optimizer": cfg["optimizer"]["name"]}
+              "optimizer": cfg["optimizer"]["name"], "fused_gates": fused_gates,
+              "output_dropout": cfg["sst"]["output_dropout"], "input_dropout": cfg["sst"]["input_dropout"],
+              "recurrent_dropout": cfg["sst"]["recurrent_dropout"], "workload": workload(cfg)}
+    log(f"workload: {workload(cfg)}")
     splits = {s: load_split(s, data_dir=data_dir)[0] for s in ("train", "dev", "test")}
     vocab = build_vocab(*(splits[s] for s in cfg["sst"]["vocab_splits"]))
     train = splits["train"][:trees]
@@ -289,8 +317,12 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
             variants += [(schedulers[0], e, True, f"foldengine/{schedulers[0]}/{e}") for e in executors[1:] if schedulers]
             if schedulers and no_defer:
                 variants.append((schedulers[0], executors[0], False, f"foldengine/{schedulers[0]}/no-defer"))
+            if schedulers and fused_gates:
+                variants.append((schedulers[0], executors[0], True, f"foldengine/{schedulers[0]}/{FUSED_GATES}"))
             for s, e, defer, name in variants:
                 m = copy.deepcopy(modules).train()
+                if name.endswith(FUSED_GATES):
+                    _fused_gates(m)
                 c = build_compiler(m, vocab.stoi, s)
                 c.executor, c.defer_weight_grads = e, defer
                 prebuilt = [(c.build_batch(ch), len(ch)) for ch in chunks]
@@ -299,6 +331,9 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
             lbs = [level_batch(ch, vocab.stoi) for ch in chunks]
             m = copy.deepcopy(modules).train()
             trainers["hand-written"] = Trainer(LevelWiseTreeLSTM(m).loss, lbs, make_optimizer(cfg, m))
+            if fused_gates:
+                m = _fused_gates(copy.deepcopy(modules).train())
+                trainers[f"hand-written/{FUSED_GATES}"] = Trainer(LevelWiseTreeLSTM(m).loss, lbs, make_optimizer(cfg, m))
             if modules.embedding.sparse:   # also as a plain nn.Embedding (dense gradient): the issue's baseline
                 m = copy.deepcopy(modules).train()
                 m.embedding.sparse = False
@@ -309,12 +344,14 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
             if floor:
                 m = copy.deepcopy(modules).train()
                 trainers[FLOOR] = Trainer(ModuleCallsFloor(m, lbs, seed).loss, lbs, make_optimizer(cfg, m))
-            times = interleaved({k: tr.epoch for k, tr in trainers.items()}, repeats, warmup)
+            cpu: Dict[str, List[float]] = {}
+            times = interleaved({k: tr.epoch for k, tr in trainers.items()}, repeats, warmup, cpu_times=cpu)
             for k, tr in trainers.items():
                 sp = tr.splits[warmup:]
                 med = statistics.median(times[k])
                 q1, r, q3 = ratio_quartiles(times["hand-written"], times[k])
                 row = {"threads": t, "batch": B, "variant": k, "trees": len(train), "epoch_s": med,
+                       "cpu_s": statistics.median(cpu[k]),
                        "trees_per_s": len(train) / med,
                        "forward_s": statistics.median(x[0] for x in sp),
                        "backward_s": statistics.median(x[1] for x in sp),
@@ -327,6 +364,7 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
                 rows.append(row)
                 key = f"t{t}.b{B}.{k.replace('/', '_').replace('-', '_')}"
                 metrics.update({f"{key}.trees_per_s": row["trees_per_s"], f"{key}.vs_hand": row["vs_hand"],
+                                f"{key}.cpu_s": row["cpu_s"], f"{key}.epoch_s": row["epoch_s"],
                                 f"{key}.forward_s": row["forward_s"], f"{key}.backward_s": row["backward_s"],
                                 f"{key}.optimizer_s": row["optimizer_s"]})
                 for extra in ("vs_hand_dense", "vs_floor"):
@@ -334,7 +372,7 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
                         metrics[f"{key}.{extra}"] = row[extra]
             log(f"threads {t}, batch {B}: " + ", ".join(f"{r['variant']} {r['trees_per_s']:.0f} trees/s "
                                                          f"({r['vs_hand']:.2f}x)" for r in rows[-len(trainers):]))
-    log(format_table(rows, ["threads", "batch", "variant", "trees_per_s", "forward_s", "backward_s",
+    log(format_table(rows, ["threads", "batch", "variant", "trees_per_s", "epoch_s", "cpu_s", "forward_s", "backward_s",
                             "optimizer_s", "vs_hand", "vs_hand_q1", "vs_hand_q3"]
                      + [c for c in ("vs_hand_dense", "vs_floor") if any(c in r for r in rows)]))
     torch.set_num_threads(threads[0] if threads else 1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Dict, Hashable, List, Mapping, Sequence, Tuple, Union
+from typing import Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -29,8 +29,10 @@ def sync(device=None) -> None:
 
 
 def interleaved(columns: Mapping[Hashable, Column], repeats: int, warmup: int = 1,
-                device=None) -> Dict[Hashable, List[float]]:
+                device=None, cpu_times: Optional[Dict[Hashable, List[float]]] = None) -> Dict[Hashable, List[float]]:
     """Seconds of each column's call in each of ``repeats`` rounds, after ``warmup`` rounds.
+    ``cpu_times``: a dict that receives, per column, the process CPU seconds
+    (``time.process_time``, all threads) of the same calls, beside the wall seconds returned.
 
     Each round runs every column once; the order rotates by one between rounds.  A column is a
     callable, or a sequence of callables that successive calls cycle through (e.g. different
@@ -47,11 +49,13 @@ def interleaved(columns: Mapping[Hashable, Column], repeats: int, warmup: int = 
             fn = fns[calls[n] % len(fns)]
             calls[n] += 1
             sync(device)
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             fn()
             sync(device)
             if rnd >= warmup:
                 times[n].append(time.perf_counter() - t0)
+                if cpu_times is not None:
+                    cpu_times.setdefault(n, []).append(time.process_time() - c0)
     return times
 
 

@@ -881,10 +881,7 @@ class Compiler(nn.Module):
     def _merged(self, tracer: GraphTracer, roots: list) -> MergedTraces:
         consts = []
         for tid, t in enumerate(self.exec_types):
-            vals = tracer.consts[tid]
-            dtype = numpy_dtype(t.dtype)
-            arr = np.array(vals, dtype=dtype) if vals else np.zeros((0,) + t.shape, dtype)
-            consts.append(arr.reshape((len(vals),) + t.shape))
+            consts.append(tracer.const_values(tid, numpy_dtype(t.dtype), t.shape))
         metrics = {name: (tid, np.asarray(tracer.metrics.get(name, ()), np.int64))
                    for name, tid in self.metric_tids.items()}
         # per input, how many values each metric saw (the tracer's counts at each input's end)

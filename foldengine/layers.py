@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .deferred import linear
+from .lstm_gates import plain_tree_lstm_gates, tree_lstm_gates
 
 __all__ = ["BinaryTreeLSTMCell", "FC", "Embedding"]
 
@@ -32,12 +33,20 @@ class BinaryTreeLSTMCell(nn.Module):
     ``"torch"`` keeps ``nn.Linear``'s default; ``"glorot"`` draws ``[W; U]`` as ONE
     ``(input_size + 2 * state_size) x 5 * state_size`` Glorot-uniform matrix with zero bias,
     as TF's ``layers.linear`` over ``concat([x, h_l, h_r])`` in TF Fold's example.
+
+    ``leaf`` and ``pair`` (what batched models call) compute the gate arithmetic as the plain
+    composition of aten operators (:func:`~foldengine.lstm_gates.plain_tree_lstm_gates`); with
+    ``fused_gates=True`` as one autograd node with a hand-derived backward
+    (:func:`~foldengine.lstm_gates.tree_lstm_gates`: same values, first derivatives only;
+    ``docs/dynamic-batching.md`` says when each is faster).  ``forward`` is always the plain
+    formula with the zeros spelled out (the reference).
     """
 
     def __init__(self, input_size: int, state_size: int, recurrent_dropout: float = 0.0,
-                 forget_bias: float = 0.0, init: str = "torch"):
+                 forget_bias: float = 0.0, init: str = "torch", fused_gates: bool = False):
         super().__init__()
         self.state_size = state_size
+        self.fused_gates = bool(fused_gates)
         self.recurrent_dropout = recurrent_dropout
         self.forget_bias = float(forget_bias)
         self.W = nn.Linear(input_size, 5 * state_size)
@@ -73,20 +82,30 @@ class BinaryTreeLSTMCell(nn.Module):
         h = torch.sigmoid(o) * torch.tanh(c)
         return h, c
 
+    def _mask(self, z: torch.Tensor):
+        """The recurrent-dropout mask of ``u`` (``[B, S]``, scaled by ``1 / (1 - p)``), or None
+        outside training or without recurrent dropout."""
+        p = self.recurrent_dropout
+        if not (p and self.training):
+            return None
+        if p >= 1.0:
+            return z.new_zeros(z.shape[0], self.state_size)
+        return z.new_empty(z.shape[0], self.state_size).bernoulli_(1.0 - p).div_(1.0 - p)
+
     def leaf(self, x: torch.Tensor) -> State:
-        """``forward(x, ((0, 0), (0, 0)))`` without the work on the zero children."""
-        i, _, _, o, u = linear(x, self.W.weight, self.W.bias).chunk(5, 1)
-        c = torch.sigmoid(i) * self._update(u)
-        return torch.sigmoid(o) * torch.tanh(c), c
+        """``forward(x, ((0, 0), (0, 0)))`` without the work on the zero children; the gate
+        arithmetic is one autograd node (:func:`~foldengine.lstm_gates.tree_lstm_gates`)."""
+        z = linear(x, self.W.weight, self.W.bias)
+        gates = tree_lstm_gates if self.fused_gates else plain_tree_lstm_gates
+        return gates(z, mask=self._mask(z))
 
     def pair(self, left: State, right: State) -> State:
-        """``forward(0, (left, right))`` without the work on the zero input."""
+        """``forward(0, (left, right))`` without the work on the zero input; the gate
+        arithmetic is one autograd node (:func:`~foldengine.lstm_gates.tree_lstm_gates`)."""
         (h_l, c_l), (h_r, c_r) = left, right
         z = linear(torch.cat([h_l, h_r], 1), self.U.weight, self.W.bias)
-        i, f_l, f_r, o, u = z.chunk(5, 1)
-        u, f_l, f_r = self._gates(f_l, f_r, u)
-        c = torch.sigmoid(i) * u + torch.sigmoid(f_l) * c_l + torch.sigmoid(f_r) * c_r
-        return torch.sigmoid(o) * torch.tanh(c), c
+        gates = tree_lstm_gates if self.fused_gates else plain_tree_lstm_gates
+        return gates(z, c_l, c_r, self._mask(z), self.forget_bias)
 
 
 class FC(nn.Module):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Dict, List, Sequence
 
 import itertools
+from array import array
 
 import numpy as np
 import torch
@@ -38,23 +39,29 @@ class GraphTracer:
 
     Handles are ints numbering every value in creation order.  While tracing we only keep
     what is cheap to append: each handle's ASAP depth, each node's operation, inputs and
-    first output handle, and the constants (handle and value) per type; :meth:`finish`
+    first output handle (in ``array.array('q')`` buffers, which numpy reads without a
+    conversion per element), and the constants (handle and value) per type; :meth:`finish`
     derives the per-handle arrays with numpy.  ``zeros(tid)`` returns one shared handle per
     type for all zero constants of one input (:meth:`end_input` starts the next input).
     """
 
-    __slots__ = ("h_depth", "node_op", "node_ptr", "edges", "node_out", "consts", "const_h",
-                 "metrics", "n_types", "op_out_tids", "_zeros", "input_ends")
+    __slots__ = ("h_depth", "node_op", "node_ptr", "edges", "node_out", "consts", "const_blocks",
+                 "n_block_rows", "const_h", "metrics", "n_types", "op_out_tids", "_zeros", "input_ends")
 
     def __init__(self, n_types: int, op_out_tids: Sequence[Sequence[int]]):
         self.n_types = n_types
         self.op_out_tids = op_out_tids
-        self.h_depth: List[int] = []
-        self.node_op: List[int] = []
-        self.node_ptr: List[int] = [0]
-        self.edges: List[int] = []
-        self.node_out: List[int] = []
+        self.h_depth = array("q")
+        self.node_op = array("q")
+        self.node_ptr = array("q", [0])
+        self.edges = array("q")
+        self.node_out = array("q")
+        #: per type: the constants recorded one at a time (:meth:`const`), in order
         self.consts: List[list] = [[] for _ in range(n_types)]
+        #: per type: ``(position, array)`` for each block of rows recorded at once
+        #: (:meth:`const_many` of an array): the block comes after ``position`` single values
+        self.const_blocks: List[list] = [[] for _ in range(n_types)]
+        self.n_block_rows: List[int] = [0] * n_types
         self.const_h: List[list] = [[] for _ in range(n_types)]
         self.metrics: Dict[str, list] = {}
         self._zeros: Dict[int, int] = {}
@@ -68,7 +75,7 @@ class GraphTracer:
         tracing the inputs together)."""
         metrics = self.metrics
         self.input_ends.append((len(self.node_op), len(self.edges), len(self.h_depth))
-                               + tuple(len(c) for c in self.consts)
+                               + tuple(len(c) + k for c, k in zip(self.consts, self.n_block_rows))
                                + tuple(len(metrics.get(m, ())) for m in metric_names))
         self._zeros.clear()
 
@@ -80,14 +87,37 @@ class GraphTracer:
         return h
 
     def const_many(self, tid: int, values) -> list:
-        """Constants for each row of ``values`` (an array ``[n, *shape]``); returns handles."""
+        """Constants for each row of ``values`` (an array ``[n, *shape]``, kept as one block, or
+        a list of values); returns handles."""
         n = len(values)
         h0 = len(self.h_depth)
         self.h_depth.extend([0] * n)
         hs = list(range(h0, h0 + n))
         self.const_h[tid].extend(hs)
-        self.consts[tid].extend(values)
+        if isinstance(values, np.ndarray):
+            if n:
+                self.const_blocks[tid].append((len(self.consts[tid]), values))
+                self.n_block_rows[tid] += n
+        else:
+            self.consts[tid].extend(values)
         return hs
+
+    def const_values(self, tid: int, dtype, shape: tuple) -> np.ndarray:
+        """Every constant of type ``tid`` recorded so far, in handle order, as one array
+        ``[n, *shape]`` of ``dtype``."""
+        vals, blocks = self.consts[tid], self.const_blocks[tid]
+        if not blocks:
+            arr = np.array(vals, dtype=dtype) if vals else np.zeros((0,) + tuple(shape), dtype)
+            return arr.reshape((len(vals),) + tuple(shape))
+        pieces, last = [], 0
+        for pos, block in blocks:
+            if pos > last:
+                pieces.append(np.array(vals[last:pos], dtype=dtype).reshape((pos - last,) + tuple(shape)))
+            pieces.append(np.asarray(block, dtype=dtype).reshape((len(block),) + tuple(shape)))
+            last = pos
+        if len(vals) > last:
+            pieces.append(np.array(vals[last:], dtype=dtype).reshape((len(vals) - last,) + tuple(shape)))
+        return np.concatenate(pieces)
 
     def call_many(self, op, slots) -> list:
         """``n`` calls of ``op``; ``slots[j][i]`` is input slot j of call i.  Returns each
@@ -259,9 +289,9 @@ class GraphTracer:
         """The numpy trace of everything recorded so far."""
         i64 = np.int64
         H = len(self.h_depth)
-        h_depth = np.asarray(self.h_depth, np.int32)
-        node_op = np.asarray(self.node_op, np.int32)
-        node_out = np.asarray(self.node_out, i64)
+        h_depth = _numpy(self.h_depth, np.int32)
+        node_op = _numpy(self.node_op, np.int32)
+        node_out = _numpy(self.node_out, i64)
         n_nodes = len(node_op)
         handle_type = np.zeros(H, np.int32)
         handle_node = np.full(H, -1, i64)
@@ -284,10 +314,19 @@ class GraphTracer:
             node_depth = h_depth[node_out]
         else:
             node_depth = np.zeros(0, np.int32)
-        return Trace(node_op=node_op, node_in_ptr=np.asarray(self.node_ptr, i64),
-                     edge_src=np.asarray(self.edges, i64), node_out=node_out,
+        return Trace(node_op=node_op, node_in_ptr=_numpy(self.node_ptr, i64),
+                     edge_src=_numpy(self.edges, i64), node_out=node_out,
                      handle_type=handle_type, handle_node=handle_node, handle_index=handle_index,
-                     node_depth=node_depth, n_consts=np.asarray([len(c) for c in self.consts], i64))
+                     node_depth=node_depth,
+                     n_consts=np.asarray([len(c) + k for c, k in zip(self.consts, self.n_block_rows)], i64))
+
+
+def _numpy(buf: array, dtype) -> np.ndarray:
+    """A copy of the int64 buffer ``buf`` as a numpy array of ``dtype`` (no view is kept, so
+    ``buf`` can still grow)."""
+    if not len(buf):
+        return np.zeros(0, dtype)
+    return np.frombuffer(buf, np.int64).astype(dtype)
 
 
 class EagerContext:

@@ -41,6 +41,9 @@ def main(argv=None):
                     help="also run the module calls alone (floor/module-calls): the bound on any variant's ratio")
     ap.add_argument("--dynet", action=argparse.BooleanOptionalAction, default=True,
                     help="also DyNet's autobatching at 1 thread when dynet imports (scripts/install_dynet.sh)")
+    ap.add_argument("--fused-gates", dest="fused_gates", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the first scheduler and the hand-written loop with the cell's gates as one fused "
+                         "autograd node (BinaryTreeLSTMCell(fused_gates=True)) instead of plain aten operators")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--emb", type=int, default=50)

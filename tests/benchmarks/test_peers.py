@@ -106,9 +106,11 @@ def test_bench_peers_tiny_run(data_dir):
                   mlflow=False, log=lambda s: None)
     torch.set_num_threads(threads)
     for v in ("foldengine_coalesce", "foldengine_depth", "foldengine_coalesce_chunks", "foldengine_coalesce_no_defer",
-              "hand_written", "hand_written_dense_emb", "floor_module_calls"):
+              "hand_written", "hand_written_dense_emb", "floor_module_calls", "foldengine_coalesce_fused_gates",
+              "hand_written_fused_gates"):
         assert m[f"t1.b4.{v}.trees_per_s"] > 0
         assert m[f"t1.b4.{v}.forward_s"] > 0 and m[f"t1.b4.{v}.optimizer_s"] > 0
+        assert m[f"t1.b4.{v}.cpu_s"] > 0 and m[f"t1.b4.{v}.epoch_s"] > 0
     assert m["t1.b4.hand_written.vs_hand"] == 1.0
     assert "t1.b4.foldengine_coalesce.vs_hand_dense" in m
     assert 0 < m["t1.b4.foldengine_coalesce.vs_floor"] and m["t1.b4.floor_module_calls.vs_floor"] == 1.0

@@ -12,7 +12,7 @@ import pytest
 
 SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
 NAMES = ["bench_engine", "bench_schedulers", "bench_table1", "bench_row_blocking", "bench_row_layout", "ab_build_vs_commit",
-         "summarize_reproduction", "bench_sst_device", "bench_gpu_utilization", "bench_predict"]
+         "summarize_reproduction", "bench_sst_device", "bench_gpu_utilization", "bench_predict", "bench_tox21_peers"]
 
 
 @pytest.mark.parametrize("name", NAMES)

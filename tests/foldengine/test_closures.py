@@ -101,6 +101,8 @@ def test_compiled_tracer_records_the_same_trace(make_block, make_inputs):
         x, y = getattr(a0, name), getattr(a1, name)
         assert np.array_equal(x, y), name
     assert [list(map(repr, c)) for c in t0.consts] == [list(map(repr, c)) for c in t1.consts]
+    assert [[(p, repr(b)) for p, b in c] for c in t0.const_blocks] == [[(p, repr(b)) for p, b in c]
+                                                                     for c in t1.const_blocks]
 
 
 def test_compiled_tracer_batches_match_reference():

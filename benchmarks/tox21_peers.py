@@ -1,0 +1,147 @@
+"""Tox21 weave benchmark (issue 35): foldengine's weave epoch beside dgllife's ``WeavePredictor``.
+
+Workload: ``molecules`` Tox21 molecules (a seeded sample, featurised once with RDKit before
+timing), the weave model of :mod:`pipelines.molecules.model` with the preset's sizes
+(``conf/molecules_tox21.yaml``: 2 weave layers, atom and pair hidden 50, ``gather`` sum or
+gaussian, molecule layer 128, 12 tasks), masked binary cross-entropy divided by the tasks, Adam at
+the preset's lr.  Traces are made once, before timing (``Compiler.trace``, as the pipeline's
+background pass does).  One *epoch* is one timed call: per batch of ``batch`` molecules,
+``build_batch_from_traces`` then zero_grad, forward, loss, backward, optimizer step.
+
+Besides the epoch, the one-time cost per molecule is measured in interleaved rounds:
+``featurise`` (RDKit, :func:`pipelines.molecules.featurize.featurize_dataset`) and ``trace``
+(``Compiler.trace``), wall and process CPU time; ``trace_vs_featurise`` is their ratio (median
+over rounds).
+
+``dgllife/weave``: dgllife's ``WeavePredictor`` on the same molecules, when ``dgllife`` (and
+``dgl``) import; otherwise the run logs why it was skipped and reports foldengine alone.
+Results are printed and logged to MLflow (experiment ``bench_tox21_peers``).
+"""
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from .reporting import REPO_ROOT, echo, format_table, log_to_mlflow
+from .timing import interleaved, median_ratio
+
+__all__ = ["dgllife_available", "WeaveEpoch", "run"]
+
+DGLLIFE = "dgllife/weave"
+
+
+def dgllife_available() -> Tuple[bool, str]:
+    """``(True, "")`` when ``dgllife`` and ``dgl`` import, else ``(False, why)``."""
+    try:
+        import dgl  # noqa: F401
+        import dgllife  # noqa: F401
+    except Exception as err:   # ImportError, or a native library that fails to load
+        return False, f"import dgllife/dgl failed: {err}"
+    return True, ""
+
+
+class WeaveEpoch:
+    """foldengine's training epoch over cached traces.
+
+    ``epoch()``: per batch, ``compiler.build_batch_from_traces``, then zero_grad, forward,
+    masked BCE summed over labelled entries / tasks / molecules, backward, Adam step; appends
+    ``(build_s, step_s)`` summed over the epoch to :attr:`splits`.
+    """
+
+    def __init__(self, compiler, traces: List, labels: np.ndarray, batch: int, lr: float):
+        self.compiler, self.batch = compiler, batch
+        self.chunks = [(traces[i:i + batch], torch.from_numpy(labels[i:i + batch]))
+                       for i in range(0, len(traces), batch)]
+        self.optimizer = torch.optim.Adam(compiler.parameters(), lr=lr)
+        self.splits: List[Tuple[float, float]] = []
+
+    def epoch(self) -> None:
+        from pipelines.molecules.model import masked_bce_sum
+        build = step = 0.0
+        clock = time.perf_counter
+        for traces, labels in self.chunks:
+            t0 = clock()
+            b = self.compiler.build_batch_from_traces(traces)
+            t1 = clock()
+            self.optimizer.zero_grad(set_to_none=True)
+            out = self.compiler(b)
+            loss_sum, _ = masked_bce_sum(out, labels)
+            (loss_sum / labels.shape[1] / len(traces)).backward()
+            self.optimizer.step()
+            build, step = build + (t1 - t0), step + (clock() - t1)
+        self.splits.append((build, step))
+
+
+def run(molecules: int = 1000, batch: int = 100, gather: str = "sum", repeats: int = 3, warmup: int = 1,
+        one_time_rounds: int = 3, seed: int = 0, data_dir: Optional[str] = None, mlflow: bool = True,
+        log: Callable[[str], None] = echo) -> Dict[str, float]:
+    """Measure, print, log to MLflow unless ``mlflow=False``; returns the metrics
+    (``fold.molecules_per_s``, ``featurise_ms``, ``trace_ms``, ``trace_vs_featurise``...)."""
+    from pipelines.config import load_config, merged_schema
+    from pipelines.molecules.data import labels_matrix, load_tox21
+    from pipelines.molecules.experiment import SCHEMA
+    from pipelines.molecules.featurize import N_ATOM_FEATURES, N_PAIR_FEATURES, featurize_dataset
+    from pipelines.molecules.model import build_compiler
+
+    cfg = load_config(os.path.join(REPO_ROOT, "conf", "molecules_tox21.yaml"), (), merged_schema(SCHEMA))
+    mc = cfg["molecules"]
+    torch.set_num_threads(1)
+    records, _ = load_tox21(data_dir)
+    picked = random.Random(seed).sample(records, min(len(records), molecules + molecules // 20 + 8))
+    feats = featurize_dataset(picked)
+    mols = [g.model_input() for g in feats.graphs][:molecules]
+    labels = labels_matrix(picked, feats.kept)[:molecules]
+    workload = (f"Tox21, {len(mols)} molecules, batch {batch}, weave x{mc['n_weave']} (atom {mc['atom_hidden']}, "
+                f"pair {mc['pair_hidden']}), gather {gather}, mol {mc['mol_hidden']}, Adam lr {cfg['optimizer']['lr']}, "
+                f"1 thread")
+    log(f"workload: {workload}")
+    torch.manual_seed(seed)
+    compiler = build_compiler(N_ATOM_FEATURES, N_PAIR_FEATURES, labels.shape[1], atom_hidden=mc["atom_hidden"],
+                              pair_hidden=mc["pair_hidden"], n_weave=mc["n_weave"], gather=gather,
+                              mol_hidden=mc["mol_hidden"])
+
+    # one-time costs per molecule, interleaved: featurise (RDKit) and trace
+    sample = picked[:200]
+    sample_mols = [g.model_input() for g in featurize_dataset(sample).graphs]
+    cpu: Dict[str, List[float]] = {}
+    t = interleaved({"featurise": lambda: featurize_dataset(sample), "trace": lambda: compiler.trace(sample_mols)},
+                    one_time_rounds, 1, cpu_times=cpu)
+    n_s = len(sample_mols)
+    metrics = {"featurise_ms": 1e3 * statistics.median(t["featurise"]) / n_s,
+               "featurise_cpu_ms": 1e3 * statistics.median(cpu["featurise"]) / n_s,
+               "trace_ms": 1e3 * statistics.median(t["trace"]) / n_s,
+               "trace_cpu_ms": 1e3 * statistics.median(cpu["trace"]) / n_s,
+               "trace_vs_featurise": median_ratio(t["trace"], t["featurise"]),
+               "trace_vs_featurise_cpu": median_ratio(cpu["trace"], cpu["featurise"])}
+    log(f"one-time per molecule: featurise {metrics['featurise_ms']:.2f} ms (cpu {metrics['featurise_cpu_ms']:.2f}), "
+        f"trace {metrics['trace_ms']:.2f} ms (cpu {metrics['trace_cpu_ms']:.2f}): trace/featurise "
+        f"{metrics['trace_vs_featurise']:.2f}x wall, {metrics['trace_vs_featurise_cpu']:.2f}x cpu")
+
+    traces = compiler.trace(mols)
+    columns = {"foldengine": WeaveEpoch(compiler, traces, labels, batch, cfg["optimizer"]["lr"]).epoch}
+    ok, why = dgllife_available()
+    if ok:
+        log("dgllife: importable, but no dgllife WeavePredictor variant is implemented in this benchmark yet: skipped")
+    else:
+        log(f"dgllife: skipped ({why}); dgllife needs dgl, which has no wheel for this Python/torch here")
+    cpu = {}
+    times = interleaved(columns, repeats, warmup, cpu_times=cpu)
+    rows = []
+    for k in times:
+        med = statistics.median(times[k])
+        rows.append({"variant": k, "molecules": len(mols), "batch": batch, "gather": gather, "epoch_s": med,
+                     "cpu_s": statistics.median(cpu[k]), "molecules_per_s": len(mols) / med})
+        metrics.update({f"{k}.molecules_per_s": len(mols) / med, f"{k}.epoch_s": med,
+                        f"{k}.cpu_s": statistics.median(cpu[k])})
+    log(format_table(rows))
+    if mlflow:
+        params = {"molecules": len(mols), "batch": batch, "gather": gather, "repeats": repeats, "warmup": warmup,
+                  "seed": seed, "workload": workload, "dgllife": ok}
+        log(f"MLflow run {log_to_mlflow('bench_tox21_peers', params, {'tox21': rows}, metrics)}")
+    return metrics
