@@ -21,7 +21,7 @@ from pipelines.runs_view import run_url
 from .reporting import REPO_ROOT, echo
 
 __all__ = ["PAPER_SST", "TAI_SST", "MOLECULENET_TOX21", "EXPECTED_RANGES", "Row", "expected_ranges",
-           "table1_rows", "training_rows", "summary_rows", "markdown", "run"]
+           "table1_rows", "training_rows", "summary_rows", "markdown", "terminal_table", "run"]
 
 PAPER_SST = {"fine": 52.3, "binary": 89.4}          # Looks et al. 2017, Table 2, single model
 TAI_SST = {"fine": 51.0, "binary": 88.0}            # Tai et al. 2015
@@ -194,6 +194,21 @@ def markdown(rows: List[Row], quick: bool = False) -> str:
     return "\n".join(md) + "\n"
 
 
+def terminal_table(rows: List[Row], quick: bool = False) -> str:
+    """The summary for a terminal: aligned columns, no links; figures outside their range marked."""
+    head = ["experiment", "figure", "ours", "expected", "paper", "anchor"]
+    body = [[r.experiment, r.figure, _fmt(r.ours, r.digits) + (" OUTSIDE" if r.inside is False else ""),
+             f"{_fmt(r.expected[0], r.digits)}-{_fmt(r.expected[1], r.digits)}" if r.expected else "",
+             _fmt(r.paper, r.digits), _fmt(r.anchor, r.digits)] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    line = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    outside = [r.figure for r in rows if r.inside is False]
+    return "\n".join([("QUICK smoke run (not comparable with the paper): " if quick else "") + "summary",
+                      line(head)] + [line(b) for b in body] +
+                     ["all figures inside their expected ranges (conf/reproduce.yaml)" if not outside else
+                      "OUTSIDE the expected range: " + "; ".join(outside)])
+
+
 def run(table1: Optional[str] = None, sst: Optional[str] = None, tox21: Optional[str] = None,
         out: str = "results/summary.md", quick: bool = False, mlflow: bool = True,
         log: Callable[[str], None] = echo) -> List[Row]:
@@ -211,7 +226,7 @@ def run(table1: Optional[str] = None, sst: Optional[str] = None, tox21: Optional
     frame.to_csv(base + ".csv", index=False)
     with open(base + ".json", "w") as f:
         json.dump([r.record() for r in rows], f, indent=1)
-    log(text)
+    log(terminal_table(rows, quick) + f"\n(the table with run links: {out})")
     if mlflow:
         import mlflow as mlf
 

@@ -500,7 +500,7 @@ def format_report(result: Dict[str, object], brief: bool = False) -> str:
             body.append(line)
         parts.append(head + "\n" + _table(hdr, body))
     if brief:
-        return "\n\n".join(parts + goal_lines(result))
+        return "\n".join(parts + goal_lines(result))
         hdr2 = ["batch", "eager.tree", "(timed)", "eager/full", "GEMM GF/s", "man GF/s", "dyn GF/s",
                 "full GF/s", "man %ceil", "dyn %ceil", "full %ceil", "build.full s", "steps", "calls",
                 "maxdiff m/d", "maxdiff f/e"]
@@ -697,13 +697,16 @@ def run(conf: Dict[str, object], command: Optional[str] = None,
         [os.path.basename(sys.argv[0])] + sys.argv[1:])
     result["system"] = system_info()
     result["git"] = git_state()
-    log("")
-    log(format_report(result, brief=bool(conf.get("brief"))))
+    brief = bool(conf.get("brief"))
+    if not brief:
+        log("")
+    log(format_report(result, brief=brief))
 
     out = conf.get("out")
     if out:
         write_json(out, result)
-        log(f"\nwrote {out}")
+        if not brief:
+            log(f"\nwrote {out}")
     if conf.get("mlflow", True):
         experiment = conf.get("experiment") or "table1"
         fig = plot_per_tree(result)

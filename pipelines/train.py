@@ -485,14 +485,14 @@ def report(experiment: Experiment, res: RunResult, extra: Mapping[str, float], r
     print(table.iloc[:, :6].round(4).to_string(index=False)
           + ("\n(all columns: the run's results.json artifact)" if wide else ""))
     if res.run_id:
-        print(f"MLflow run {res.run_id} ({res.tracking_uri}); model: runs:/{res.run_id}/model")
+        print(f"model: runs:/{res.run_id}/model  (MLflow store {res.tracking_uri})")
         try:
             from mlflow import MlflowClient
 
             exp_id = MlflowClient(res.tracking_uri).get_run(res.run_id).info.experiment_id
             ui = os.environ.get("FOLD_MLFLOW_UI", "http://127.0.0.1:5000")
-            print(f"in the MLflow UI (bash scripts/ui.sh): {run_url(ui, exp_id, res.run_id)}\n"
-                  f"  runs table: {runs_view_url(ui, exp_id)}")
+            print(f"MLflow UI (bash scripts/ui.sh): run {run_url(ui, exp_id, res.run_id)}  "
+                  f"runs table {runs_view_url(ui, exp_id)}")
         except Exception:  # noqa: BLE001  (the links are a convenience)
             pass
     if result_json:

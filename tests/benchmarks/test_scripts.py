@@ -60,6 +60,10 @@ def test_reproduction_summary(tmp_path):
     assert "| seconds per epoch (mean) | **20.0** |" in text and "| trees per second, training (mean) | **427** |" in text
     assert "OUTSIDE the expected range: test binary accuracy %." in text
     assert [r.inside for r in rows if r.key.startswith("sst.test")] == [True, False]
+    term = reproduction.terminal_table(rows).splitlines()
+    assert term[1].split() == ["experiment", "figure", "ours", "expected", "paper", "anchor"]
+    assert "99.9 OUTSIDE" in term[1 + 1 + 7] and "84.0-91.0" in term[1 + 1 + 7]
+    assert term[-1] == "OUTSIDE the expected range: test binary accuracy %"
 
     out = tmp_path / "summary.md"   # the repository's ranges, files beside the Markdown
     rows = reproduction.run(table1=str(tmp_path / "t1.json"), sst=str(tmp_path / "sst.json"), out=str(out),
