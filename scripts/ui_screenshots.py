@@ -109,7 +109,8 @@ def main(argv=None) -> list[str]:
         base = f"http://127.0.0.1:{port}"
         for name, url in views(MlflowClient(args.store), base, args.experiment):
             path = os.path.join(args.out, f"{name}.png")
-            screenshot(chromium, url, path)
+            # the run and compare pages list the metrics below the fold: a taller page shows them
+            screenshot(chromium, url, path, size=(2400, 3000) if name in ("compare", "run") else (2400, 1000))
             written.append(path)
             print(path)
     finally:
