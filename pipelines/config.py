@@ -166,6 +166,18 @@ BASE_SCHEMA: dict[str, Field] = {
     "tracking.tags": F(dict, {}),
     "tracking.system_metrics_s": F(float, 10.0, min=0.0, doc="log the driver machine's CPU, memory, disk and "
                                    "network use (MLflow system metrics) every this many seconds; 0 = off"),
+    "tracking.outage_timeout_s": F(float, 300.0, min=0.0,
+                                   doc="when the tracking server stops answering mid-run, training goes on and "
+                                       "what cannot be logged is buffered on local disk; at the end the run waits "
+                                       "this long for the server, then fails (required) or warns (optional) naming "
+                                       "the buffer and `python -m pipelines.tracking replay <dir>`"),
+    "tracking.buffer_dir": F(str, None, nullable=True,
+                             doc="local directory of the outbox; default <ray.storage_path>/mlflow-outbox/<run id> "
+                                 "(a temporary directory when the storage is a URI)"),
+    "tracking.http_retries": F(int, 1, min=0, doc="MLflow HTTP retries per call (MLFLOW_HTTP_REQUEST_MAX_RETRIES "
+                                                  "unless set), so that an outage never blocks an epoch for minutes"),
+    "tracking.http_timeout_s": F(int, 10, min=1, doc="MLflow HTTP timeout per request (MLFLOW_HTTP_REQUEST_TIMEOUT "
+                                                     "unless set)"),
 }
 del F
 

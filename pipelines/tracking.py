@@ -6,7 +6,9 @@ made absolute so Ray workers/actors, whose working directory differs, write to t
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import math
 import os
 import platform
@@ -18,7 +20,11 @@ import urllib.parse
 import urllib.request
 from typing import Any, Iterable, Mapping, Optional
 
+from . import outbox
+
 DEFAULT_URI = "sqlite:///mlflow.db"
+
+logger = logging.getLogger("pipelines.tracking")
 
 #: Experiment tag read by the MLflow 3.x UI to choose between its views.  MLflow's UI writes
 #: ``mlflow.experimentKind`` itself when a user picks the experiment's type (values
@@ -149,61 +155,74 @@ def _safe_key(k: str) -> str:
     return "".join(c if c.isalnum() or c in "_-. /" else "_" for c in k)
 
 
-def log_metrics(client, run_id: str, metrics: Mapping[str, Any], step: int = 0) -> None:
-    """Batch-log numeric metrics at ``step`` via an ``MlflowClient``."""
+def metric_items(metrics: Mapping[str, Any], step: int = 0, timestamp_ms: Optional[int] = None) -> list[list]:
+    """``[key, value, timestamp_ms, step]`` for each numeric, finite metric (keys made MLflow-safe);
+    the timestamp is now unless given."""
     import time
 
-    from mlflow.entities import Metric
+    ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+    return [[_safe_key(k), v, ts, int(step)] for k, v in finite_metrics(metrics).items()]
 
-    ts = int(time.time() * 1000)
-    items = [Metric(_safe_key(k), v, ts, step) for k, v in finite_metrics(metrics).items()]
-    for i in range(0, len(items), 900):
-        client.log_batch(run_id, metrics=items[i:i + 900])
+
+def log_metrics(client, run_id: str, metrics: Mapping[str, Any], step: int = 0) -> None:
+    """Batch-log numeric metrics at ``step`` via an ``MlflowClient``."""
+    outbox.apply(client, {"op": "metrics", "run_id": run_id, "step": step, "items": metric_items(metrics, step)}, "")
 
 
 def log_params(client, run_id: str, params: Mapping[str, str]) -> None:
-    from mlflow.entities import Param
+    outbox.apply(client, {"op": "params", "run_id": run_id, "items": _params(params)}, "")
 
-    items = [Param(_safe_key(k), str(v)) for k, v in params.items()]
-    for i in range(0, len(items), 90):
-        client.log_batch(run_id, params=items[i:i + 90])
+
+def _params(params: Mapping[str, Any]) -> dict[str, str]:
+    return {_safe_key(k): str(v) for k, v in params.items()}
+
+
+def _write_csv(df, directory: str, name: str) -> None:
+    df.to_csv(os.path.join(directory, os.path.splitext(os.path.basename(name))[0] + ".csv"), index=False)
+
+
+def _write_figures(figures: Iterable[tuple[str, Any]], directory: str, artifact_path: str) -> list[str]:
+    import matplotlib.pyplot as plt
+
+    names = []
+    for name, fig in figures:
+        fname = _safe_key(name).replace(" ", "_").replace("/", "_") + ".png"
+        fig.savefig(os.path.join(directory, fname), dpi=100)
+        plt.close(fig)
+        names.append(f"{artifact_path}/{fname}")
+    return names
+
+
+def _write_state_dict(state_dict: Mapping[str, Any], meta: Mapping[str, Any], directory: str) -> None:
+    import torch
+
+    torch.save(dict(state_dict), os.path.join(directory, "state_dict.pt"))
+    with open(os.path.join(directory, "meta.json"), "w") as f:
+        json.dump(dict(meta), f, indent=2, default=str)
 
 
 def log_table(client, run_id: str, df, name: str = "results.json") -> None:
     """A ``pandas.DataFrame`` as an MLflow table artifact (viewable in the UI) plus a CSV."""
     client.log_table(run_id, data=df, artifact_file=name)
     with tempfile.TemporaryDirectory() as d:
-        p = os.path.join(d, os.path.splitext(os.path.basename(name))[0] + ".csv")
-        df.to_csv(p, index=False)
-        client.log_artifact(run_id, p, artifact_path="tables")
+        _write_csv(df, d, name)
+        client.log_artifacts(run_id, d, artifact_path="tables")
 
 
 def log_figures(client, run_id: str, figures: Iterable[tuple[str, Any]], artifact_path: str = "plots"
                 ) -> list[str]:
     """Save each matplotlib figure as ``<artifact_path>/<name>.png``; closes the figures."""
-    import matplotlib.pyplot as plt
-
-    names = []
     with tempfile.TemporaryDirectory() as d:
-        for name, fig in figures:
-            fname = _safe_key(name).replace(" ", "_").replace("/", "_") + ".png"
-            p = os.path.join(d, fname)
-            fig.savefig(p, dpi=100)
-            plt.close(fig)
-            client.log_artifact(run_id, p, artifact_path=artifact_path)
-            names.append(f"{artifact_path}/{fname}")
+        names = _write_figures(figures, d, artifact_path)
+        client.log_artifacts(run_id, d, artifact_path=artifact_path)
     return names
 
 
 def log_state_dict(client, run_id: str, state_dict: Mapping[str, Any], meta: Mapping[str, Any],
                    artifact_path: str = "weights") -> None:
     """The (best) model's weights as a light artifact: ``weights/state_dict.pt`` + ``weights/meta.json``."""
-    import torch
-
     with tempfile.TemporaryDirectory() as d:
-        torch.save(dict(state_dict), os.path.join(d, "state_dict.pt"))
-        with open(os.path.join(d, "meta.json"), "w") as f:
-            json.dump(dict(meta), f, indent=2, default=str)
+        _write_state_dict(state_dict, meta, d)
         client.log_artifacts(run_id, d, artifact_path=artifact_path)
 
 
@@ -308,22 +327,64 @@ def ui_url(uri: str, experiment_id: str, run_id: Optional[str] = None) -> Option
     return f"{uri.rstrip('/')}/#/{path}?workflowType=machine_learning"
 
 
+REPLAY_COMMAND = "python -m pipelines.tracking replay {path}"
+
+
+@dataclasses.dataclass
+class OutagePolicy:
+    """How a :class:`Tracker` with an outbox rides out a tracking server that stops answering.
+
+    Each MLflow call gets ``http_retries`` HTTP retries of at most ``http_timeout_s`` seconds
+    (MLflow's ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` / ``MLFLOW_HTTP_REQUEST_TIMEOUT``, set in the
+    logging process unless already set), so one call never blocks for minutes.  After a failure
+    the buffered operations are retried no sooner than ``retry_s`` later, the wait doubling up to
+    ``retry_max_s``; :meth:`Tracker.drain` waits at most ``outage_timeout_s`` at the end.
+    ``required``: whether a run whose outbox cannot be emptied fails (``tracking.mode=required``)
+    or ends with a warning (``optional``)."""
+
+    outage_timeout_s: float = 300.0
+    retry_s: float = 1.0
+    retry_max_s: float = 30.0
+    http_retries: int = 1
+    http_timeout_s: int = 10
+    required: bool = True
+
+
 class Tracker:
     """One MLflow run, driven through an ``MlflowClient`` (no global ``mlflow.start_run`` state,
     so it works the same in the driver and in a Ray actor).  ``enabled=False`` makes every
-    method a no-op."""
+    method a no-op.
 
-    def __init__(self, uri: Optional[str], run_id: Optional[str] = None, enabled: bool = True):
+    With an ``outbox`` (a directory on local disk, see :mod:`pipelines.outbox`), an operation
+    that fails because the server is unreachable (:func:`pipelines.outbox.is_transient`) is
+    buffered there instead of raising, with one warning per outage; later operations are
+    buffered behind it, and the buffer is sent again (in order) when ``policy``'s backoff allows.
+    :meth:`drain` empties it at the end of the run, or :meth:`outage_message` names the directory
+    and the replay command.  Without an outbox every failure raises."""
+
+    def __init__(self, uri: Optional[str], run_id: Optional[str] = None, enabled: bool = True,
+                 outbox_dir: Optional[str] = None, policy: Optional[OutagePolicy] = None):
         self.uri = uri
         self.run_id = run_id
         self.enabled = enabled and uri is not None
+        self.outbox = outbox.Outbox(outbox_dir) if outbox_dir else None
+        self.policy = policy or OutagePolicy()
+        self.ended = False
         self._client = None
+        self._next_try = 0.0
+        self._wait = self.policy.retry_s
+        self._warned = False
+        self._hold = False
+        self._last_error = ""
 
     @property
     def client(self):
         if self._client is None:
             from mlflow.tracking import MlflowClient
 
+            if self.outbox is not None:
+                os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(self.policy.http_retries))
+                os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(self.policy.http_timeout_s))
             self._client = MlflowClient(self.uri)
         return self._client
 
@@ -338,16 +399,116 @@ class Tracker:
         t.run_id = run.info.run_id
         return t
 
+    def with_outbox(self, directory: str, policy: OutagePolicy) -> "Tracker":
+        """This run's tracker buffering to ``directory`` under ``policy`` from now on."""
+        return Tracker(self.uri, self.run_id, self.enabled, directory, policy)
+
     def __getstate__(self):
-        return {"uri": self.uri, "run_id": self.run_id, "enabled": self.enabled, "_client": None}
+        return {"uri": self.uri, "run_id": self.run_id, "enabled": self.enabled,
+                "outbox_dir": self.outbox.directory if self.outbox else None, "policy": self.policy}
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+    # ------------------------------------------------------------------ sending and buffering
+
+    @property
+    def buffered(self) -> int:
+        """How many operations wait in the outbox (all writers)."""
+        return len(self.outbox) if self.outbox is not None else 0
+
+    def _send(self, op: dict, files: Optional[str] = None) -> bool:
+        """Send ``op`` now, or buffer it (see the class docstring); True when it was sent."""
+        import time
+
+        op = {**op, "run_id": self.run_id}
+        if files is not None:
+            op["dir"] = files
+        if self.outbox is None:
+            outbox.apply(self.client, op, "")
+            return True
+        pending = bool(self.outbox.files(own_only=True))
+        if self._hold or (pending and time.monotonic() < self._next_try):
+            self._buffer(op, files)
+            return False
+        try:
+            if pending:
+                self.outbox.replay(self.client, own_only=True)
+            outbox.apply(self.client, op, "")
+        except Exception as err:  # noqa: BLE001 - classified below
+            if not outbox.is_transient(err):
+                raise
+            self._last_error = f"{type(err).__name__}: {str(err)[:200]}"
+            self._buffer(op, files, err)
+            self._next_try = time.monotonic() + self._wait
+            self._wait = min(2 * self._wait, self.policy.retry_max_s)
+            return False
+        if pending:
+            logger.warning("MLflow tracking server %s answers again: the buffered operations were sent", self.uri)
+        self._wait, self._warned = self.policy.retry_s, False
+        return True
+
+    def _buffer(self, op: dict, files: Optional[str], err: Optional[BaseException] = None) -> None:
+        op = {k: v for k, v in op.items() if k != "dir"}
+        self.outbox.put(op, files)
+        if not self._warned:
+            self._warned = True
+            logger.warning("MLflow tracking server %s unreachable (%s): training goes on; what cannot be "
+                           "logged is buffered in %s and sent when it answers", self.uri,
+                           f"{type(err).__name__}: {str(err)[:200]}" if err else "earlier failure",
+                           self.outbox.directory)
+
+    def drain(self, timeout_s: Optional[float] = None) -> bool:
+        """Send everything in the outbox (every writer's file), retrying with the policy's
+        backoff for at most ``timeout_s`` seconds (default ``policy.outage_timeout_s``); True when
+        the outbox is empty.  When operations remain, every later operation of this tracker is
+        buffered (so the outbox keeps its order) and :meth:`outage_message` says what to do."""
+        import time
+
+        if self.outbox is None or not self.enabled or not self.outbox.files():
+            self._hold = False
+            return True
+        deadline = time.monotonic() + (self.policy.outage_timeout_s if timeout_s is None else timeout_s)
+        wait = self.policy.retry_s
+        while True:
+            try:
+                self.outbox.replay(self.client)
+                logger.warning("MLflow tracking server %s: the buffered operations were sent", self.uri)
+                self._hold = False
+                return True
+            except Exception as err:  # noqa: BLE001 - classified below
+                if not outbox.is_transient(err):
+                    raise
+                self._last_error = f"{type(err).__name__}: {str(err)[:200]}"
+            if time.monotonic() + wait > deadline:
+                self._hold = True
+                return False
+            time.sleep(wait)
+            wait = min(2 * wait, self.policy.retry_max_s)
+
+    def outage_message(self) -> str:
+        """What remains in the outbox, where, and the command that sends it."""
+        return (f"MLflow tracking server {self.uri} did not answer within tracking.outage_timeout_s="
+                f"{self.policy.outage_timeout_s:g}s ({self._last_error}); {self.buffered} logging operation(s) of "
+                f"run {self.run_id} are buffered in {self.outbox.directory if self.outbox else None}. When the "
+                f"server is back, send them with "
+                f"`{REPLAY_COMMAND.format(path=self.outbox.directory if self.outbox else '?')}`")
+
+    # ------------------------------------------------------------------ what a run logs
 
     def params(self, params: Mapping[str, str]) -> None:
         if self.enabled:
-            log_params(self.client, self.run_id, params)
+            self._send({"op": "params", "items": _params(params)})
 
-    def metrics(self, metrics: Mapping[str, Any], step: int = 0) -> None:
+    def metrics(self, metrics: Mapping[str, Any], step: int = 0, timestamp_ms: Optional[int] = None,
+                unless_logged: Optional[str] = None) -> None:
+        """Log ``metrics`` at ``step``; with ``unless_logged`` (a key) only when the run has no
+        value of that key at ``step`` yet (checked when sent, also from the outbox)."""
         if self.enabled:
-            log_metrics(self.client, self.run_id, metrics, step)
+            op = {"op": "metrics", "step": int(step), "items": metric_items(metrics, step, timestamp_ms)}
+            if unless_logged:
+                op["unless_logged"] = _safe_key(unless_logged)
+            self._send(op)
 
     def logged_steps(self, key: str) -> set[int]:
         if not self.enabled:
@@ -356,11 +517,17 @@ class Tracker:
 
     def table(self, df, name: str = "results.json") -> None:
         if self.enabled:
-            log_table(self.client, self.run_id, df, name)
+            self._send({"op": "table", "table": df.to_json(orient="split"), "name": name})
+            with tempfile.TemporaryDirectory() as d:
+                _write_csv(df, d, name)
+                self._send({"op": "artifacts", "artifact_path": "tables"}, files=d)
 
-    def figures(self, figures: Iterable[tuple[str, Any]]) -> list[str]:
+    def figures(self, figures: Iterable[tuple[str, Any]], artifact_path: str = "plots") -> list[str]:
         if self.enabled:
-            return log_figures(self.client, self.run_id, figures)
+            with tempfile.TemporaryDirectory() as d:
+                names = _write_figures(figures, d, artifact_path)
+                self._send({"op": "artifacts", "artifact_path": artifact_path}, files=d)
+            return names
         import matplotlib.pyplot as plt
 
         for _, fig in figures:
@@ -369,17 +536,47 @@ class Tracker:
 
     def state_dict(self, state_dict: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
         if self.enabled:
-            log_state_dict(self.client, self.run_id, state_dict, meta)
+            with tempfile.TemporaryDirectory() as d:
+                _write_state_dict(state_dict, meta, d)
+                self._send({"op": "artifacts", "artifact_path": "weights"}, files=d)
 
     def text(self, text: str, name: str) -> None:
         if self.enabled:
-            self.client.log_text(self.run_id, text, name)
+            self._send({"op": "text", "text": text, "name": name})
 
     def tags(self, tags: Mapping[str, Any]) -> None:
         if self.enabled:
-            for k, v in tags.items():
-                self.client.set_tag(self.run_id, k, str(v))
+            self._send({"op": "tags", "items": {k: str(v) for k, v in tags.items()}})
 
     def end(self, status: str = "FINISHED") -> None:
         if self.enabled and self.run_id:
-            self.client.set_terminated(self.run_id, status=status)
+            self._send({"op": "end", "status": status})
+            self.ended = True
+
+
+def replay_main(argv: Optional[list[str]] = None) -> int:
+    """``python -m pipelines.tracking replay DIR [--uri URI]``: send an outbox's operations."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m pipelines.tracking",
+                                     description="Send the MLflow logging operations a run buffered while its "
+                                                 "tracking server was unreachable.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rp = sub.add_parser("replay", help="send an outbox directory's operations, in order")
+    rp.add_argument("path", help="the outbox directory the run's error named")
+    rp.add_argument("--uri", default=None, help="tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.path):
+        parser.error(f"{args.path}: no such outbox directory")
+    from mlflow.tracking import MlflowClient
+
+    uri = resolve_uri(args.uri)
+    info = outbox.describe(args.path)
+    sent = outbox.Outbox(args.path).replay(MlflowClient(uri))
+    print(f"sent {sent} of {info['operations']} buffered operation(s) of run(s) {', '.join(info['runs'])} "
+          f"to {uri}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(replay_main())

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from typing import Any, Mapping, Optional
 
@@ -174,6 +175,23 @@ def _extra_worker_resources(cfg: dict) -> dict[str, float]:
     return out
 
 
+def storage_path(cfg: dict) -> str:
+    """Where Ray Train keeps the run's checkpoints: ``ray.storage_path`` (a URI such as
+    ``s3://...`` as it is, a path made absolute), default ``./ray_results``."""
+    storage = cfg["ray"]["storage_path"] or os.path.join(os.getcwd(), "ray_results")
+    return storage if "://" in storage else os.path.abspath(storage)
+
+
+def _outbox_dir(cfg: dict, run_id: str) -> str:
+    """The local outbox of run ``run_id`` (``tracking.buffer_dir``, else under the storage path,
+    else -- the storage being a URI -- under the temporary directory)."""
+    if cfg["tracking"]["buffer_dir"]:
+        return os.path.abspath(cfg["tracking"]["buffer_dir"])
+    storage = storage_path(cfg)
+    root = storage if "://" not in storage else os.path.join(tempfile.gettempdir(), "foldengine")
+    return os.path.join(root, "mlflow-outbox", run_id)
+
+
 def _setup_tracking(experiment: Experiment, cfg: dict) -> trk.Tracker:
     mode = cfg["tracking"]["mode"]
     if mode == "off":
@@ -192,7 +210,10 @@ def _setup_tracking(experiment: Experiment, cfg: dict) -> trk.Tracker:
             raise trk.TrackingUnavailable(f"MLflow tracking store {uri} is unusable: {e}") from e
         logger.warning("tracking disabled (tracking.mode=optional): %s", e)
         return trk.Tracker(uri, enabled=False)
-    return tracker
+    t = cfg["tracking"]
+    return tracker.with_outbox(_outbox_dir(cfg, tracker.run_id), trk.OutagePolicy(
+        outage_timeout_s=t["outage_timeout_s"], http_retries=t["http_retries"], http_timeout_s=t["http_timeout_s"],
+        retry_max_s=max(1.0, min(30.0, t["outage_timeout_s"] / 4)), required=mode == "required"))
 
 
 def _log_loaded(tracker: trk.Tracker, counts: dict, skipped, params, load_s: float, verb: str) -> None:
@@ -304,7 +325,7 @@ def _fit(plan: TrainPlan, declared: DeclaredData, resources: dict, tracker: trk.
         preserve_order=True,
         exclude_resources=ray.data.ExecutionResources(
             cpu=resources["CPU"] * world, gpu=resources.get("GPU", 0) * world))
-    storage = cfg["ray"]["storage_path"] or os.path.join(os.getcwd(), "ray_results")
+    storage = storage_path(cfg)
     run_name = cfg["ray"]["run_name"] or f"{cfg['name']}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     callbacks = [_mlflow_callback_cls()(tracker)] if tracker.enabled else []
     trainer = TorchTrainer(
@@ -315,8 +336,7 @@ def _fit(plan: TrainPlan, declared: DeclaredData, resources: dict, tracker: trk.
             resources_per_worker={**resources, **_extra_worker_resources(cfg)},
             placement_strategy=cfg["ray"]["placement_strategy"]),
         run_config=ray.train.RunConfig(
-            # A URI (s3://, gs://, ...) stays as it is; a path becomes absolute.
-            name=run_name, storage_path=storage if "://" in storage else os.path.abspath(storage),
+            name=run_name, storage_path=storage,
             failure_config=ray.train.FailureConfig(max_failures=cfg["ray"]["max_failures"]),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg["ray"]["num_to_keep"]),
             callbacks=callbacks),
@@ -350,11 +370,10 @@ def _log_results(experiment: Experiment, cfg: dict, tracker: trk.Tracker, state:
                  best_model: Optional[dict], final: dict[str, float], context: Any) -> None:
     """Epochs the live callback missed, final metrics, results table, plots, model, config."""
     history = state.history
-    # Epochs the live callback did not log (e.g. from a checkpoint we resumed from).
-    logged = tracker.logged_steps("train/objective")
+    # Epochs the live callback did not log (e.g. from a checkpoint we resumed from); checked
+    # when sent, so also right when they wait in the outbox behind the callback's epochs.
     for h in history:
-        if int(h["epoch"]) not in logged:
-            tracker.metrics(epoch_series(h), step=int(h["epoch"]))
+        tracker.metrics(epoch_series(h), step=int(h["epoch"]), unless_logged="train/objective")
     tracker.metrics(final, step=len(history))
     table = experiment.results_table({k.split("/", 1)[1] if k.startswith("best/") else k: v
                                       for k, v in final.items() if k.startswith("best/")})
@@ -365,7 +384,10 @@ def _log_results(experiment: Experiment, cfg: dict, tracker: trk.Tracker, state:
                                         "class": f"{type(experiment).__module__}.{type(experiment).__qualname__}",
                                         "best": state.best or {}, "config": cfg})
         model_context = experiment.model_context(cfg, context)
-        if model_context is not None and tracker.enabled:
+        if model_context is not None and tracker.enabled and tracker.buffered:
+            logger.warning("the MLflow Model 'model' is not logged: the tracking server does not answer (the "
+                           "weights wait in the outbox as weights/state_dict.pt; the checkpoint holds %s)", BEST_FILE)
+        elif model_context is not None and tracker.enabled:
             from .mlflow_model import log_model
 
             key = f"best/dev/{experiment.selection_metric}"
@@ -443,8 +465,14 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
             best_model = checkpoint.read_best_model(d)
 
         final = _final_metrics(state.history, state.best or {}, fit_s)
+        drained = tracker.drain()  # the epochs the callback buffered go first
         _log_results(experiment, cfg, tracker, state, best_model, final, splits.context)
         tracker.end("FINISHED")
+        if not tracker.drain(None if drained else 0.0):
+            msg = f"{tracker.outage_message()}; the checkpoint is {result.checkpoint.path}"
+            if cfg["tracking"]["mode"] == "required":
+                raise trk.TrackingUnavailable(msg)
+            logger.warning("%s (tracking.mode=optional: the run's result stands)", msg)
         return RunResult(run_id=tracker.run_id if tracker.enabled else None, metrics=final,
                          history=state.history, checkpoint_path=result.checkpoint.path,
                          param_hashes=list(state.param_hashes), resumed_after=list(state.resumes),
@@ -452,7 +480,8 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
                          context=splits.context)
     except BaseException:
         try:
-            tracker.end("FAILED")
+            if not tracker.ended:
+                tracker.end("FAILED")
         except Exception:  # noqa: BLE001
             pass
         raise

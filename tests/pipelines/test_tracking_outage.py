@@ -1,0 +1,102 @@
+"""A lost tracking server loses nothing: a real ``mlflow server`` on loopback, killed (SIGKILL)
+mid-run and restarted, or killed for good; every epoch's metrics end in MLflow exactly once."""
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from pipelines import outbox
+from pipelines import tracking as trk
+from tests.pipelines.mlflow_server import MlflowServer
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture()
+def server(tmp_path):
+    s = MlflowServer(tmp_path).start()
+    yield s
+    s.kill()
+
+
+def _steps(client, run_id, key):
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def _replay(box_dir, uri):
+    return subprocess.run([sys.executable, "-m", "pipelines.tracking", "replay", str(box_dir), "--uri", uri],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_tracker_buffers_while_down_and_flushes_on_return(server, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
+    policy = trk.OutagePolicy(outage_timeout_s=1.0, retry_s=0.2, retry_max_s=0.5, http_retries=0, http_timeout_s=5)
+    box = tmp_path / "outbox"
+    t = trk.Tracker.start(server.uri, "outage").with_outbox(str(box), policy)
+    t.params({"lr": "0.1"})
+    t.metrics({"train/objective": 1.0}, step=1)
+    server.kill()
+    t0 = time.perf_counter()
+    for step in (2, 3):
+        t.metrics({"train/objective": float(step)}, step=step)  # buffered, not blocking
+        t.tags({f"tag{step}": step})
+    t.text("hello", "notes/hello.txt")
+    assert time.perf_counter() - t0 < 30
+    assert t.buffered == 5 and os.path.isdir(box)
+    server.start()
+    time.sleep(policy.retry_max_s)  # past the backoff: the next call sends the outbox first
+    t.metrics({"train/objective": 4.0}, step=4)
+    assert t.buffered == 0 and not os.path.exists(box)
+    client = MlflowClient(server.uri)
+    assert _steps(client, t.run_id, "train/objective") == [1, 2, 3, 4]
+    run = client.get_run(t.run_id)
+    assert run.data.tags["tag3"] == "3" and run.data.params["lr"] == "0.1"
+
+    # killed for good: drain gives up after outage_timeout_s and names the outbox and the command
+    server.kill()
+    t.metrics({"train/objective": 5.0}, step=5)
+    t.metrics({"train/objective": 5.0}, step=5, unless_logged="train/objective")  # already there at replay
+    t.end("FINISHED")
+    t0 = time.perf_counter()
+    assert not t.drain()
+    assert time.perf_counter() - t0 < 15
+    msg = t.outage_message()
+    assert str(box) in msg and f"python -m pipelines.tracking replay {box}" in msg
+    server.start()
+    out = _replay(box, server.uri)
+    assert out.returncode == 0, out.stderr
+    assert "sent 3 of 3" in out.stdout
+    assert _steps(client, t.run_id, "train/objective") == [1, 2, 3, 4, 5]  # exactly once
+    assert client.get_run(t.run_id).info.status == "FINISHED"
+    assert not os.path.exists(box)
+
+
+def test_outbox_names_a_bad_line_and_refuses_unknown_operations(tmp_path):
+    box = outbox.Outbox(str(tmp_path / "box"))
+    with pytest.raises(ValueError, match="unknown outbox operation 'drop'"):
+        box.put({"op": "drop", "run_id": "r"})
+    box.put({"op": "tags", "run_id": "r", "items": {"a": "1"}})
+    with open(box.own_file, "a") as f:
+        f.write("{not json\n")
+    with pytest.raises(outbox.OutboxError, match=r"\.jsonl:2: not JSON"):
+        box.pending()
+
+
+def test_a_4xx_answer_is_not_an_outage():
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+    assert not outbox.is_transient(MlflowException("bad key", error_code=INVALID_PARAMETER_VALUE))
+    assert outbox.is_transient(MlflowException("Max retries exceeded"))
+    assert outbox.is_transient(ConnectionRefusedError())
