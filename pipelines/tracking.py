@@ -47,6 +47,36 @@ def resolve_uri(uri: Optional[str] = None) -> str:
     return uri
 
 
+def sqlite_path(uri: str) -> Optional[str]:
+    """The database file of a ``sqlite:///`` URI (None for other schemes and ``:memory:``)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):]
+    return None if not path or path == ":memory:" else path
+
+
+def client_for(uri: str):
+    """An ``MlflowClient`` for ``uri`` whose store is ready.  A ``sqlite:///`` store is opened
+    (created and migrated by MLflow when new) under an exclusive lock on ``<database>.lock``, so
+    processes that open a fresh store at the same time never race MLflow's schema migration:
+    the first creates it, the others wait and then find it ready."""
+    from mlflow.tracking import MlflowClient
+
+    path = sqlite_path(uri)
+    if path is None:
+        return MlflowClient(uri)
+    import fcntl
+
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            client = MlflowClient(uri)  # opens the store: MLflow creates and migrates a new one
+            client.search_experiments(max_results=1)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return client
+
+
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
     """Raise :class:`TrackingUnavailable` (quickly) if ``uri`` cannot be used.
 
@@ -311,7 +341,14 @@ def ensure_experiment(client, name: str, kind: str = MODEL_TRAINING_KIND) -> str
     (model training by default) unless it already has a kind (a choice made in the UI stays)."""
     exp = client.get_experiment_by_name(name)
     if exp is None:
-        return client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: kind})
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: kind})
+        except MlflowException:
+            exp = client.get_experiment_by_name(name)  # created meanwhile by a run started beside this one
+            if exp is None:
+                raise
     if EXPERIMENT_KIND_TAG not in (exp.tags or {}):
         client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, kind)
     return exp.experiment_id
@@ -380,12 +417,10 @@ class Tracker:
     @property
     def client(self):
         if self._client is None:
-            from mlflow.tracking import MlflowClient
-
             if self.outbox is not None:
                 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(self.policy.http_retries))
                 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(self.policy.http_timeout_s))
-            self._client = MlflowClient(self.uri)
+            self._client = client_for(self.uri)
         return self._client
 
     @classmethod
@@ -405,7 +440,7 @@ class Tracker:
 
     def __getstate__(self):
         return {"uri": self.uri, "run_id": self.run_id, "enabled": self.enabled,
-                "outbox_dir": self.outbox.directory if self.outbox else None, "policy": self.policy}
+                "outbox_dir": self.outbox.directory if self.outbox is not None else None, "policy": self.policy}
 
     def __setstate__(self, state):
         self.__init__(**state)
@@ -490,9 +525,9 @@ class Tracker:
         """What remains in the outbox, where, and the command that sends it."""
         return (f"MLflow tracking server {self.uri} did not answer within tracking.outage_timeout_s="
                 f"{self.policy.outage_timeout_s:g}s ({self._last_error}); {self.buffered} logging operation(s) of "
-                f"run {self.run_id} are buffered in {self.outbox.directory if self.outbox else None}. When the "
+                f"run {self.run_id} are buffered in {self.outbox.directory if self.outbox is not None else None}. When the "
                 f"server is back, send them with "
-                f"`{REPLAY_COMMAND.format(path=self.outbox.directory if self.outbox else '?')}`")
+                f"`{REPLAY_COMMAND.format(path=self.outbox.directory if self.outbox is not None else '?')}`")
 
     # ------------------------------------------------------------------ what a run logs
 
@@ -568,11 +603,9 @@ def replay_main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     if not os.path.isdir(args.path):
         parser.error(f"{args.path}: no such outbox directory")
-    from mlflow.tracking import MlflowClient
-
     uri = resolve_uri(args.uri)
     info = outbox.describe(args.path)
-    sent = outbox.Outbox(args.path).replay(MlflowClient(uri))
+    sent = outbox.Outbox(args.path).replay(client_for(uri))
     print(f"sent {sent} of {info['operations']} buffered operation(s) of run(s) {', '.join(info['runs'])} "
           f"to {uri}")
     return 0

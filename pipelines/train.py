@@ -51,7 +51,8 @@ from .data.feed import DeclaredData, declare_feed
 from .data.splits import StreamSplits
 from .worker import TrainPlan, train_loop
 
-__all__ = ["run", "main", "report", "connect_ray", "configure_ray_data", "RunResult", "STATE_FILE", "BEST_FILE"]
+__all__ = ["run", "main", "report", "connect_ray", "configure_ray_data", "check_resume", "storage_path", "RunResult",
+           "STATE_FILE", "BEST_FILE"]
 
 logger = logging.getLogger("pipelines.train")
 
@@ -399,6 +400,66 @@ def _log_results(experiment: Experiment, cfg: dict, tracker: trk.Tracker, state:
     tracker.text(json.dumps(cfg, indent=2, default=str), "config.json")
 
 
+#: Config keys a resumed run may change: how long it trains, where it runs and logs, how it
+#: reports; anything else must equal the checkpoint's (the model, the data, the optimizer).
+RESUME_MAY_CHANGE = ("resume_from", "epochs", "log_every", "name", "ray.", "tracking.", "data.progress_bars")
+
+
+def check_resume(cfg: dict) -> checkpoint.TrainingState:
+    """Check ``cfg["resume_from"]`` before any Ray work, as the workers will read it
+    (``weights_only``); returns its state.  Raises :class:`ConfigError` (key ``resume_from``)
+    when it holds no checkpoint, is not plain data, was trained with a config that differs in
+    keys outside :data:`RESUME_MAY_CHANGE` (each key named with both values; keys the
+    checkpoint's config lacks are not compared), or already
+    finished ``epochs``."""
+    path = cfg["resume_from"]
+    if not os.path.exists(os.path.join(path, STATE_FILE)):
+        raise ConfigError(f"no {STATE_FILE} in {path} (give a checkpoint directory, "
+                          f"<ray.storage_path>/<run name>/checkpoint_NNNNNN)", "resume_from")
+    try:
+        state = checkpoint.read_state(path)
+        checkpoint.read_best_model(path)
+    except checkpoint.CheckpointError as err:
+        raise ConfigError(str(err), "resume_from") from None
+    if state.config is not None:
+        was, now = trk.flatten_params(state.config), trk.flatten_params(cfg)
+        # keys only one side has come from a schema that changed between the two versions
+        differ = sorted(k for k in set(was) & set(now) if was[k] != now[k] and not k.startswith(RESUME_MAY_CHANGE))
+        if differ:
+            shown = "; ".join(f"{k}: {was[k]} in the checkpoint, {now[k]} now" for k in differ[:20])
+            raise ConfigError(f"{path} was trained with a different config ({len(differ)} key(s): {shown}); resume "
+                              f"with the checkpoint's values (its config is in {STATE_FILE}) or start a fresh run",
+                              "resume_from")
+    if cfg["epochs"] <= state.epoch:
+        raise ConfigError(f"{path} already finished epoch {state.epoch} and epochs={cfg['epochs']}: there is nothing "
+                          f"left to train. Set epochs above {state.epoch} to train on, or use its best model "
+                          f"({BEST_FILE}) as it is", "resume_from")
+    return state
+
+
+def link_interrupted(tracker: trk.Tracker, cfg: dict) -> None:
+    """Tag this run with the checkpoint it resumes and the MLflow run(s) that wrote it (found in
+    this store by their ``ray.run_name`` tag: the checkpoint's parent directory); such a run
+    still RUNNING (its driver died) is marked KILLED and tagged with this run's id."""
+    path = os.path.abspath(cfg["resume_from"])
+    ray_run = os.path.basename(os.path.dirname(path))
+    tags = {"resumed_from.checkpoint": path}
+    if tracker.enabled:
+        client = tracker.client
+        exp_id = client.get_run(tracker.run_id).info.experiment_id
+        found = [r for r in client.search_runs([exp_id], filter_string=f"tags.`ray.run_name` = '{ray_run}'")
+                 if r.info.run_id != tracker.run_id]
+        if found:
+            tags["resumed_from.run_id"] = ",".join(r.info.run_id for r in found)
+        for r in found:
+            client.set_tag(r.info.run_id, "resumed_by.run_id", tracker.run_id)
+            if r.info.status == "RUNNING":
+                client.set_terminated(r.info.run_id, status="KILLED")
+                logger.info("MLflow run %s (interrupted, still RUNNING) marked KILLED; %s resumes it",
+                            r.info.run_id, tracker.run_id)
+    tracker.tags(tags)
+
+
 def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
     """Train ``experiment`` as configured; return the MLflow run id and final metrics.
 
@@ -426,19 +487,13 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
 
     cfg = validate(dict(config), merged_schema(experiment.config_schema), source="run() config")
     _extra_worker_resources(cfg)  # a bad ray.worker_resources fails here, before any work
-    if cfg["resume_from"] and not os.path.exists(os.path.join(cfg["resume_from"], STATE_FILE)):
-        raise ConfigError(f"no {STATE_FILE} in {cfg['resume_from']}", "resume_from")
     if cfg["resume_from"]:
-        # read here, before Ray, as the workers will (weights_only): a file that is not plain
-        # data fails now with a clear error instead of inside every training worker
-        try:
-            checkpoint.read_state(cfg["resume_from"])
-            checkpoint.read_best_model(cfg["resume_from"])
-        except checkpoint.CheckpointError as err:
-            raise ConfigError(str(err), "resume_from") from None
+        check_resume(cfg)
     seed_all(int(cfg["seed"]))
 
     tracker = _setup_tracking(experiment, cfg)  # fail fast, before Ray
+    if cfg["resume_from"]:
+        link_interrupted(tracker, cfg)
     started_ray = False
     monitor = _system_metrics(tracker, cfg["tracking"]["system_metrics_s"])
     try:
@@ -459,7 +514,8 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
                          heads={b.epoch: b.refs for b in declared.background if isinstance(b, EpochHead)})
         result, fit_s = _fit(plan, declared, resources, tracker)
         if result.checkpoint is None:
-            raise RuntimeError("training finished without a checkpoint")
+            raise RuntimeError("training finished without a checkpoint: no epoch was trained (epochs="
+                               f"{cfg['epochs']}; see the Ray Train log above)")
         with result.checkpoint.as_directory() as d:
             state = checkpoint.read_state(d)
             best_model = checkpoint.read_best_model(d)

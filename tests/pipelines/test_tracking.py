@@ -199,3 +199,44 @@ def test_logged_model_is_read_as_plain_data_only(mlflow_sqlite_uri, tmp_path):
     with pytest.raises(CheckpointError, match="refused to load"):
         trk.load_logged_state_dict(client, bad)
     assert not marker.exists()
+
+
+_START_RUN = """
+import os, sys, time
+from pipelines import tracking as trk
+go = sys.argv[2]
+open(go + ".ready" + sys.argv[3], "w").close()
+while not os.path.exists(go):
+    time.sleep(0.01)
+t = trk.Tracker.start(sys.argv[1], "together", run_name="r" + sys.argv[3])
+t.metrics({"m": 1.0}, step=1)
+t.end()
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_runs_started_together_on_a_fresh_sqlite_store_both_succeed(tmp_path):
+    """Two processes open a fresh sqlite store (MLflow creates and migrates it) and the same new
+    experiment at the same moment: the store is created once (file lock), every run is logged."""
+    import subprocess
+    import sys
+
+    from tests.pipelines.helpers import REPO
+
+    uri = f"sqlite:///{tmp_path}/fresh.db"
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": REPO}
+    procs = [subprocess.Popen([sys.executable, "-c", _START_RUN, uri, str(go), str(i)], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    deadline = time.monotonic() + 120  # all imported, then they start together when `go` appears
+    while len(list(tmp_path.glob("go.ready*"))) < 2:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.05)
+    go.touch()
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outs)
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("together").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["r0", "r1"]
+    assert all(r.info.status == "FINISHED" for r in runs)

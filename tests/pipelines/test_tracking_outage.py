@@ -100,3 +100,107 @@ def test_a_4xx_answer_is_not_an_outage():
     assert not outbox.is_transient(MlflowException("bad key", error_code=INVALID_PARAMETER_VALUE))
     assert outbox.is_transient(MlflowException("Max retries exceeded"))
     assert outbox.is_transient(ConnectionRefusedError())
+
+
+# ---------------------------------------------------------------- whole runs (real Ray Train)
+
+EPOCHS = 3
+
+
+def _toy_run_config(tmp, server, *overrides):
+    from pipelines.config import load_config, merged_schema
+    from tests.pipelines.toy_experiment import ToyExperiment
+
+    exp = ToyExperiment()
+    base = [f"epochs={EPOCHS}", "batch_size=20", "optimizer.name=adagrad", "optimizer.lr=0.1",
+            "toy.n_train=120", "toy.n_dev=20", "toy.n_test=20",
+            "ray.num_workers=1", "ray.no_progress_timeout_s=120", "log_every=0", "seed=7", "name=toy-outage",
+            f"tracking.uri={server.uri}", f"ray.storage_path={tmp}/ray_results", f"tracking.buffer_dir={tmp}/outbox",
+            "tracking.http_retries=0", "tracking.http_timeout_s=5",
+            # epoch 2's first step waits 3 s: the test kills the server once epoch 1 is logged
+            "toy.pause_at_call=7", f"toy.pause_marker={tmp}/paused", "toy.pause_s=3"]
+    return exp, load_config(None, base + list(overrides), merged_schema(exp.config_schema))
+
+
+def _wait_for(predicate, what: str, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
+        time.sleep(0.2)
+
+
+def _epoch_one_logged(server, tmp) -> bool:
+    client = MlflowClient(server.uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    return bool(runs) and bool(client.get_metric_history(runs[0].info.run_id, "train/objective"))
+
+
+def _kill_when_epoch_one_is_logged(server, tmp, restart: bool, errors: list) -> threading.Thread:
+    def go():
+        try:
+            _wait_for(lambda: os.path.exists(f"{tmp}/paused"), "epoch 2 to start")
+            _wait_for(lambda: _epoch_one_logged(server, tmp), "epoch 1 in MLflow")
+            server.kill()
+            if restart:
+                _wait_for(lambda: glob.glob(f"{tmp}/outbox/*.jsonl"), "an operation to be buffered")
+                server.start()
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            errors.append(err)
+
+    th = threading.Thread(target=go, daemon=True)
+    th.start()
+    return th
+
+
+def _assert_every_epoch_once(uri, run_id):
+    client = MlflowClient(uri)
+    for key in ("train/objective", "dev/accuracy", "time/epoch_s"):
+        assert _steps(client, run_id, key) == list(range(1, EPOCHS + 1)), key
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    arts = {a.path for a in client.list_artifacts(run_id)}
+    assert {"results.json", "plots", "weights", "tables", "config.json"} <= arts
+    return run
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_run_survives_a_tracking_server_restart(ray_cluster, server, tmp_path):
+    from pipelines.train import run
+
+    exp, cfg = _toy_run_config(tmp_path, server, "tracking.outage_timeout_s=120")
+    errors: list = []
+    th = _kill_when_epoch_one_is_logged(server, tmp_path, restart=True, errors=errors)
+    res = run(exp, cfg)
+    th.join(timeout=60)
+    assert not errors, errors
+    assert server.starts == 2
+    _assert_every_epoch_once(server.uri, res.run_id)
+    assert not os.path.exists(tmp_path / "outbox")
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_run_ends_naming_the_outbox_when_the_server_never_returns(ray_cluster, server, tmp_path):
+    from pipelines.train import run
+
+    exp, cfg = _toy_run_config(tmp_path, server, "tracking.outage_timeout_s=2", "tracking.log_model=true")
+    errors: list = []
+    th = _kill_when_epoch_one_is_logged(server, tmp_path, restart=False, errors=errors)
+    t0 = time.perf_counter()
+    with pytest.raises(trk.TrackingUnavailable) as info:
+        run(exp, cfg)
+    th.join(timeout=60)
+    assert not errors, errors
+    box = tmp_path / "outbox"
+    assert f"python -m pipelines.tracking replay {box}" in str(info.value)
+    server.start()
+    out = _replay(box, server.uri)
+    assert out.returncode == 0, out.stderr
+    client = MlflowClient(server.uri)
+    [run_id] = {r.info.run_id for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
+    assert run_id in str(info.value)
+    _assert_every_epoch_once(server.uri, run_id)
+    print(f"killed-for-good run ended in {time.perf_counter() - t0:.1f}s")
