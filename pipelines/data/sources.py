@@ -23,7 +23,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["LineSource", "ReadSummary", "ParsedData", "read_lines", "content_sha256", "parsed_records",
+__all__ = ["LineSource", "Corrupt", "corrupt_ends", "ReadSummary", "ParsedData", "read_lines", "content_sha256", "parsed_records",
            "finish_parsed", "add_counts", "datasource_base"]
 
 ROWS_PER_BLOCK = 2000
@@ -32,11 +32,15 @@ _COUNT_PIECE = 8 << 20
 
 
 def content_sha256(path: str) -> str:
-    """SHA-256 of the file's (uncompressed, for ``.gz``) content, streamed in 1 MiB pieces."""
+    """SHA-256 of the file's (uncompressed, for ``.gz``) content, streamed in 1 MiB pieces (of
+    a truncated ``.gz``: of its readable part and the reason it ends)."""
     h = hashlib.sha256()
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rb") as f:
-        for piece in iter(lambda: f.read(1 << 20), b""):
+        for piece in corrupt_ends(iter(lambda: f.read(1 << 20), b"")):
+            if isinstance(piece, Corrupt):  # the readers name the file and line; hash what was read
+                h.update(b"\0" + piece.reason.encode())
+                break
             h.update(piece)
     return h.hexdigest()
 
@@ -89,10 +93,31 @@ def _read_range(path: str, start: int, end: int, rows_per_block: int) -> Iterabl
             yield _lines_table(idx, nos, text)
 
 
+@dataclasses.dataclass
+class Corrupt:
+    """Where a compressed file stops being readable: ``reason`` says how."""
+
+    reason: str
+
+
+def corrupt_ends(rows: Iterable) -> Iterable:
+    """``rows`` (read from a possibly compressed file), ended by one :class:`Corrupt` instead of
+    an exception when the file turns out truncated or corrupt (``EOFError``, ``zlib.error``,
+    ``gzip.BadGzipFile``)."""
+    import zlib
+
+    try:
+        yield from rows
+    except (EOFError, zlib.error, gzip.BadGzipFile) as err:
+        yield Corrupt(f"truncated or corrupt compressed file ({type(err).__name__}: {err})")
+
+
 def _read_gz(path: str, rows_per_block: int) -> Iterable:
     with gzip.open(path, "rb") as f:
         idx, nos, text = [], [], []
-        for i, raw in enumerate(f):
+        for i, raw in enumerate(corrupt_ends(f)):
+            if isinstance(raw, Corrupt):
+                raise ValueError(f"{path}:{i + 1}: {raw.reason}")
             idx.append(i)
             nos.append(i + 1)
             text.append(raw)

@@ -17,7 +17,8 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
-from pipelines.data.sources import ROWS_PER_BLOCK, ParsedData, content_sha256, datasource_base, finish_parsed
+from pipelines.data.sources import (ROWS_PER_BLOCK, Corrupt, ParsedData, content_sha256, corrupt_ends,
+                                   datasource_base, finish_parsed)
 
 __all__ = ["CsvSource", "read_molecule_csv_ds", "label_stats"]
 
@@ -54,13 +55,16 @@ def _csv_rows(path: str, id_column: Optional[str], smiles_column: str, label_col
     with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
         reader = csv.reader(f)
         header = [h.strip() for h in next(reader)]
+        rows = corrupt_ends(reader)
         col = {c: header.index(c) for c in (id_column, smiles_column, *label_columns) if c is not None}
         label_idx = [col[c] for c in label_columns]
         cols: list = [[], [], [], [], [], []]
-        for i, row in enumerate(reader):
+        for i, row in enumerate(rows):
             line = reader.line_num
             mol_id = smiles = labels = err = None
-            if not row or (len(row) == 1 and not row[0].strip()):
+            if isinstance(row, Corrupt):  # a bad record, named and counted like the others
+                err, line = row.reason, line + 1
+            elif not row or (len(row) == 1 and not row[0].strip()):
                 err = "blank line"
             elif len(row) != len(header):
                 err = f"{len(row)} fields, expected {len(header)}"

@@ -163,6 +163,27 @@ def test_csv_bad_rows_and_header(tmp_path):
                                parse_label=MD.parse_real_label)
 
 
+def test_a_truncated_gz_is_named_with_its_path(tmp_path, mixed):
+    """A .csv.gz cut short: a bad record at the line where it ends (named path:line, counted
+    with the other bad rows: data.skip_bad decides); a .txt.gz cut short: an error naming it."""
+    header = ",".join(MD.TOX21_TASKS) + ",mol_id,smiles"
+    rows = [header] + [",".join(["1"] * 12) + f",M{i},CCO" for i in range(400)]
+    blob = gzip.compress(("\n".join(rows) + "\n").encode())
+    path = tmp_path / "cut.csv.gz"
+    path.write_bytes(blob[: len(blob) // 2])
+    data = MR.read_molecule_csv_ds(str(path), id_column="mol_id", smiles_column="smiles",
+                                   label_columns=MD.TOX21_TASKS, parse_label=MD.parse_binary_label, rows_per_block=50)
+    s = data.summary
+    assert s.n_bad == 1 and 0 < s.n_ok < 400
+    assert s.first_bad[0][0] == s.n_ok + 2  # the header is line 1
+    assert s.error().startswith(f"{path}:{s.n_ok + 2}: truncated or corrupt compressed file (EOFError")
+    text = ("\n".join(mixed * 200) + "\n").encode()
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(gzip.compress(text)[: len(gzip.compress(text)) // 2])
+    with pytest.raises(Exception, match=f"{cut}:[0-9]+: truncated or corrupt compressed file"):
+        R.read_lines(str(cut)).take_all()
+
+
 # ----------------------------------------------------------------------------- streaming datasets
 def _plan_bytes(batch) -> bytes:
     import pickle
