@@ -122,8 +122,14 @@ def declare_feed(experiment: Experiment, cfg: dict, splits: StreamSplits, world:
     ctx_obj = splits.context
     train = splits.sources["train"]
     steps = train_steps_per_epoch(train.n, bs, world, cfg["max_steps_per_epoch"])
+    if steps < 1 and train.n == 0:
+        skipped = {k: v for k, v in (splits.skipped or {}).items() if v}
+        raise ConfigError("the training split has no records" + (
+            f": every record was skipped as bad (skipped {skipped}; the log names the first ones). Fix the data or "
+            "point the config at other files" if skipped else ": the file(s) hold no data rows"), "data")
     if steps < 1:
-        raise ConfigError(f"{train.n} training records cannot make one step of {world} worker(s)", "batch_size")
+        raise ConfigError(f"{train.n} training records cannot make one step of {world} worker(s) "
+                          f"(each step needs at least one record per worker)", "batch_size")
     source = train.dataset.materialize()          # rows pos, rec: parsed once, kept as blocks
     use_traces = bool(cfg["data"].get("cache_traces", False)) and cfg["epochs"] > 1
     traced = trace_in_background(source, experiment, cfg, ctx_obj) if use_traces else None
