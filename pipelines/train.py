@@ -51,7 +51,8 @@ from .data.feed import DeclaredData, declare_feed
 from .data.splits import StreamSplits
 from .worker import TrainPlan, train_loop
 
-__all__ = ["run", "main", "report", "connect_ray", "configure_ray_data", "check_resume", "storage_path", "RunResult",
+__all__ = ["run", "main", "report", "connect_ray", "configure_ray_data", "check_resume", "storage_path",
+           "probe_storage", "storage_failure", "StorageError", "RunResult",
            "STATE_FILE", "BEST_FILE"]
 
 logger = logging.getLogger("pipelines.train")
@@ -160,6 +161,57 @@ def preflight(per_worker: Mapping[str, float], world: int, cluster: Mapping[str,
             f"{world} workers x {per_worker['CPU']:g} CPUs = {need:g} CPUs, but the Ray cluster has {cpus:g}; "
             "lower ray.num_workers or ray.cpus_per_worker, or set ray.wait_for_resources=true for a cluster that "
             "will grow", "ray.num_workers")
+
+
+class StorageError(RuntimeError):
+    """``ray.storage_path`` cannot be written (at the start, or no longer during the run)."""
+
+
+def probe_storage(storage: str) -> None:
+    """Write and delete a small probe file in ``storage`` (a local path, created if missing, or a
+    URI pyarrow can open: ``s3://``, ``gs://``, ...); raises :class:`ConfigError` (key
+    ``ray.storage_path``) naming the path and the reason when that fails."""
+    probe = f".foldengine-probe-{os.getpid()}-{time.time_ns()}"
+    try:
+        if "://" in storage:
+            import pyarrow.fs
+
+            fs, root = pyarrow.fs.FileSystem.from_uri(storage)
+            fs.create_dir(root, recursive=True)
+            with fs.open_output_stream(f"{root.rstrip('/')}/{probe}") as f:
+                f.write(b"probe")
+            fs.delete_file(f"{root.rstrip('/')}/{probe}")
+        else:
+            os.makedirs(storage, exist_ok=True)
+            path = os.path.join(storage, probe)
+            with open(path, "wb") as f:
+                f.write(b"probe")
+            os.remove(path)
+    except Exception as err:  # noqa: BLE001 - OSError, pyarrow's errors, ...: all mean "cannot write"
+        raise ConfigError(f"{storage} is not writable ({type(err).__name__}: {err}); checkpoints go there: "
+                          "point ray.storage_path at a writable directory or URI", "ray.storage_path") from None
+
+
+_UNWRITABLE = ("Permission denied", "Read-only file system", "[Errno 13]", "[Errno 30]", "No space left on device",
+               "[Errno 28]", "PermissionError")
+
+
+def storage_failure(err: BaseException, storage: str) -> Optional[StorageError]:
+    """A :class:`StorageError` naming ``storage`` when ``err`` (what ``TorchTrainer.fit`` raised,
+    its causes included) says the storage could not be written; None otherwise."""
+    seen, text = set(), []
+    e: Optional[BaseException] = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text.append(f"{type(e).__name__}: {e}")
+        e = e.__cause__ or e.__context__
+    lines = [line.strip() for t in text for line in t.splitlines()]
+    hit = next((line for line in lines if any(m in line for m in _UNWRITABLE)), None)
+    if hit is None:
+        return None
+    return StorageError(f"ray.storage_path {storage} could not be written during the run ({hit[:300]}); make it "
+                        "writable (or point ray.storage_path elsewhere) and resume from its last checkpoint "
+                        "with resume_from=<checkpoint directory>")
 
 
 def _extra_worker_resources(cfg: dict) -> dict[str, float]:
@@ -349,6 +401,11 @@ def _fit(plan: TrainPlan, declared: DeclaredData, resources: dict, tracker: trk.
     t0 = time.perf_counter()
     try:
         result = trainer.fit()
+    except Exception as err:  # noqa: BLE001 - re-raised, named when the storage is the cause
+        named = storage_failure(err, storage)
+        if named is not None:
+            raise named from err
+        raise
     finally:
         printer.stop()
     return result, time.perf_counter() - t0
@@ -489,6 +546,7 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
     _extra_worker_resources(cfg)  # a bad ray.worker_resources fails here, before any work
     if cfg["resume_from"]:
         check_resume(cfg)
+    probe_storage(storage_path(cfg))  # before the MLflow run and Ray: an unwritable path fails in seconds
     seed_all(int(cfg["seed"]))
 
     tracker = _setup_tracking(experiment, cfg)  # fail fast, before Ray

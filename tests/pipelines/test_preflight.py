@@ -7,6 +7,7 @@ import time
 
 import mlflow
 import pytest
+import ray
 
 from pipelines.config import ConfigError, load_config, merged_schema
 from pipelines.train import preflight, run
@@ -50,3 +51,42 @@ def test_unknown_scheduler_is_refused_when_the_config_loads():
     from pipelines.sst.experiment import SCHEMA
     with pytest.raises(ConfigError, match=r"'bogus' is not one of \['agenda', 'coalesce', 'depth'\]"):
         load_config(os.path.join(REPO, "conf", "sst_tai2015.yaml"), ["scheduler=bogus"], merged_schema(SCHEMA))
+
+
+def test_an_unwritable_storage_path_fails_before_any_work(tmp_path):
+    """The preflight writes and deletes a probe in ray.storage_path; a path it cannot write
+    fails in seconds naming the key and the path, before the MLflow run and Ray start."""
+    from pipelines.train import probe_storage
+
+    probe_storage(str(tmp_path / "new" / "dir"))
+    assert os.listdir(tmp_path / "new" / "dir") == []  # the probe is gone
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    was_up = ray.is_initialized()
+    exp = ToyExperiment()
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = load_config(None, ["epochs=1", "name=probe", f"tracking.uri={uri}", f"ray.storage_path={blocker}/ray"],
+                      merged_schema(exp.config_schema))
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=f"ray.storage_path.*{blocker}/ray is not writable .*NotADirectoryError"):
+        run(exp, cfg)
+    assert time.perf_counter() - t0 < 15
+    assert ray.is_initialized() == was_up
+
+
+def test_a_storage_failure_during_the_run_is_named():
+    from pipelines.train import StorageError, storage_failure
+
+    # storage_failure reads the exception chain Ray Train raises; a read-only mount cannot be made
+    # here (the tests run as root), so the chain is built as pyarrow's upload would raise it
+    try:
+        try:
+            raise PermissionError(13, "Permission denied", "/data/ray_results/run/checkpoint_000002")
+        except OSError as inner:
+            raise RuntimeError("Training failed: worker group error") from inner
+    except RuntimeError as err:
+        named = storage_failure(err, "/data/ray_results")
+    assert isinstance(named, StorageError)
+    assert "ray.storage_path /data/ray_results could not be written during the run" in str(named)
+    assert "resume_from" in str(named)
+    assert storage_failure(RuntimeError("CUDA out of memory"), "/x") is None
