@@ -339,13 +339,43 @@ class MoleculeExperiment(Experiment):
                                           fn_kwargs=dict(good_ref=good_ref, assign_ref=assign_ref, split=si))
             sources[name] = SplitSource(ds, len(parts[si]))
         scaling = TargetScaling()
-        if not self.classification:
-            n, mean, std = label_stats(sources["train"].dataset, len(self.tasks))
+        train_stats = self._check_labels(sources, path, skipped, params)
+        if not self.classification and train_stats is not None:  # no training records: refused later
+            n, mean, std = train_stats
             if len(self.tasks) == 1:
                 scaling = TargetScaling(float(mean[0]), float(std[0]))
             else:
                 scaling = TargetScaling(tuple(float(x) for x in mean), tuple(float(x) for x in std))
         return StreamSplits(sources, skipped, scaling, params)
+
+    def _check_labels(self, sources: Mapping, path: str, skipped: dict, params: dict):
+        """Labels per task in each non-empty split (a Ray Data aggregation per split); returns the
+        training split's ``label_stats``.  A split where no task has a label raises
+        ``DataFormatError`` naming the file, split and tasks (nothing to learn from or score);
+        tasks without labels in a split where others have some are named in a warning, counted
+        as ``skipped/<split>/unlabeled_tasks`` and listed in the param ``data.unlabeled.<split>``."""
+        from . import data as D
+        from .reading import label_stats
+
+        train_stats = None
+        for split in ("train", "dev", "test"):
+            src = sources.get(split)
+            if src is None or src.n == 0:
+                continue
+            stats = label_stats(src.dataset, len(self.tasks))
+            if split == "train":
+                train_stats = stats
+            missing = [t for t, n in zip(self.tasks, stats[0]) if n == 0]
+            if len(missing) == len(self.tasks):
+                raise D.DataFormatError(f"{path}: the {split} split ({src.n} molecules) has no label for any task "
+                                        f"{list(self.tasks)}: every value is empty; check molecules.task_columns "
+                                        "and the file's label columns")
+            if missing:
+                skipped[f"{split}/unlabeled_tasks"] = len(missing)
+                params[f"data.unlabeled.{split}"] = ",".join(missing)
+                log.warning("%s: the %s split has no labels for task(s) %s (their %s metrics are missing)",
+                            path, split, missing, split)
+        return train_stats
 
     # ------------------------------------------------------------------ model / batches
     def build_model(self, config: dict, context: TargetScaling) -> torch.nn.Module:

@@ -199,3 +199,17 @@ def test_esol_scaling_and_loss_unchanged_without_missing_labels(smiles):
     recs = [MolRecord(i, s, np.array([-1.0 - i], np.float32)) for i, s in enumerate(smiles[:4])]
     loss, stats = exp.loss(model, exp.make_batch(model, recs))
     assert stats["labelled"] == stats["count"] == 4.0
+
+
+def test_a_task_without_labels_in_a_split_is_named(tmp_path, smiles, ray_data_ordered):
+    """Every label of a task empty: named in a warning, a skip count and a param when another task
+    has labels; an error naming the file and split when no task has any."""
+    rows = ["smiles,active,toxic"] + [f"{s},{i % 2}," for i, s in enumerate(smiles * 2)]
+    path = _write(tmp_path / "half.csv", rows)
+    cfg = _mol_cfg(f"molecules.csv={path}", "molecules.task_columns=[active,toxic]")
+    splits = MoleculeExperiment.from_config(cfg).read_splits(cfg)
+    assert splits.skipped["train/unlabeled_tasks"] == 1 and splits.params["data.unlabeled.train"] == "toxic"
+    none = _write(tmp_path / "none.csv", ["smiles,active"] + [f"{s}," for s in smiles * 2])
+    cfg = _mol_cfg(f"molecules.csv={none}", "molecules.task_columns=[active]", "molecules.task_type=regression")
+    with pytest.raises(MD.DataFormatError, match=f"{none}: the train split .* has no label for any task"):
+        MoleculeExperiment.from_config(cfg).read_splits(cfg)
