@@ -459,7 +459,8 @@ def _log_results(experiment: Experiment, cfg: dict, tracker: trk.Tracker, state:
 
 #: Config keys a resumed run may change: how long it trains, where it runs and logs, how it
 #: reports; anything else must equal the checkpoint's (the model, the data, the optimizer).
-RESUME_MAY_CHANGE = ("resume_from", "epochs", "log_every", "name", "ray.", "tracking.", "data.progress_bars")
+RESUME_MAY_CHANGE = ("resume_from", "epochs", "log_every", "name", "verbose", "progress_every_s", "ray.", "tracking.",
+                     "data.progress_bars")
 
 
 def check_resume(cfg: dict) -> checkpoint.TrainingState:
