@@ -168,8 +168,9 @@ class StorageError(RuntimeError):
 
 
 def probe_storage(storage: str) -> None:
-    """Write and delete a small probe file in ``storage`` (a local path, created if missing, or a
-    URI pyarrow can open: ``s3://``, ``gs://``, ...); raises :class:`ConfigError` (key
+    """Write and delete a small probe file in ``storage`` (a local path, whose missing directories
+    are made for the probe and removed again, or a URI pyarrow can open: ``s3://``, ``gs://``,
+    ...); raises :class:`ConfigError` (key
     ``ray.storage_path``) naming the path and the reason when that fails."""
     probe = f".foldengine-probe-{os.getpid()}-{time.time_ns()}"
     try:
@@ -182,11 +183,23 @@ def probe_storage(storage: str) -> None:
                 f.write(b"probe")
             fs.delete_file(f"{root.rstrip('/')}/{probe}")
         else:
+            created = []  # the directories this probe makes, removed again (leaf first) when empty
+            d = os.path.abspath(storage)
+            while not os.path.exists(d):
+                created.append(d)
+                d = os.path.dirname(d)
             os.makedirs(storage, exist_ok=True)
             path = os.path.join(storage, probe)
-            with open(path, "wb") as f:
-                f.write(b"probe")
-            os.remove(path)
+            try:
+                with open(path, "wb") as f:
+                    f.write(b"probe")
+                os.remove(path)
+            finally:
+                for d in created:
+                    try:
+                        os.rmdir(d)
+                    except OSError:
+                        break
     except Exception as err:  # noqa: BLE001 - OSError, pyarrow's errors, ...: all mean "cannot write"
         raise ConfigError(f"{storage} is not writable ({type(err).__name__}: {err}); checkpoints go there: "
                           "point ray.storage_path at a writable directory or URI", "ray.storage_path") from None

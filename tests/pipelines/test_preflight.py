@@ -59,7 +59,10 @@ def test_an_unwritable_storage_path_fails_before_any_work(tmp_path):
     from pipelines.train import probe_storage
 
     probe_storage(str(tmp_path / "new" / "dir"))
-    assert os.listdir(tmp_path / "new" / "dir") == []  # the probe is gone
+    assert not os.path.exists(tmp_path / "new")  # the probe and the directories made for it are gone
+    (tmp_path / "kept").mkdir()
+    probe_storage(str(tmp_path / "kept"))
+    assert os.listdir(tmp_path / "kept") == []
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     was_up = ray.is_initialized()
