@@ -82,6 +82,10 @@ SCHEMA: dict[str, Field] = {
     "molecules.split_seed": F(int, 0, min=0, doc="seed of the random split"),
     "molecules.fractions": F(list, [0.8, 0.1, 0.1], doc="train/valid/test fractions"),
     "molecules.limit": F(int, None, min=3, nullable=True, doc="use the first N molecules (tests)"),
+    "molecules.max_atoms": F(int, 150, min=1, doc="molecules with more (heavy) atoms are skipped, each named in the "
+                                                  "log and counted as skipped/all/over_max_atoms: a weave layer's "
+                                                  "pairs, and tracing's time and memory, grow with atoms squared "
+                                                  "(Tox21's largest has 132)"),
     "molecules.atom_hidden": F(int, 50, min=1),
     "molecules.pair_hidden": F(int, 50, min=1),
     "molecules.n_weave": F(int, 2, min=1),
@@ -117,10 +121,11 @@ def featurize_cached(smiles: str):
     return g
 
 
-def _check_block(table, good_ref, limit, scaffold):
+def _check_block(table, good_ref, limit, scaffold, max_atoms):
     """Ray Data task: parsed CSV rows -> ``rank`` (among the good CSV rows), ``ok`` (RDKit parses
-    the SMILES), ``scaffold`` (its Murcko scaffold, with ``scaffold``), ``rec`` (only where not
-    ``ok``: for the error); rows of rank >= ``limit`` left out."""
+    the SMILES and the molecule has at most ``max_atoms`` atoms), ``atoms`` (its atom count, 0
+    when unparsable), ``scaffold`` (its Murcko scaffold, with ``scaffold``), ``rec`` (only where
+    not ``ok``: for the error); rows of rank >= ``limit`` left out."""
     import pyarrow as pa
 
     import ray
@@ -134,18 +139,21 @@ def _check_block(table, good_ref, limit, scaffold):
     rank = np.searchsorted(good, np.asarray(table.column("idx")))
     keep = rank < limit
     table = table.filter(pa.array(keep))
-    ok, keys = [], []
+    ok, keys, atoms = [], [], []
     for blob in table.column("rec").to_pylist():
         rec = pickle.loads(blob)
         try:
-            parse_smiles(rec.smiles, mol_id=rec.mol_id, where=rec.where)
-            ok.append(True)
-            keys.append(murcko_scaffold(rec.smiles) if scaffold else "")
+            n_atoms = parse_smiles(rec.smiles, mol_id=rec.mol_id, where=rec.where).GetNumAtoms()
+            atoms.append(n_atoms)
+            ok.append(n_atoms <= max_atoms)
+            keys.append(murcko_scaffold(rec.smiles) if scaffold and n_atoms <= max_atoms else "")
         except SmilesError:
             ok.append(False)
+            atoms.append(0)
             keys.append("")
-    recs = table.column("rec").to_pylist()   # only the unparsable records go to the driver
+    recs = table.column("rec").to_pylist()   # only the skipped records go to the driver
     return pa.table({"rank": pa.array(rank[keep], pa.int64()), "ok": pa.array(ok, pa.bool_()),
+                     "atoms": pa.array(atoms, pa.int32()),
                      "scaffold": pa.array(keys, pa.string()),
                      "rec": pa.array([None if g else r for g, r in zip(ok, recs)], pa.binary())})
 
@@ -301,8 +309,11 @@ class MoleculeExperiment(Experiment):
         ok = np.zeros(n_rows, bool)
         keys = [None] * n_rows if scaffold else None
         first_bad = None
+        max_atoms = int(mc["max_atoms"])
+        too_big: list = []                                   # (rank, atoms, where, mol id)
         checked = data.dataset.map_batches(_check_block, batch_format="pyarrow", batch_size=None,
-                                           fn_kwargs=dict(good_ref=good_ref, limit=n_rows, scaffold=scaffold))
+                                           fn_kwargs=dict(good_ref=good_ref, limit=n_rows, scaffold=scaffold,
+                                                          max_atoms=max_atoms))
         for b in checked.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0):
             rank = np.asarray(b.column("rank"))
             good = np.asarray(b.column("ok"))
@@ -310,6 +321,11 @@ class MoleculeExperiment(Experiment):
             if scaffold:
                 for r, k in zip(rank.tolist(), b.column("scaffold").to_pylist()):
                     keys[r] = k
+            n_atoms = np.asarray(b.column("atoms"))
+            for k in np.flatnonzero(n_atoms > max_atoms):
+                rec = pickle.loads(b.column("rec")[int(k)].as_py())
+                too_big.append((int(rank[k]), int(n_atoms[k]), rec.where, rec.mol_id))
+            good = good | (n_atoms > max_atoms)          # below: the unparsable ones only
             bad = np.flatnonzero(~good)
             if len(bad):
                 k = int(bad[np.argmin(rank[bad])])
@@ -318,7 +334,12 @@ class MoleculeExperiment(Experiment):
         if first_bad is not None and not skip_bad:   # parse_smiles' error for the first bad row
             rec = pickle.loads(first_bad[1])
             parse_smiles(rec.smiles, mol_id=rec.mol_id, where=rec.where)
-        skipped["all/unparsable_smiles"] = int((~ok).sum())
+        skipped["all/unparsable_smiles"] = int((~ok).sum()) - len(too_big)
+        if too_big:
+            skipped["all/over_max_atoms"] = len(too_big)
+            for _, n_at, where, mol_id in sorted(too_big):
+                log.warning("%s: molecule %s has %d atoms > molecules.max_atoms=%d: skipped", where, mol_id, n_at,
+                            max_atoms)
         kept_rank = np.flatnonzero(ok)                       # kept[k] = good row kept_rank[k]
         fr = tuple(float(x) for x in mc["fractions"])
         if mc["split"] == "random":

@@ -213,3 +213,22 @@ def test_a_task_without_labels_in_a_split_is_named(tmp_path, smiles, ray_data_or
     cfg = _mol_cfg(f"molecules.csv={none}", "molecules.task_columns=[active]", "molecules.task_type=regression")
     with pytest.raises(MD.DataFormatError, match=f"{none}: the train split .* has no label for any task"):
         MoleculeExperiment.from_config(cfg).read_splits(cfg)
+
+
+def test_molecules_over_max_atoms_are_skipped_and_named(tmp_path, smiles, ray_data_ordered, caplog):
+    from rdkit import Chem
+
+    rows = ["smiles,y"] + [f"{s},{i % 2}" for i, s in enumerate(smiles)]
+    path = _write(tmp_path / "sizes.csv", rows)
+    atoms = [Chem.MolFromSmiles(s).GetNumAtoms() for s in smiles]
+    limit = sorted(atoms)[len(atoms) // 2]
+    big = [i for i, a in enumerate(atoms) if a > limit]
+    assert 0 < len(big) < len(atoms)
+    cfg = _mol_cfg(f"molecules.csv={path}", "molecules.task_columns=[y]", f"molecules.max_atoms={limit}")
+    with caplog.at_level("WARNING"):
+        splits = MoleculeExperiment.from_config(cfg).read_splits(cfg)
+    assert splits.skipped["all/over_max_atoms"] == len(big) and splits.skipped["all/unparsable_smiles"] == 0
+    assert sum(s.n for s in splits.sources.values()) == len(atoms) - len(big)
+    for i in big:  # each named: file:line, id, its size
+        assert f"sizes.csv:{i + 2}: molecule row{i + 2} has {atoms[i]} atoms > molecules.max_atoms={limit}" \
+            in caplog.text
