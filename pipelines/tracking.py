@@ -523,11 +523,11 @@ class Tracker:
 
     def outage_message(self) -> str:
         """What remains in the outbox, where, and the command that sends it."""
+        where = self.outbox.directory if self.outbox is not None else "?"
         return (f"MLflow tracking server {self.uri} did not answer within tracking.outage_timeout_s="
                 f"{self.policy.outage_timeout_s:g}s ({self._last_error}); {self.buffered} logging operation(s) of "
-                f"run {self.run_id} are buffered in {self.outbox.directory if self.outbox is not None else None}. When the "
-                f"server is back, send them with "
-                f"`{REPLAY_COMMAND.format(path=self.outbox.directory if self.outbox is not None else '?')}`")
+                f"run {self.run_id} are buffered in {where}. When the server is back, send them with "
+                f"`{REPLAY_COMMAND.format(path=where)}`")
 
     # ------------------------------------------------------------------ what a run logs
 

@@ -23,7 +23,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["LineSource", "Corrupt", "corrupt_ends", "ReadSummary", "ParsedData", "read_lines", "content_sha256", "parsed_records",
+__all__ = ["LineSource", "Corrupt", "corrupt_ends", "ReadSummary", "ParsedData", "read_lines", "content_sha256",
+           "parsed_records",
            "finish_parsed", "add_counts", "datasource_base"]
 
 ROWS_PER_BLOCK = 2000
