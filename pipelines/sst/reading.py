@@ -2,7 +2,7 @@
 generic part: lines, blocks, summaries).
 
 * :func:`read_sst_file`: trees parsed with nltk in Ray Data tasks
-  (:func:`pipelines.sst.data.parse_line`), the same trees, errors and skip counts as
+  (:func:`pipelines.sst.data.parse_line_checked`), the same trees, errors and skip counts as
   :func:`pipelines.sst.data.load_file`.
 * :func:`vocab_from_counts`: the vocabulary from the word counts the parse tasks make (one count
   per parse block, merged when the file's summary is read: no second pass over the trees);
@@ -25,7 +25,7 @@ def _parse_sst_block(table, first_line_bom: bool = True):
     """Ray Data task: raw lines -> ``idx``, ``line``, ``rec`` (pickled tuple tree), ``error``."""
     import pyarrow as pa
 
-    from pipelines.sst.data import leaves, parse_line
+    from pipelines.sst.data import leaves, parse_line_checked
 
     recs, errs = [], []
     counts: dict = {}
@@ -40,11 +40,10 @@ def _parse_sst_block(table, first_line_bom: bool = True):
             text = text[1:]
         if text.endswith("\n"):
             text = text[:-1]
-        try:
-            tree = parse_line(text)
-        except (ValueError, RecursionError) as err:
+        tree, reason = parse_line_checked(text)
+        if reason is not None:
             recs.append(None)
-            errs.append(str(err) if isinstance(err, ValueError) else "tree too deep")
+            errs.append(reason)
             continue
         recs.append(pickle.dumps(tree, protocol=pickle.HIGHEST_PROTOCOL))
         errs.append(None)
