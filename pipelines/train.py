@@ -45,7 +45,6 @@ from .runs_view import columns_for, run_url, runs_view_url, save_runs_view
 from .experiment import Experiment
 from .metrics import prefixed
 from .seeding import seed_all
-from .data.background import CachedEval, EpochHead
 from .data.feed import DeclaredData, declare_feed
 from .data.splits import StreamSplits
 from .worker import TrainPlan, train_loop
@@ -286,7 +285,7 @@ def _declare_data(experiment: Experiment, cfg: dict, splits: StreamSplits, world
     t0 = time.perf_counter()
     declared = declare_feed(experiment, cfg, splits, world)
     tracker.metrics({"time/eval_materialize_s": time.perf_counter() - t0,
-                     "data/steps_per_epoch": declared.plan.steps}, step=0)
+                     "data/steps_per_epoch": declared.feed.plan.steps}, step=0)
     if declared.params:
         tracker.params({k: str(v) for k, v in declared.params.items()})
     return declared
@@ -299,7 +298,7 @@ def _fit(plan: TrainPlan, declared: DeclaredData, resources: dict, tracker: trk.
     from ray.train.torch import TorchTrainer
 
     cfg = plan.config
-    world = plan.data.world
+    world = plan.feed.plan.world
     ex_opts = ray.data.ExecutionOptions(
         preserve_order=True,
         exclude_resources=ray.data.ExecutionResources(
@@ -431,10 +430,8 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
         configure_ray_data(cfg)
         splits = _read_splits(experiment, cfg, tracker)
         declared = _declare_data(experiment, cfg, splits, world, tracker)
-        plan = TrainPlan(experiment=experiment, config=cfg, context=splits.context, data=declared.plan,
-                         progress=ray.remote(num_cpus=0)(console.ProgressBoard).remote(),
-                         eval_blocks={b.split: b.blocks for b in declared.background if isinstance(b, CachedEval)},
-                         heads={b.epoch: b.refs for b in declared.background if isinstance(b, EpochHead)})
+        plan = TrainPlan(experiment=experiment, config=cfg, context=splits.context, feed=declared.feed,
+                         progress=ray.remote(num_cpus=0)(console.ProgressBoard).remote())
         result, fit_s = _fit(plan, declared, resources, tracker)
         if result.checkpoint is None:
             raise RuntimeError("training finished without a checkpoint")

@@ -186,11 +186,10 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
     (``data.step_assembly``): the step sort, or each step gathering its records by position
     (``auto`` picks gather for a split this small); both give the same rows."""
     import os
-    import pickle
-
     import ray
 
     from pipelines.data.assembly import assemble_steps
+    from pipelines.data.step import Step
 
     from pipelines.config import load_config, merged_schema
     from pipelines.data.feed import eval_dataset_name, train_dataset_name
@@ -233,21 +232,22 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
                    "dev": with_positions(SR.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=50_000,
                                                          rows_per_block=30), 47)}
         new = declare_feed(exp, cfg, StreamSplits(sources, {}, legacy.context), world)
-        parts = {name: new.datasets[name].take_all() for name in new.plan.datasets}
+        plan = new.feed.plan
+        parts = {name: [Step.from_row(row) for row in new.datasets[name].take_all()] for name in plan.datasets}
     finally:
         ctx.target_max_block_size = saved
-    assert new.plan.datasets == tuple(sorted(expected)) and new.plan.steps == steps == 5
-    assert new.plan.eval_splits == ("dev",) and new.plan.world == world and new.plan.n_train == n_train == 113
+    assert plan.datasets == tuple(sorted(expected)) and plan.steps == steps == 5
+    assert plan.eval_splits == ("dev",) and plan.world == world and plan.n_train == n_train == 113
     used = "gather" if assembly == "auto" else assembly
     assert new.params["data/step_assembly"] == used
-    from pipelines.data.background import EpochHead, head_rows as read_head
+    from pipelines.data.background import EpochHead, read_head
     heads = [b for b in new.background if isinstance(b, EpochHead)]
     assert len(heads) == (1 if head_rows else 0)
     for h in heads:
-        assert h.epoch == 1 and h.steps == 1 < new.plan.steps
+        assert h.epoch == 1 and h.steps == 1 < plan.steps and new.feed.heads == {1: h.refs}
         for r in range(world):
             name = f"train_e1_r{r}"
-            assert parts[name] and all(row["step"] >= h.steps for row in parts[name])
+            assert parts[name] and all(step.index >= h.steps for step in parts[name])
             parts[name] = list(read_head(h.refs[r])) + parts[name]
     # epoch 2 read the background pass's traces: one traced block per source block, every
     # record traced once; the eval batches came from background builders; all of them made by
@@ -255,7 +255,7 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
     from pipelines.data.background import BACKGROUND_NICENESS, CachedEval, TracedBlocks
     traced = [b for b in new.background if isinstance(b, TracedBlocks)]
     cached = [b for b in new.background if isinstance(b, CachedEval)]
-    assert len(traced) == 1 and len(cached) == len(new.plan.eval_splits) == 1
+    assert len(traced) == 1 and len(cached) == len(plan.eval_splits) == 1
     tables = ray.get(traced[0].refs)
     assert sum(t.num_rows for t in tables) == 113
     assert all(b is not None for t in tables for b in t.column("trace").to_pylist())
@@ -265,25 +265,39 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
         for worker in getattr(b, "workers", None) or (b.worker,):
             want = plain if isinstance(b, EpochHead) else BACKGROUND_NICENESS
             assert ray.get(worker.__ray_call__.remote(lambda self: os.nice(0))) == want
-    # what the trainer reads (cached_eval_rows, no Ray Data execution) is the eval dataset's rows
-    from pipelines.data.background import cached_eval_rows
-    assert cached[0].split == "dev"
+    # what the trainer reads (read_cached_eval, no Ray Data execution) is the eval dataset's rows
+    from pipelines.data.background import read_cached_eval
+    assert cached[0].split == "dev" and new.feed.eval_blocks == {"dev": cached[0].blocks}
     for r in range(world):
-        direct = list(cached_eval_rows(cached[0].blocks, r))
+        direct = list(read_cached_eval(cached[0].blocks, r))
         assert direct == parts[f"dev_r{r}"] and direct, r
     n_parts = 0
     builder = ref.builder(exp, cfg, legacy.context)
-    for name in new.plan.datasets:
+    assembled = {}
+    for name in plan.datasets:
         epoch_w, records, a = expected[name]
-        n_parts += sum(bool(r["part"]) for r in parts[name])
+        n_parts += sum(bool(step.part) for step in parts[name])
         is_train = name.startswith("train_e")
         epoch = int(name.split("_e")[1].split("_")[0]) if is_train else 0
         rank = int(name.rsplit("_r", 1)[1])
         b = list(assemble_steps(iter(parts[name]), exp, cfg, legacy.context, epoch, rank, is_train))
         assert epoch == epoch_w
-        assert [(i, len(idx), d) for i, idx, d in a] == [(r["step"], r["n"], r["denom"]) for r in b], name
+        assert [(i, len(idx), d) for i, idx, d in a] == [(step.index, step.n, step.denom) for step in b], name
+        assert all(not step.part for step in b), name
         for (i, idx, _), y in zip(a, b):
             x = ref.batch(exp, builder, records, idx, seed, epoch, i, rank)
-            assert _plan_bytes(x) == _plan_bytes(pickle.loads(y["batch"])), (name, i)
+            assert _plan_bytes(x) == _plan_bytes(y.batch()), (name, i)
+        assembled[name] = b
+    # the feed (what the worker iterates) yields exactly these steps: rank 0 through both
+    # epochs (epoch 1: head, then its dataset; epoch 2 read ahead from half way through epoch 1),
+    # and its eval steps from the cache
+    def same(steps):
+        return [(step.index, step.n, step.denom, _plan_bytes(step.batch())) for step in steps]
+
+    datasets = dict(new.datasets)
+    assert same(new.feed.train(1, 0, datasets)) == same(assembled["train_e1_r0"])
+    assert 2 in new.feed.prefetched
+    assert same(new.feed.train(2, 0, datasets)) == same(assembled["train_e2_r0"])
+    assert same(new.feed.eval("dev", 0, datasets)) == same(assembled["dev_r0"])
     # sorted blocks split by size leave steps in parts; a gathered step is always whole
     assert (n_parts > 0) == (bool(block_bytes) and used == "sort")
