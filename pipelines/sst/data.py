@@ -25,7 +25,7 @@ Loading
 verifies its SHA-256 against the published sums, and parses it.  Malformed lines raise
 :class:`SSTFormatError` naming ``path:line`` and the problem, or are skipped and counted
 with ``skip_bad=True`` (see :class:`LoadReport`).  Parsed trees of verified, clean files are
-cached as a pickle in the user cache keyed by the file's SHA-256 (second load ~20x faster).
+cached as a pickle in the user cache keyed by the file's SHA-256.
 """
 from __future__ import annotations
 
@@ -145,8 +145,8 @@ def _parse_strict(s: str, intern=sys.intern) -> Optional[Node]:
     "(" label node node ")"`` (``label`` in 0..4, tokens as in nltk's parse with ``_TOKEN``).
     It accepts only what :func:`parse_line`'s nltk path turns into the same tuples; everything
     else (malformed lines, odd spacing inside a label) returns None, and the nltk path decides
-    and words the error.  About 4x faster than ``nltk.Tree.fromstring`` plus conversion
-    (``tests/pipelines/sst/test_data.py`` checks identical trees on every SST line).
+    and words the error (``tests/pipelines/sst/test_data.py`` checks identical trees on every
+    SST line).
     """
     toks = _STRICT_TOKEN.findall(s)
     n = len(toks)
