@@ -21,12 +21,11 @@ import numpy as np
 import torch
 
 from ..experiment import Experiment
-from .positions import eval_group_rows, inverse_permutation, rank_part, train_step_positions, train_step_rows
+from .positions import inverse_permutation, rank_part, train_step_positions
 from .step import Step, build_step, step_table
 
 __all__ = ["SORTED_BLOCK_ROWS", "gather_positions", "build_gathered_step", "gather_steps", "step_ranges_dataset",
-           "assign_train", "assign_traced_block", "assign_eval", "step_boundaries", "build_steps", "assemble_steps",
-           "TrainExpected", "EvalExpected"]
+           "assign_train", "assign_traced_block", "assign_eval", "step_boundaries", "build_steps", "assemble_steps"]
 
 
 def gather_positions(block_refs: list, positions: np.ndarray, starts: np.ndarray,
@@ -244,24 +243,3 @@ def assemble_steps(steps: Iterable[Step], experiment: Experiment, cfg: dict, con
         yield step
     if pending:
         yield flush()
-
-
-class TrainExpected:
-    """``expected(step)``: the rows of rank ``rank``'s part of a complete training step (for
-    :func:`build_steps`)."""
-
-    def __init__(self, rank, world, batch_size, n):
-        self.args = (rank, world, batch_size, n)
-
-    def __call__(self, step):
-        return train_step_rows(step, *self.args)
-
-
-class EvalExpected:
-    """``expected(step)``: the rows of rank ``rank``'s eval group ``step`` (for :func:`build_steps`)."""
-
-    def __init__(self, rank, world, batch_size, n):
-        self.args = (rank, world, batch_size, n)
-
-    def __call__(self, step):
-        return eval_group_rows(step, *self.args)

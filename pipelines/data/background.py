@@ -17,12 +17,14 @@ waits for it).  The actors own what they made: keep the records
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Iterator
 
 import numpy as np
 
-from .assembly import EvalExpected, assign_eval, build_gathered_step, build_steps
+from .assembly import assign_eval, build_gathered_step, build_steps
+from .positions import eval_group_rows
 from .step import Step, step_table, trace_block
 
 __all__ = ["BACKGROUND_NICENESS", "BackgroundWorker", "TracedBlocks", "CachedEval", "EpochHead", "trace_in_background",
@@ -105,7 +107,9 @@ class BackgroundWorker:
                 if not rows.num_rows:
                     continue
                 for step_rows in build_steps(rows, self.experiment, self.cfg, self.context, epoch=0, rank=r,
-                                             use_traces=False, expected=EvalExpected(r, world, batch_size, n)):
+                                             use_traces=False,
+                                             expected=functools.partial(eval_group_rows, rank=r, world=world,
+                                                                        batch_size=batch_size, n=n)):
                     if step_rows.num_rows:
                         pending[r].append(step_rows)
                 flush(r)

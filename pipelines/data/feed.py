@@ -17,16 +17,17 @@ next epoch ahead (:class:`RowPrefetcher`).  Design notes and measurements:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
 from ..config import ConfigError
 from ..experiment import Experiment
-from .assembly import (SORTED_BLOCK_ROWS, EvalExpected, TrainExpected, assemble_steps, assign_eval, assign_traced_block,
-                       assign_train, build_steps, gather_steps, step_boundaries, step_ranges_dataset)
+from .assembly import (SORTED_BLOCK_ROWS, assemble_steps, assign_eval, assign_traced_block, assign_train, build_steps,
+                       gather_steps, step_boundaries, step_ranges_dataset)
 from .background import (build_eval_in_background, build_head_in_background, read_cached_eval, read_head,
                          trace_in_background)
-from .positions import EVAL_SPLITS, eval_groups, head_steps, train_steps_per_epoch
+from .positions import EVAL_SPLITS, eval_group_rows, eval_groups, head_steps, train_step_rows, train_steps_per_epoch
 from .splits import StreamSplits, block_starts
 from .step import Step, trace_block
 
@@ -64,7 +65,8 @@ class DeclaredData:
     datasets: dict[str, Any]       #: name -> ``ray.data.Dataset``
     feed: "Feed"
     #: work the datasets depend on that runs in the background (hold it for the run):
-    #: :class:`pipelines.data.background.TracedBlocks`, :class:`pipelines.data.background.CachedEval`, :class:`pipelines.data.background.EpochHead`
+    #: :class:`pipelines.data.background.TracedBlocks`, :class:`pipelines.data.background.CachedEval`,
+    #: :class:`pipelines.data.background.EpochHead`
     background: tuple = ()
     #: how the data path was set up (``data/step_assembly``, ...), logged as MLflow params
     params: dict = dataclasses.field(default_factory=dict)
@@ -297,7 +299,8 @@ def declare_feed(experiment: Experiment, cfg: dict, splits: StreamSplits, world:
             ds = ds.sort("step", boundaries=step_boundaries(steps, bs / world)).map_batches(
                 build_steps, batch_format="pyarrow", batch_size=None,
                 fn_kwargs=dict(build_kw, epoch=epoch, rank=r, use_traces=from_traces,
-                               expected=TrainExpected(r, world, bs, train.n)))
+                               expected=functools.partial(train_step_rows, rank=r, world=world, batch_size=bs,
+                                                          n=train.n)))
             datasets[train_dataset_name(epoch, r)] = ds
     eval_splits = []
     eval_blocks: dict = {}
@@ -322,7 +325,8 @@ def declare_feed(experiment: Experiment, cfg: dict, splits: StreamSplits, world:
             ds = ds.sort("step", boundaries=step_boundaries(eval_groups(src.n, ebs, world, r), ebs)).map_batches(
                 build_steps, batch_format="pyarrow", batch_size=None,
                 fn_kwargs=dict(build_kw, epoch=0, rank=r, use_traces=False,
-                               expected=EvalExpected(r, world, ebs, src.n)))
+                               expected=functools.partial(eval_group_rows, rank=r, world=world, batch_size=ebs,
+                                                          n=src.n)))
             datasets[eval_dataset_name(split, r)] = ds
     plan = DataPlan(steps=steps, eval_splits=tuple(eval_splits), world=world, n_train=train.n,
                     datasets=tuple(sorted(datasets)))
