@@ -17,7 +17,7 @@ from pipelines.sst import data as SD
 from pipelines.sst import reading as SR
 from pipelines.sst.vocab import build_vocab
 
-from .helpers import sst_lines
+from ..helpers import parsed_records, sst_lines
 
 pytestmark = [pytest.mark.integration]
 
@@ -65,7 +65,7 @@ def test_sst_malformed_lines_reported_as_load_file(tmp_path, gz, mixed):
         path.write_bytes(gzip.compress(text.encode()))
     trees, report = SD.load_file(plain, skip_bad=True)
     data = SR.read_sst_file(str(path), skip_bad=True, chunk_bytes=13, rows_per_block=2)
-    assert R.parsed_records(data) == trees
+    assert parsed_records(data) == trees
     s = data.summary
     assert (s.n_rows, s.n_ok, s.n_bad) == (len(mixed), report.n_read, report.n_skipped)
     assert s.first_bad == report.skipped_lines[:3]
@@ -89,8 +89,8 @@ def test_sst_files_and_streaming_vocabulary_equal_the_loaders(data_dir, cache_en
         assert data.summary.n_ok == len(want) and data.summary.n_bad == 0
         assert np.array_equal(data.good_idx, np.arange(len(want)))
         if split == "dev":
-            assert R.parsed_records(data) == want
-            assert R.parsed_records(data, [0, 5, 1100]) == [want[0], want[5], want[1100]]
+            assert parsed_records(data) == want
+            assert parsed_records(data, [0, 5, 1100]) == [want[0], want[5], want[1100]]
         trees.append(want)
         counts.append(data.summary.word_counts)
     # the word counts made in the parse tasks give the loaders' vocabulary (read_splits uses them)
@@ -110,7 +110,7 @@ def test_esol_rows_and_label_statistics(data_dir):
     want, report = MD.read_esol_csv(path)
     data = MR.read_molecule_csv_ds(path, id_column=MD.ESOL_ID_COLUMN, smiles_column=MD.ESOL_SMILES_COLUMN,
                                   label_columns=MD.ESOL_TASKS, parse_label=MD.parse_real_label, rows_per_block=100)
-    got = R.parsed_records(data)
+    got = parsed_records(data)
     assert len(got) == len(want) == 1128 and data.summary.n_bad == 0
     assert [(r.mol_id, r.smiles, r.line, r.source) for r in got] == \
         [(r.mol_id, r.smiles, r.line, r.source) for r in want]
@@ -150,7 +150,7 @@ def test_csv_bad_rows_and_header(tmp_path):
     want, report = MD.read_tox21_csv(path, on_bad_row="skip")
     data = MR.read_molecule_csv_ds(str(path), id_column="mol_id", smiles_column="smiles",
                                   label_columns=MD.TOX21_TASKS, parse_label=MD.parse_binary_label, rows_per_block=2)
-    assert [r.mol_id for r in R.parsed_records(data)] == [r.mol_id for r in want] == ["A", "D"]
+    assert [r.mol_id for r in parsed_records(data)] == [r.mol_id for r in want] == ["A", "D"]
     assert data.summary.first_bad == [(x.line, x.reason) for x in report.skipped][:3]
     assert data.summary.n_bad == len(report.skipped) == 4
     n, mean, std = MR.label_stats(data.dataset, 12)
@@ -195,14 +195,14 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
     from pipelines.data.feed import declare_feed
     from pipelines.data.splits import StreamSplits, with_positions
 
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from ..helpers import REPO as repo
     cfg = load_config(os.path.join(repo, "conf", "sst_tai2015.yaml"),
                       ["epochs=2", "batch_size=25", "eval_batch_size=20", "sst.state_size=8", "seed=3",
                        "sst.train_file=" + str(data_dir / "sst" / "dev.txt"), "sst.limit_train=113",
                        "sst.limit_dev=47", "sst.test_file=", "data.blocks_per_epoch=2",
                        f"data.head_rows={head_rows}", f"data.step_assembly={assembly}"], merged_schema(SCHEMA))
-    from . import step_reference as ref
-    from .reference_splits import sst_splits
+    from .. import step_reference as ref
+    from ..reference_splits import sst_splits
 
     exp = SSTExperiment()
     legacy = sst_splits(cfg)
