@@ -183,7 +183,7 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
     out: Dict[str, float] = {}
     try:
         if phase == "input":
-            from pipelines.data.background import EpochHead, head_rows
+            from pipelines.data.background import EpochHead, read_head
             from pipelines.seeding import seed_all
             from pipelines.data.feed import declare_feed, train_dataset_name
             from pipelines.train import configure_ray_data
@@ -203,7 +203,7 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
             t0 = time.perf_counter()
             heads = [b for b in declared.background if isinstance(b, EpochHead)]
             if heads:       # epoch 1's first steps come from the head builders (pipelines.data.background)
-                next(head_rows(heads[0].refs[0]))
+                next(read_head(heads[0].refs[0]))
             else:
                 next(iter(declared.datasets[train_dataset_name(1, 0)].iter_rows()))
             out["first_batch_s"] = time.perf_counter() - t0

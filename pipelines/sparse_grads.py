@@ -2,10 +2,8 @@
 
 ``nn.Embedding(sparse=True)`` gives a COO gradient holding only the rows a batch used.  Left to
 ``DistributedDataParallel``, it goes through the process group's *sparse* all-reduce: on gloo
-(CPU) that exchanges tensors whose sizes differ per rank and step.  Every SST Tai-preset run of
-the last sessions lost a worker to a native crash in gloo threads (SIGSEGV in
-``gloo::ring()`` / ``__libc_malloc``, once glibc's "malloc(): unaligned tcache chunk
-detected") and survived only by restarting from a checkpoint.
+(CPU) that exchanges tensors whose sizes differ per rank and step, which crashed workers natively
+(``docs/data-path.md``, "Sparse gradients").
 
 :class:`SparseGradSync` takes those parameters away from DDP
 (``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model``) and averages their

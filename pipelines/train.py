@@ -46,7 +46,6 @@ from .runs_view import columns_for, run_url, runs_view_url, save_runs_view
 from .experiment import Experiment
 from .metrics import prefixed
 from .seeding import seed_all
-from .data.background import CachedEval, EpochHead
 from .data.feed import DeclaredData, declare_feed
 from .data.splits import StreamSplits
 from .worker import TrainPlan, train_loop
@@ -373,7 +372,7 @@ def _declare_data(experiment: Experiment, cfg: dict, splits: StreamSplits, world
     t0 = time.perf_counter()
     declared = declare_feed(experiment, cfg, splits, world)
     tracker.metrics({"time/eval_materialize_s": time.perf_counter() - t0,
-                     "data/steps_per_epoch": declared.plan.steps}, step=0)
+                     "data/steps_per_epoch": declared.feed.plan.steps}, step=0)
     if declared.params:
         tracker.params({k: str(v) for k, v in declared.params.items()})
     return declared
@@ -386,7 +385,7 @@ def _fit(plan: TrainPlan, declared: DeclaredData, resources: dict, tracker: trk.
     from ray.train.torch import TorchTrainer
 
     cfg = plan.config
-    world = plan.data.world
+    world = plan.feed.plan.world
     ex_opts = ray.data.ExecutionOptions(
         preserve_order=True,
         exclude_resources=ray.data.ExecutionResources(
@@ -580,10 +579,8 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
         configure_ray_data(cfg)
         splits = _read_splits(experiment, cfg, tracker)
         declared = _declare_data(experiment, cfg, splits, world, tracker)
-        plan = TrainPlan(experiment=experiment, config=cfg, context=splits.context, data=declared.plan,
-                         progress=ray.remote(num_cpus=0)(console.ProgressBoard).remote(),
-                         eval_blocks={b.split: b.blocks for b in declared.background if isinstance(b, CachedEval)},
-                         heads={b.epoch: b.refs for b in declared.background if isinstance(b, EpochHead)})
+        plan = TrainPlan(experiment=experiment, config=cfg, context=splits.context, feed=declared.feed,
+                         progress=ray.remote(num_cpus=0)(console.ProgressBoard).remote())
         result, fit_s = _fit(plan, declared, resources, tracker)
         if result.checkpoint is None:
             raise RuntimeError("training finished without a checkpoint: no epoch was trained (epochs="

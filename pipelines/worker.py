@@ -10,8 +10,8 @@
    switch to this rank's own RNG stream (dropout etc.);
 2. :func:`restore`: continue from this run's latest checkpoint (after a worker-group restart) or
    else from ``resume_from``: model, optimizer, history, best-so-far and this rank's RNG states;
-3. per epoch, :func:`run_epoch`: :func:`train_epoch` (one optimizer step per row of the
-   ``train_e<epoch>_r<rank>`` dataset, exactly ``plan.data.steps`` of them on every rank),
+3. per epoch, :func:`run_epoch`: :func:`train_epoch` (one optimizer step per step of
+   ``plan.feed.train(epoch, rank)``, exactly ``DataPlan.steps`` of them on every rank),
    :func:`evaluate` (dev / test sums gathered over ranks), timing, best-model selection
    (:meth:`RunState.select`) and the parameter-consistency check; then
    :func:`report_epoch`: rank 0 logs, writes the checkpoint (``pipelines.checkpoint``) and
@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import logging
-import pickle
 import tempfile
 import time
 from typing import Any, Optional, Sequence
@@ -37,12 +35,10 @@ import torch
 from . import checkpoint
 from .experiment import Experiment
 from .console import epoch_line
+from .data.feed import Feed
 from .metrics import better, prefixed, sum_into
 from .optim import make_optimizer
 from .seeding import derived_seed, param_hash, rng_state, seed_all, set_rng_state
-from .data.assembly import assemble_steps
-from .data.background import cached_eval_rows, head_rows
-from .data.feed import DataPlan, eval_dataset_name, train_dataset_name
 from .sparse_grads import SparseGradSync
 
 __all__ = ["TrainPlan", "Worker", "RunState", "EpochTotals", "train_loop", "setup", "restore",
@@ -56,13 +52,7 @@ class TrainPlan:
     experiment: Experiment
     config: dict        #: the validated run config
     context: Any        #: ``StreamSplits.context`` from ``experiment.read_splits`` (for ``build_model``)
-    data: DataPlan      #: the declared datasets (:mod:`pipelines.data.feed`)
-    #: eval split -> ref of its step rows built by a background actor
-    #: (:class:`pipelines.data.background.CachedEval`): read directly instead of its dataset
-    eval_blocks: dict = dataclasses.field(default_factory=dict)
-    #: epoch -> {rank: [ref of a step row, ...]}: the epoch's first steps, built by background
-    #: actors (:class:`pipelines.data.background.EpochHead`); the epoch's dataset holds the rest
-    heads: dict = dataclasses.field(default_factory=dict)
+    feed: Feed          #: the steps of every epoch and eval split (:func:`pipelines.data.feed.declare_feed`)
     #: a :class:`pipelines.console.ProgressBoard` actor: rank 0 posts its step progress and epoch
     #: lines there for the driver to show (None: not shown)
     progress: Any = None
@@ -80,64 +70,8 @@ class Worker:
     optimizer: torch.optim.Optimizer
     trainable: list                   #: parameters with ``requires_grad`` (gradient clipping)
     log: logging.LoggerAdapter
-    #: epoch -> :class:`RowPrefetcher` of its training rows, started while the epoch before trains
-    prefetch: dict = dataclasses.field(default_factory=dict)
     #: averages sparse (embedding) gradients over ranks after ``backward`` (DDP leaves them alone)
     sparse_sync: Optional[SparseGradSync] = None
-
-
-class RowPrefetcher:
-    """A dataset shard's rows read by a background thread, up to ``depth`` rows ahead.
-
-    Started for epoch ``e + 1`` half way through epoch ``e``, so the next epoch's Ray Data pipeline
-    (the step sort and its first builds: about 11 s of the 25 s SST Tai-preset epoch was the wait
-    for the first batch) runs while this epoch trains.  It yields the shard's raw rows in order:
-    :func:`pipelines.data.assembly.assemble_steps`, which touches the RNG, stays in the training
-    thread, so the batches and the training are exactly those of reading the shard directly.
-    An error in the reader thread is raised by the iteration."""
-
-    def __init__(self, shard, depth: int = 2):
-        import queue
-        import threading
-
-        self._queue: "queue.Queue" = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._read, args=(shard,), name="foldengine-prefetch", daemon=True)
-        self._thread.start()
-
-    def _put(self, item) -> bool:
-        import queue
-
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _read(self, shard):
-        try:
-            for row in shard.iter_rows():
-                if not self._put(("row", row)):
-                    return
-            self._put(("end", None))
-        except BaseException as e:  # noqa: BLE001 - re-raised in the training thread
-            self._put(("error", e))
-
-    def __iter__(self):
-        while True:
-            kind, item = self._queue.get()
-            if kind == "row":
-                yield item
-            elif kind == "end":
-                return
-            else:
-                raise item
-
-    def close(self) -> None:
-        """Stop the reader (rows not read are dropped)."""
-        self._stop.set()
 
 
 @dataclasses.dataclass
@@ -287,44 +221,30 @@ def restore(plan: TrainPlan, w: Worker) -> RunState:
 # ---------------------------------------------------------------------------- one epoch
 
 def train_epoch(plan: TrainPlan, w: Worker, epoch: int) -> EpochTotals:
-    """One optimizer step per row of this rank's ``epoch`` dataset; this rank's totals.
+    """One optimizer step per step of this rank's ``epoch`` (``plan.feed.train``); this rank's totals.
 
     DDP averages gradients over ranks; the loss is scaled by ``world`` to undo that and, with
     ``loss_reduction: mean``, divided by the records in the global step.
     """
-    import ray.train
-
     cfg = plan.config
+    steps = plan.feed.plan.steps
     mean = cfg["loss_reduction"] == "mean"
     grad_clip = cfg["grad_clip"]
     log_every = cfg["log_every"]
     w.model.train()
     tot = EpochTotals()
     t_wait = time.perf_counter()
-    prefetched = w.prefetch.pop(epoch, None)
-    head = plan.heads.get(epoch, {}).get(w.rank, [])
-    if head:
-        # the head's rows are built already (or being built); the rest of the epoch comes from
-        # the dataset, whose pipeline (gathers, or the step sort) starts now and runs while the
-        # head trains
-        tail = () if len(head) >= plan.data.steps else prefetched or \
-            RowPrefetcher(ray.train.get_dataset_shard(train_dataset_name(epoch, w.rank)))
-        rows = itertools.chain(head_rows(head), tail)
-    else:
-        rows = prefetched if prefetched is not None else \
-            ray.train.get_dataset_shard(train_dataset_name(epoch, w.rank)).iter_rows()
-    prefetch_next = cfg["data"].get("prefetch_next_epoch", True) and epoch < cfg["epochs"]
     last_post = time.monotonic()
-    for row in assemble_steps(rows, plan.experiment, cfg, plan.context, epoch, w.rank, True):
+    for step in plan.feed.train(epoch, w.rank):
         t0 = time.perf_counter()
         tot.wait_s += t0 - t_wait
         if not tot.steps:
             tot.first_wait_s = t0 - t_wait
-        batch = pickle.loads(row["batch"])
+        batch = step.batch()
         w.optimizer.zero_grad(set_to_none=True)
         with mixed_precision(cfg, w.device):
             loss_sum, stats = w.wrapped(batch)
-        scale = w.world / float(row["denom"]) if mean else float(w.world)
+        scale = w.world / float(step.denom) if mean else float(w.world)
         (loss_sum * scale).backward()
         if w.sparse_sync is not None:
             w.sparse_sync()
@@ -332,52 +252,38 @@ def train_epoch(plan: TrainPlan, w: Worker, epoch: int) -> EpochTotals:
             torch.nn.utils.clip_grad_norm_(w.trainable, grad_clip)
         w.optimizer.step()
         tot.loss += float(loss_sum.detach())
-        tot.n += int(row["n"])
-        tot.build_s += float(row["build_s"])
+        tot.n += step.n
+        tot.build_s += step.build_s
         tot.steps += 1
         sum_into(tot.stats, stats)
         tot.compute_s += time.perf_counter() - t0
         if tot.steps == 1:
             tot.first_step_unix = time.time()
-        if prefetch_next and 2 * tot.steps >= plan.data.steps and epoch + 1 not in w.prefetch:
-            # half way through: this epoch's steps are built by then (its pipeline runs ahead of
-            # the trainer), so the next epoch's pipeline does not compete with it.  Started with
-            # the epoch, it delayed the epoch's first batch 5x (56 s against 11 s, SST Tai preset);
-            # after its first step, it made half the epoch's steps wait (wait share 0.51).
-            w.prefetch[epoch + 1] = RowPrefetcher(ray.train.get_dataset_shard(train_dataset_name(epoch + 1, w.rank)))
         if plan.progress is not None and w.rank == 0 and time.monotonic() - last_post >= 1.0:
-            plan.progress.post.remote(epoch, tot.steps, plan.data.steps)
+            plan.progress.post.remote(epoch, tot.steps, steps)
             last_post = time.monotonic()
         if log_every and w.rank == 0 and tot.steps % log_every == 0:
-            w.log.info("epoch %d step %d/%d loss/record %.4f", epoch, tot.steps, plan.data.steps,
-                       tot.loss / max(tot.n, 1))
+            w.log.info("epoch %d step %d/%d loss/record %.4f", epoch, tot.steps, steps, tot.loss / max(tot.n, 1))
         t_wait = time.perf_counter()
-    if tot.steps != plan.data.steps:
-        raise RuntimeError(f"rank {w.rank} ran {tot.steps} steps, expected {plan.data.steps}")
+    if tot.steps != steps:
+        raise RuntimeError(f"rank {w.rank} ran {tot.steps} steps, expected {steps}")
     steady = tot.wait_s - tot.first_wait_s
     tot.steady_wait_share = steady / max(steady + tot.compute_s, 1e-9)
     return tot
 
 
 def evaluate(plan: TrainPlan, w: Worker) -> dict[str, float]:
-    """``<split>/<metric>`` for every eval split: ``eval_stats`` sums over this rank's batches,
-    gathered over ranks, then ``summarize``-d."""
-    import ray.train
-
+    """``<split>/<metric>`` for every eval split: ``eval_stats`` sums over this rank's steps
+    (``plan.feed.eval``), gathered over ranks, then ``summarize``-d."""
     experiment = plan.experiment
     metrics: dict[str, float] = {}
     w.model.eval()
     with torch.no_grad():
-        for split in plan.data.eval_splits:
+        for split in plan.feed.plan.eval_splits:
             sums: dict[str, float] = {}
-            name = eval_dataset_name(split, w.rank)
-            if plan.data.has(name):
-                cached = plan.eval_blocks.get(split)
-                rows = cached_eval_rows(cached, w.rank) if cached is not None else \
-                    ray.train.get_dataset_shard(name).iter_rows()
-                for row in assemble_steps(rows, experiment, plan.config, plan.context, 0, w.rank, False):
-                    with mixed_precision(plan.config, w.device):
-                        sum_into(sums, experiment.eval_stats(w.model, pickle.loads(row["batch"])))
+            for step in plan.feed.eval(split, w.rank):
+                with mixed_precision(plan.config, w.device):
+                    sum_into(sums, experiment.eval_stats(w.model, step.batch()))
             total: dict[str, float] = {}
             for part in gather(sums):
                 sum_into(total, part)
@@ -412,7 +318,7 @@ def run_epoch(plan: TrainPlan, w: Worker, state: RunState, epoch: int) -> tuple[
     })
 
     # Model selection on dev (on train when there is no dev split).
-    sel_split = "dev" if "dev" in plan.data.eval_splits else "train"
+    sel_split = "dev" if "dev" in plan.feed.plan.eval_splits else "train"
     state.select(metrics, f"{sel_split}/{experiment.selection_metric}", experiment.selection_mode,
                  w.model, w.rank)
     if state.best is not None:

@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import pickle
 import random
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
 
 from ..experiment import Experiment
-from .positions import eval_group_rows, inverse_permutation, rank_part, train_step_positions, train_step_rows
-from .step import build_step, step_table
+from .positions import inverse_permutation, rank_part, train_step_positions
+from .step import Step, build_step, step_table
 
 __all__ = ["SORTED_BLOCK_ROWS", "gather_positions", "build_gathered_step", "gather_steps", "step_ranges_dataset",
-           "assign_train", "assign_traced_block", "assign_eval", "step_boundaries", "build_steps", "assemble_steps",
-           "TrainExpected", "EvalExpected"]
+           "assign_train", "assign_traced_block", "assign_eval", "step_boundaries", "build_steps", "assemble_steps"]
 
 
 def gather_positions(block_refs: list, positions: np.ndarray, starts: np.ndarray,
@@ -68,16 +67,16 @@ def _with_step_columns(table, step: int, denom: int):
 
 def build_gathered_step(refs: list, starts: np.ndarray, experiment: Experiment, cfg: dict, context: Any, seed: int,
                         epoch: int, rank: int, world: int, batch_size: int, n: int, step: int,
-                        use_traces: bool) -> tuple:
+                        use_traces: bool) -> Step:
     """Rank ``rank``'s step ``step`` of ``epoch``, its records gathered by position
     (:func:`train_step_positions`, :func:`gather_positions`) from the blocks ``refs`` (the parsed
     blocks, block ``i`` starting at position ``starts[i]``, or their traced copies when
-    ``use_traces``) and built by :func:`build_step`: the row ``(batch, n, denom, build_s, step,
-    part)`` (:data:`STEP_ROW_FIELDS`) that :func:`build_steps` yields for that step after the
-    sort (same records, order, seed and bytes; ``part`` empty)."""
+    ``use_traces``) and built by :func:`build_step`: the :class:`pipelines.data.step.Step` that
+    :func:`build_steps` yields for that step after the sort (same records, order, seed and
+    bytes)."""
     positions, denom = train_step_positions(seed, epoch, rank, world, batch_size, n, step)
     rows = gather_positions(refs, positions, starts, ("pos", "rec", "trace") if use_traces else ("pos", "rec"))
-    return build_step(_with_step_columns(rows, step, denom), experiment, cfg, context, epoch, rank, use_traces) + (b"",)
+    return build_step(_with_step_columns(rows, step, denom), experiment, cfg, context, epoch, rank, use_traces)
 
 
 def gather_steps(table, refs, starts, experiment, cfg, context, seed, epoch, rank, world, batch_size, n,
@@ -194,11 +193,11 @@ def build_steps(table, experiment, cfg, context, epoch, rank, use_traces, expect
             raise RuntimeError(f"streaming: step {int(steps[a])} (epoch {epoch}, rank {rank}) has "
                                f"{b - a} rows, more than its {want}")
         if b - a < want:
-            row = (b"", int(b - a), int(step_rows.column("denom")[0].as_py()), 0.0, int(steps[a]),
-                   pickle.dumps(_part_of(step_rows), protocol=pickle.HIGHEST_PROTOCOL))
+            step = Step(b"", int(b - a), int(step_rows.column("denom")[0].as_py()), 0.0, int(steps[a]),
+                        pickle.dumps(_part_of(step_rows), protocol=pickle.HIGHEST_PROTOCOL))
         else:
-            row = build_step(step_rows, experiment, cfg, context, epoch, rank, use_traces) + (b"",)
-        yield step_table([row])
+            step = build_step(step_rows, experiment, cfg, context, epoch, rank, use_traces)
+        yield step_table([step])
 
 
 def _part_of(table) -> dict:
@@ -207,12 +206,12 @@ def _part_of(table) -> dict:
     return {c: table.column(c).to_pylist() for c in cols}
 
 
-def assemble_steps(rows, experiment: Experiment, cfg: dict, context: Any, epoch: int, rank: int, use_traces: bool):
-    """The rows of a step dataset with every step built: rows :func:`build_steps` built pass
-    through; the parts of a step that spanned blocks (consecutive rows) are joined and built here,
-    as :func:`build_step` builds in the Ray Data task (the same seed), keeping the caller's RNG
-    state (the training loop's dropout draws do not move).  Rows without a ``part`` column pass
-    through."""
+def assemble_steps(steps: Iterable[Step], experiment: Experiment, cfg: dict, context: Any, epoch: int, rank: int,
+                   use_traces: bool) -> Iterator[Step]:
+    """``steps`` (a step dataset's rows, :meth:`Step.from_row`) with every step built: built
+    steps pass through; the parts of a step that spanned blocks (consecutive) are joined and
+    built here, as :func:`build_step` builds in the Ray Data task (the same seed), keeping the
+    caller's RNG state (the training loop's dropout draws do not move)."""
     import pyarrow as pa
 
     pending: list = []
@@ -224,45 +223,23 @@ def assemble_steps(rows, experiment: Experiment, cfg: dict, context: Any, epoch:
         table = table.take(pa.array(np.argsort(np.asarray(table.column("j")), kind="stable")))
         state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
         try:
-            blob, n, denom, build_s, step = build_step(table, experiment, cfg, context, epoch, rank, use_traces)
+            built = build_step(table, experiment, cfg, context, epoch, rank, use_traces)
         finally:
             random.setstate(state[0])
             np.random.set_state(state[1])
             torch.set_rng_state(state[2])
         pending.clear()
-        return {"batch": blob, "n": n, "denom": denom, "build_s": build_s, "step": step}
+        return built
 
-    for row in rows:
-        part = row["part"] if "part" in row else b""
-        if part:
-            piece = pickle.loads(part)
+    for step in steps:
+        if step.part:
+            piece = pickle.loads(step.part)
             if pending and pending[0]["step"][0] != piece["step"][0]:
                 yield flush()
             pending.append(piece)
             continue
         if pending:
             yield flush()
-        yield row
+        yield step
     if pending:
         yield flush()
-
-
-class TrainExpected:
-    """``expected(step)``: the rows of rank ``rank``'s part of a complete training step (for
-    :func:`build_steps`)."""
-
-    def __init__(self, rank, world, batch_size, n):
-        self.args = (rank, world, batch_size, n)
-
-    def __call__(self, step):
-        return train_step_rows(step, *self.args)
-
-
-class EvalExpected:
-    """``expected(step)``: the rows of rank ``rank``'s eval group ``step`` (for :func:`build_steps`)."""
-
-    def __init__(self, rank, world, batch_size, n):
-        self.args = (rank, world, batch_size, n)
-
-    def __call__(self, step):
-        return eval_group_rows(step, *self.args)

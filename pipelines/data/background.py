@@ -6,9 +6,9 @@ actors pinned to the driver's node that reserve no logical CPU.
   :data:`BACKGROUND_NICENESS`);
 * :func:`build_head_in_background` -> :class:`EpochHead`: epoch 1's first steps of every rank,
   gathered from the parsed blocks by position and built while Ray Train starts (normal
-  priority: the trainer waits for them); :func:`head_rows` reads them;
+  priority: the trainer waits for them); :func:`read_head` reads them;
 * :func:`build_eval_in_background` -> :class:`CachedEval`: one eval split's step rows per rank,
-  built once and read by every epoch's evaluation (:func:`cached_eval_rows`).
+  built once and read by every epoch's evaluation (:func:`read_cached_eval`).
 
 Results are object refs that datasets can be declared on before they exist (a task reading one
 waits for it).  The actors own what they made: keep the records
@@ -17,16 +17,18 @@ waits for it).  The actors own what they made: keep the records
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
-from .assembly import EvalExpected, assign_eval, build_gathered_step, build_steps
-from .step import STEP_ROW_FIELDS, step_table, trace_block
+from .assembly import assign_eval, build_gathered_step, build_steps
+from .positions import eval_group_rows
+from .step import Step, step_table, trace_block
 
 __all__ = ["BACKGROUND_NICENESS", "BackgroundWorker", "TracedBlocks", "CachedEval", "EpochHead", "trace_in_background",
-           "build_eval_in_background", "build_head_in_background", "cached_eval_rows"]
+           "build_eval_in_background", "build_head_in_background", "read_cached_eval", "read_head"]
 
 #: ``os.nice`` increment of the background processes (0: as the rest)
 BACKGROUND_NICENESS = 19
@@ -49,13 +51,13 @@ class BackgroundWorker:
         return trace_block(table, self.experiment, self.cfg, self.context)
 
     def build_train_step(self, block_refs: list, starts: np.ndarray, seed: int, epoch: int, rank: int, world: int,
-                         batch_size: int, n: int, step: int) -> dict:
+                         batch_size: int, n: int, step: int) -> Step:
         """Step ``step`` of rank ``rank`` in ``epoch`` as the row :func:`pipelines.data.assembly.build_steps`
         makes for it, its records gathered by position from ``block_refs`` (the parsed blocks,
         block ``i`` starting at position ``starts[i]``) without reading the others
         (:func:`pipelines.data.assembly.build_gathered_step`)."""
-        return dict(zip(STEP_ROW_FIELDS, build_gathered_step(block_refs, starts, self.experiment, self.cfg, self.context,
-                                                             seed, epoch, rank, world, batch_size, n, step, False)))
+        return build_gathered_step(block_refs, starts, self.experiment, self.cfg, self.context,
+                                   seed, epoch, rank, world, batch_size, n, step, False)
 
     def build_eval(self, block_refs: list, world: int, batch_size: int, n: int) -> dict:
         """The step rows of one eval split (blocks of rows ``pos``, ``rec``; ``n`` records) for
@@ -105,7 +107,9 @@ class BackgroundWorker:
                 if not rows.num_rows:
                     continue
                 for step_rows in build_steps(rows, self.experiment, self.cfg, self.context, epoch=0, rank=r,
-                                             use_traces=False, expected=EvalExpected(r, world, batch_size, n)):
+                                             use_traces=False,
+                                             expected=functools.partial(eval_group_rows, rank=r, world=world,
+                                                                        batch_size=batch_size, n=n)):
                     if step_rows.num_rows:
                         pending[r].append(step_rows)
                 flush(r)
@@ -170,26 +174,23 @@ def _cached_eval_rows(table, blocks, rank):
         yield ray.get(ref)
 
 
-def cached_eval_rows(blocks, rank: int):
-    """The step rows (dicts) of ``rank`` in a :class:`CachedEval`'s ``blocks`` (the ref), read
-    straight from the object store one block at a time (waits for the build): what the trainer
-    reads every epoch.  No Ray Data execution per epoch: in a Tai-preset run on 2 cores, eval
-    through :meth:`CachedEval.dataset` (no CPU reserved) took 4.5-5 s per epoch, this 1.1-1.6 s."""
+def read_cached_eval(blocks, rank: int) -> Iterator[Step]:
+    """The steps of ``rank`` in a :class:`CachedEval`'s ``blocks`` (the ref), read straight from
+    the object store one block at a time (waits for the build; no Ray Data execution): what the
+    trainer reads every epoch."""
     import ray
 
     for ref in ray.get(blocks)[rank]:
-        yield from ray.get(ref).to_pylist()
+        for row in ray.get(ref).to_pylist():
+            yield Step.from_row(row)
 
 
 @dataclasses.dataclass
 class CachedEval:
     """One eval split's step rows, built once by a background actor: ``blocks`` is the ref of
-    ``{rank: [ref of a step-row table, ...]}`` (owned by ``worker``: keep this object for the
-    run).  :meth:`dataset` is the rank's dataset of step rows (the rows of
-    :func:`pipelines.data.assembly.build_steps`), declared at once; reading it waits for the build.
-    The reading task reserves no CPU (it only fetches blocks): with one, every epoch's
-    evaluation queued behind the next epoch's batch-building tasks (up to 22 s per eval split
-    in a Tai-preset run on 2 cores, 0.1 s when a slot was free)."""
+    ``{rank: [ref of a step table, ...]}`` (owned by ``worker``: keep this object for the run).
+    :meth:`dataset` is the rank's dataset of step rows, declared at once; reading it waits for
+    the build; its reading task reserves no CPU (it only fetches blocks)."""
 
     blocks: Any
     worker: Any = None
@@ -215,8 +216,8 @@ def build_eval_in_background(split: str, source, experiment, cfg: dict, context:
 @dataclasses.dataclass
 class EpochHead:
     """Epoch ``epoch``'s first ``steps`` steps of every rank, built by background actors
-    (:meth:`BackgroundWorker.build_train_step`): ``refs[rank][i]`` is the ref of step ``i``'s row
-    (a dict as :func:`pipelines.data.assembly.build_steps` yields).  The epoch's dataset holds the
+    (:meth:`BackgroundWorker.build_train_step`): ``refs[rank][i]`` is the ref of step ``i``
+    (a :class:`pipelines.data.step.Step`).  The epoch's dataset holds the
     steps from ``steps`` on.  Keep this object for the run (the actors own the rows)."""
 
     epoch: int
@@ -225,8 +226,8 @@ class EpochHead:
     workers: tuple = ()
 
 
-def head_rows(refs: list):
-    """The rows of one rank's :class:`EpochHead` steps in order (each waits for its build)."""
+def read_head(refs: list) -> Iterator[Step]:
+    """One rank's :class:`EpochHead` steps in order (each waits for its build)."""
     import ray
 
     for ref in refs:

@@ -1,35 +1,38 @@
-"""The feed: the datasets declared on the driver (:func:`declare_feed`) and what every training
-worker reads from them.
+"""The feed: the datasets declared on the driver (:func:`declare_feed`) and the :class:`Feed`
+every training worker iterates (``for step in feed.train(epoch, rank)``).
 
 :func:`declare_feed` turns an experiment's :class:`pipelines.data.splits.StreamSplits` into lazy
 Ray Data datasets without bringing records to the driver: ``train_e<epoch>_r<rank>``
-(:func:`train_dataset_name`, one row per step, exactly :attr:`DataPlan.steps` rows on every
-rank) and ``<split>_r<rank>`` (:func:`eval_dataset_name`), assembled by gather or sort
-(:func:`step_assembly`, :mod:`pipelines.data.assembly`); it starts the background work
+(:func:`train_dataset_name`, exactly :attr:`DataPlan.steps` steps on every rank) and
+``<split>_r<rank>`` (:func:`eval_dataset_name`), assembled by gather or sort
+(:func:`step_assembly`, :mod:`pipelines.data.assembly`), and starts the background work
 (:mod:`pipelines.data.background`: trace pass with ``data.cache_traces``, epoch 1's head with
 ``data.head_rows``, eval cache with ``data.cache_eval``).  Which records form which step on
 which rank is a pure function of the config (:mod:`pipelines.data.positions`), so a resumed run
-reproduces an uninterrupted one.  Raises ``ConfigError`` when the training split cannot make one
-step on ``world`` ranks.
-
-Design notes and measurements: ``docs/data-path.md``.
+reproduces an uninterrupted one.  :class:`Feed` yields a rank's built steps
+(:class:`pipelines.data.step.Step`) from the head, the datasets and the eval cache, and reads the
+next epoch ahead (:class:`RowPrefetcher`).  Design notes and measurements:
+``docs/data-path.md``.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+import functools
+import itertools
+from typing import Any, Iterable, Iterator, Mapping, Optional
 
 from ..config import ConfigError
 from ..experiment import Experiment
-from .assembly import (SORTED_BLOCK_ROWS, EvalExpected, TrainExpected, assign_eval, assign_traced_block, assign_train,
-                       build_steps, gather_steps, step_boundaries, step_ranges_dataset)
-from .background import build_eval_in_background, build_head_in_background, trace_in_background
-from .positions import EVAL_SPLITS, eval_groups, head_steps, train_steps_per_epoch
+from .assembly import (SORTED_BLOCK_ROWS, assemble_steps, assign_eval, assign_traced_block, assign_train, build_steps,
+                       gather_steps, step_boundaries, step_ranges_dataset)
+from .background import (build_eval_in_background, build_head_in_background, read_cached_eval, read_head,
+                         trace_in_background)
+from .positions import EVAL_SPLITS, eval_group_rows, eval_groups, head_steps, train_step_rows, train_steps_per_epoch
 from .splits import StreamSplits, block_starts
-from .step import trace_block
+from .step import Step, trace_block
 
-__all__ = ["DataPlan", "DeclaredData", "train_dataset_name", "eval_dataset_name", "GATHER_STORE_SHARE",
-           "estimated_split_bytes", "smallest_object_store", "step_assembly", "declare_feed"]
+__all__ = ["DataPlan", "Feed", "RowPrefetcher", "DeclaredData", "train_dataset_name", "eval_dataset_name",
+           "GATHER_STORE_SHARE", "estimated_split_bytes", "smallest_object_store", "step_assembly", "declare_feed"]
 
 
 def train_dataset_name(epoch: int, rank: int) -> str:
@@ -56,15 +59,136 @@ class DataPlan:
 
 @dataclasses.dataclass
 class DeclaredData:
-    """:func:`declare_feed`'s result: the lazy datasets by name (for ``TorchTrainer``) and their plan."""
+    """:func:`declare_feed`'s result: the lazy datasets by name (for ``TorchTrainer``) and the
+    :class:`Feed` the workers read them through."""
 
     datasets: dict[str, Any]       #: name -> ``ray.data.Dataset``
-    plan: DataPlan
+    feed: "Feed"
     #: work the datasets depend on that runs in the background (hold it for the run):
-    #: :class:`pipelines.data.background.TracedBlocks`, :class:`pipelines.data.background.CachedEval`, :class:`pipelines.data.background.EpochHead`
+    #: :class:`pipelines.data.background.TracedBlocks`, :class:`pipelines.data.background.CachedEval`,
+    #: :class:`pipelines.data.background.EpochHead`
     background: tuple = ()
     #: how the data path was set up (``data/step_assembly``, ...), logged as MLflow params
     params: dict = dataclasses.field(default_factory=dict)
+
+
+def _steps_of(rows: Iterable[Mapping]) -> Iterator[Step]:
+    for row in rows:
+        yield Step.from_row(row)
+
+
+class RowPrefetcher:
+    """A dataset shard's rows read by a background thread, up to ``depth`` rows ahead, yielded in
+    order unchanged (joining parts, which touches the RNG, stays in the training thread).  An
+    error in the reader thread is raised by the iteration."""
+
+    def __init__(self, shard, depth: int = 2):
+        import queue
+        import threading
+
+        self._queue: "queue.Queue" = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, args=(shard,), name="foldengine-prefetch", daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        import queue
+
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _read(self, shard):
+        try:
+            for row in shard.iter_rows():
+                if not self._put(("row", row)):
+                    return
+            self._put(("end", None))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the training thread
+            self._put(("error", e))
+
+    def __iter__(self):
+        while True:
+            kind, item = self._queue.get()
+            if kind == "row":
+                yield item
+            elif kind == "end":
+                return
+            else:
+                raise item
+
+    def close(self) -> None:
+        """Stop the reader (rows not read are dropped)."""
+        self._stop.set()
+
+
+@dataclasses.dataclass
+class Feed:
+    """What every training worker reads (shipped in ``TrainPlan``): :meth:`train` and
+    :meth:`eval` yield one rank's built :class:`pipelines.data.step.Step` s in step order.
+
+    ``eval_blocks``: eval split -> ref of its cached step tables
+    (:class:`pipelines.data.background.CachedEval`), read directly instead of its dataset;
+    ``heads``: epoch -> {rank: [ref of a Step, ...]}, the epoch's first steps built by the head
+    actors (:class:`pipelines.data.background.EpochHead`; the epoch's dataset holds the rest).
+    ``datasets`` in :meth:`train` / :meth:`eval`: name -> dataset (or shard); by default the
+    Ray Train worker's shards (``ray.train.get_dataset_shard``)."""
+
+    experiment: Experiment
+    config: dict
+    context: Any
+    plan: DataPlan
+    eval_blocks: dict = dataclasses.field(default_factory=dict)
+    heads: dict = dataclasses.field(default_factory=dict)
+    #: epoch -> RowPrefetcher of its rows, started half way through the epoch before (per process)
+    prefetched: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    @staticmethod
+    def _dataset(name: str, datasets: Optional[Mapping[str, Any]]):
+        if datasets is not None:
+            return datasets[name]
+        import ray.train
+
+        return ray.train.get_dataset_shard(name)
+
+    def train(self, epoch: int, rank: int, datasets: Optional[Mapping[str, Any]] = None) -> Iterator[Step]:
+        """Rank ``rank``'s :attr:`DataPlan.steps` steps of ``epoch``: the head's steps first (if
+        any), then the epoch's dataset (read ahead in a thread when it was prefetched); parts
+        joined and built here.  Once half the epoch has been taken (``data.prefetch_next_epoch``),
+        starts reading the next epoch's dataset ahead (:class:`RowPrefetcher`)."""
+        cfg = self.config
+        prefetched = self.prefetched.pop(epoch, None)
+        head = self.heads.get(epoch, {}).get(rank, [])
+        if head:
+            # the head's steps are built already (or being built); the rest of the epoch's
+            # pipeline starts now and runs while the head trains
+            tail: Iterable = () if len(head) >= self.plan.steps else _steps_of(
+                prefetched or RowPrefetcher(self._dataset(train_dataset_name(epoch, rank), datasets)))
+            steps: Iterable[Step] = itertools.chain(read_head(head), tail)
+        else:
+            rows = prefetched if prefetched is not None else \
+                self._dataset(train_dataset_name(epoch, rank), datasets).iter_rows()
+            steps = _steps_of(rows)
+        prefetch_next = cfg["data"].get("prefetch_next_epoch", True) and epoch < cfg["epochs"]
+        for taken, step in enumerate(assemble_steps(steps, self.experiment, cfg, self.context, epoch, rank, True), 1):
+            yield step
+            if prefetch_next and 2 * taken >= self.plan.steps and epoch + 1 not in self.prefetched:
+                self.prefetched[epoch + 1] = RowPrefetcher(
+                    self._dataset(train_dataset_name(epoch + 1, rank), datasets))
+
+    def eval(self, split: str, rank: int, datasets: Optional[Mapping[str, Any]] = None) -> Iterator[Step]:
+        """Rank ``rank``'s steps of eval split ``split`` (none when the rank has no group)."""
+        name = eval_dataset_name(split, rank)
+        if not self.plan.has(name):
+            return
+        cached = self.eval_blocks.get(split)
+        rows = read_cached_eval(cached, rank) if cached is not None else \
+            _steps_of(self._dataset(name, datasets).iter_rows())
+        yield from assemble_steps(rows, self.experiment, self.config, self.context, 0, rank, False)
 
 
 #: ``data.step_assembly: auto`` gathers when the training split's blocks (traces included,
@@ -137,6 +261,7 @@ def declare_feed(experiment: Experiment, cfg: dict, splits: StreamSplits, world:
     # epoch 1's first steps: gathered by position and built while Ray Train starts (not when the
     # run resumes from a checkpoint: it starts after epoch 1)
     head = 0 if cfg.get("resume_from") else head_steps(cfg, steps, world)
+    heads: dict = {}
     datasets: dict = {}
     build_kw = dict(experiment=experiment, cfg=cfg, context=ctx_obj)
     split_bytes = None
@@ -153,8 +278,10 @@ def declare_feed(experiment: Experiment, cfg: dict, splits: StreamSplits, world:
         # where each block starts (read in a task: the driver does not fetch the blocks)
         starts = ray.get(ray.remote(num_cpus=0)(block_starts).remote(source_refs, train.n))
     if head:
-        background.append(build_head_in_background(source_refs, starts, experiment, cfg, ctx_obj, 1, world, bs,
-                                                   train.n, head))
+        epoch_head = build_head_in_background(source_refs, starts, experiment, cfg, ctx_obj, 1, world, bs, train.n,
+                                              head)
+        background.append(epoch_head)
+        heads[epoch_head.epoch] = epoch_head.refs
     per_task = max(1, int(SORTED_BLOCK_ROWS // max(bs / world, 1.0)))   # a gather task's steps
     for epoch in range(1, cfg["epochs"] + 1):
         for r in range(world):
@@ -178,9 +305,11 @@ def declare_feed(experiment: Experiment, cfg: dict, splits: StreamSplits, world:
             ds = ds.sort("step", boundaries=step_boundaries(steps, bs / world)).map_batches(
                 build_steps, batch_format="pyarrow", batch_size=None,
                 fn_kwargs=dict(build_kw, epoch=epoch, rank=r, use_traces=from_traces,
-                               expected=TrainExpected(r, world, bs, train.n)))
+                               expected=functools.partial(train_step_rows, rank=r, world=world, batch_size=bs,
+                                                          n=train.n)))
             datasets[train_dataset_name(epoch, r)] = ds
     eval_splits = []
+    eval_blocks: dict = {}
     for split in EVAL_SPLITS:
         src = splits.sources.get(split)
         if src is None or not src.n:
@@ -190,6 +319,7 @@ def declare_feed(experiment: Experiment, cfg: dict, splits: StreamSplits, world:
         if cfg["data"]["cache_eval"]:
             cached = build_eval_in_background(split, src, experiment, cfg, ctx_obj, world, ebs)
             background.append(cached)
+            eval_blocks[split] = cached.blocks
         for r in range(world):
             if eval_groups(src.n, ebs, world, r) == 0:
                 continue
@@ -201,8 +331,10 @@ def declare_feed(experiment: Experiment, cfg: dict, splits: StreamSplits, world:
             ds = ds.sort("step", boundaries=step_boundaries(eval_groups(src.n, ebs, world, r), ebs)).map_batches(
                 build_steps, batch_format="pyarrow", batch_size=None,
                 fn_kwargs=dict(build_kw, epoch=0, rank=r, use_traces=False,
-                               expected=EvalExpected(r, world, ebs, src.n)))
+                               expected=functools.partial(eval_group_rows, rank=r, world=world, batch_size=ebs,
+                                                          n=src.n)))
             datasets[eval_dataset_name(split, r)] = ds
     plan = DataPlan(steps=steps, eval_splits=tuple(eval_splits), world=world, n_train=train.n,
                     datasets=tuple(sorted(datasets)))
-    return DeclaredData(datasets, plan, background=tuple(background), params=params)
+    feed = Feed(experiment, cfg, ctx_obj, plan, eval_blocks=eval_blocks, heads=heads)
+    return DeclaredData(datasets, feed, background=tuple(background), params=params)

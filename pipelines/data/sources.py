@@ -19,12 +19,11 @@ import gzip
 import hashlib
 import os
 import pickle
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional
 
 import numpy as np
 
 __all__ = ["LineSource", "Corrupt", "corrupt_ends", "ReadSummary", "ParsedData", "read_lines", "content_sha256",
-           "parsed_records",
            "finish_parsed", "add_counts", "datasource_base"]
 
 ROWS_PER_BLOCK = 2000
@@ -263,15 +262,3 @@ def finish_parsed(parsed, path: str, sha256: str) -> ParsedData:
         batch_size=65536, batch_format="numpy", prefetch_batches=0)]
     good_idx = np.concatenate(idx) if idx else np.zeros(0, np.int64)
     return ParsedData(good, good_idx, summary)
-
-
-def parsed_records(data: ParsedData, positions: Optional[Sequence[int]] = None) -> list:
-    """The records (unpickled) of ``data`` in file order, or those at ``positions`` (ranks among
-    the good records).  For tests and small files only: this brings records to the caller."""
-    want = None if positions is None else set(int(data.good_idx[p]) for p in positions)
-    out = []
-    for row in data.dataset.iter_rows():
-        if want is None or int(row["idx"]) in want:
-            out.append((int(row["idx"]), pickle.loads(row["rec"])))
-    out.sort(key=lambda x: x[0])
-    return [r for _, r in out]

@@ -1,28 +1,62 @@
-"""One step of one rank: the step row that crosses from Ray Data to the trainer, and
-:func:`build_step`, the one place a batch is built.
+"""One step of one rank: :class:`Step`, the typed record that crosses from Ray Data to the
+trainer, and :func:`build_step`, the one place a batch is built.
 
-The step row (:data:`STEP_ROW_FIELDS`, a table made by :func:`step_table`): ``batch`` (the
-pickled ``experiment.make_batch``; empty for a part), ``n`` (records on this rank), ``denom``
-(records in the global step: the ``mean`` loss divisor), ``build_s``, ``step`` and ``part`` (the
-pickled rows of a step that spanned blocks, joined and built in the trainer; empty otherwise).
+A :class:`Step` travels as a row of a step table (:func:`step_table`, columns
+:data:`STEP_ROW_FIELDS`: ``batch`` binary, ``n``/``denom``/``step`` int64, ``build_s`` float64,
+``part`` binary) and is read back with :meth:`Step.from_row`.  A step whose rows spanned two
+sorted blocks travels unbuilt as parts (``part`` set, ``batch`` empty) and is joined and built in
+the trainer (:func:`pipelines.data.assembly.assemble_steps`).
 
 :func:`build_step` builds a step's rows (columns ``step``, ``j``, ``rec``, ``denom``, optionally
-``trace``) with the RNGs seeded from ``(seed, epoch, step, rank)``, so a batch is a pure
-function of the config wherever it is built (a Ray Data task, a background actor, the trainer).
+``trace``) with the RNGs seeded from ``(seed, epoch, step, rank)``, so a batch is a pure function
+of the config wherever it is built (a Ray Data task, a background actor, the trainer).
 :func:`batch_builder` is the experiment's builder, made once per process; :func:`trace_block`
 traces a block's records for the later epochs.
 """
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import time
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from ..experiment import Experiment
 from ..seeding import derived_seed, seed_all
 from .cache import cached, config_key
 
-__all__ = ["STEP_ROW_FIELDS", "TRACE_CHUNK_RECORDS", "batch_builder", "trace_block", "build_step", "step_table"]
+__all__ = ["Step", "STEP_ROW_FIELDS", "TRACE_CHUNK_RECORDS", "batch_builder", "trace_block", "build_step",
+           "step_table"]
+
+#: the columns of a step table, in the order of :class:`Step`'s fields
+STEP_ROW_FIELDS = ("batch", "n", "denom", "build_s", "step", "part")
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One built step of one rank (or, with ``part``, some rows of a step not built yet).
+
+    ``blob`` is the pickled ``experiment.make_batch`` (column ``batch``; empty for a part),
+    ``n`` the records on this rank, ``denom`` the records in the global step (the ``mean`` loss
+    divisor; eval: the group's size), ``build_s`` the seconds building it took, ``index`` the
+    step's index in the epoch (eval: the rank's group index; column ``step``), ``part`` the
+    pickled rows of an unbuilt part (empty otherwise)."""
+
+    blob: bytes
+    n: int
+    denom: int
+    build_s: float
+    index: int
+    part: bytes = b""
+
+    def batch(self) -> Any:
+        """The experiment's batch (unpickled from ``blob``)."""
+        return pickle.loads(self.blob)
+
+    @classmethod
+    def from_row(cls, row: Mapping) -> "Step":
+        """The step of a step-table row (a mapping of :data:`STEP_ROW_FIELDS`)."""
+        return cls(row["batch"], int(row["n"]), int(row["denom"]), float(row["build_s"]), int(row["step"]),
+                   row["part"] or b"")
 
 
 def batch_builder(experiment: Experiment, cfg: dict, context: Any):
@@ -60,7 +94,7 @@ def trace_block(table, experiment, cfg, context):
 
 
 def build_step(table, experiment, cfg, context, epoch, rank, use_traces):
-    """One step's rows (sorted by ``j``) -> ``(blob, n, denom, build_s, step)``: the pickled
+    """One step's rows (sorted by ``j``) -> its :class:`Step`: the pickled
     ``experiment.make_batch`` of the records (from their traces when ``use_traces`` and every row
     has one), seeded from ``(seed, epoch, step, rank)``; ``denom`` 0 means the step's size."""
     builder = batch_builder(experiment, cfg, context)
@@ -75,18 +109,16 @@ def build_step(table, experiment, cfg, context, epoch, rank, use_traces):
     else:
         batch = experiment.make_batch(builder, recs)
     blob = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
-    return blob, len(recs), denom, time.perf_counter() - t0, i
+    return Step(blob, len(recs), denom, time.perf_counter() - t0, i)
 
 
-#: the fields of a step row, in the order of :func:`step_table`'s tuples
-STEP_ROW_FIELDS = ("batch", "n", "denom", "build_s", "step", "part")
-
-
-def step_table(rows: list):
-    """Step rows (:data:`STEP_ROW_FIELDS`) ``(batch, n, denom, build_s, step, part)`` as a typed table (also for no rows)."""
+def step_table(steps: Sequence[Step]):
+    """``steps`` as a typed step table (columns :data:`STEP_ROW_FIELDS`; also for no steps)."""
     import pyarrow as pa
 
-    cols = list(zip(*rows)) if rows else [()] * 6
-    return pa.table({"batch": pa.array(cols[0], pa.binary()), "n": pa.array(cols[1], pa.int64()),
-                     "denom": pa.array(cols[2], pa.int64()), "build_s": pa.array(cols[3], pa.float64()),
-                     "step": pa.array(cols[4], pa.int64()), "part": pa.array(cols[5], pa.binary())})
+    return pa.table({"batch": pa.array([x.blob for x in steps], pa.binary()),
+                     "n": pa.array([x.n for x in steps], pa.int64()),
+                     "denom": pa.array([x.denom for x in steps], pa.int64()),
+                     "build_s": pa.array([x.build_s for x in steps], pa.float64()),
+                     "step": pa.array([x.index for x in steps], pa.int64()),
+                     "part": pa.array([x.part for x in steps], pa.binary())})

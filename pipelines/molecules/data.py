@@ -136,6 +136,63 @@ def parse_real_label(text: str) -> float:
 
 
 # ----------------------------------------------------------------------------- generic reader
+@dataclass(frozen=True)
+class CsvRow:
+    """One CSV data row by the molecule rules: ``error`` None and the fields set, or ``error`` the
+    reason (``mol_id`` set when it was read) and ``smiles`` / ``labels`` None."""
+
+    mol_id: Optional[str]
+    smiles: Optional[str]
+    labels: Optional[list]        #: one float per label column (NaN: missing)
+    error: Optional[str]
+
+
+@dataclass(frozen=True)
+class CsvLayout:
+    """Where a molecule CSV's columns are (from its header row), and the row rules both readers
+    apply (:func:`read_molecule_csv` and the Ray Data read of
+    :func:`pipelines.molecules.reading.read_molecule_csv_ds`)."""
+
+    n_fields: int
+    id_index: Optional[int]       #: None: ids are ``row<line>``
+    smiles_index: int
+    label_indices: tuple
+    parse_label: Callable[[str], float]
+
+    @classmethod
+    def from_header(cls, path, header: Optional[Sequence[str]], *, id_column: Optional[str], smiles_column: str,
+                    label_columns: Sequence[str], parse_label: Callable[[str], float]) -> "CsvLayout":
+        """The layout of ``header`` (the first CSV row of ``path``, None for an empty file);
+        raises :class:`DataFormatError` naming ``path`` for an empty header or missing columns."""
+        if header is None or not any(h.strip() for h in header):
+            raise DataFormatError(f"{path}: file is empty (no header row)")
+        header = [h.strip() for h in header]
+        required = [c for c in (id_column, smiles_column, *label_columns) if c is not None]
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise DataFormatError(f"{path}: missing column(s) {missing}; header has {header}")
+        return cls(len(header), header.index(id_column) if id_column is not None else None,
+                   header.index(smiles_column), tuple(header.index(c) for c in label_columns), parse_label)
+
+    def parse_row(self, row: Sequence[str], line: int) -> CsvRow:
+        """The :class:`CsvRow` of data row ``row`` at physical line ``line`` (1-based): a blank
+        line, a wrong field count, an empty SMILES and a label ``parse_label`` refuses are
+        errors."""
+        if not row or (len(row) == 1 and not row[0].strip()):
+            return CsvRow(None, None, None, "blank line")
+        if len(row) != self.n_fields:
+            return CsvRow(None, None, None, f"{len(row)} fields, expected {self.n_fields}")
+        mol_id = row[self.id_index].strip() if self.id_index is not None else f"row{line}"
+        smiles = row[self.smiles_index].strip()
+        if not smiles:
+            return CsvRow(mol_id, None, None, "empty SMILES")
+        try:
+            labels = [self.parse_label(row[j]) for j in self.label_indices]
+        except ValueError as err:
+            return CsvRow(mol_id, None, None, f"bad label: {err}")
+        return CsvRow(mol_id, smiles, labels, None)
+
+
 def _read_text(path: pathlib.Path) -> tuple[str, str]:
     """(decoded text, sha256 of the uncompressed bytes); ``.gz`` files are decompressed."""
     raw = path.read_bytes()
@@ -162,43 +219,19 @@ def read_molecule_csv(path: str | os.PathLike, *, id_column: Optional[str], smil
     text, digest = _read_text(path)
     report = LoadReport(str(path), tuple(label_columns), sha256=digest)
     reader = csv.reader(io.StringIO(text, newline=""))
-    header = next(reader, None)
-    if header is None or not any(h.strip() for h in header):
-        raise DataFormatError(f"{path}: file is empty (no header row)")
-    header = [h.strip() for h in header]
-    required = [c for c in (id_column, smiles_column, *label_columns) if c is not None]
-    missing = [c for c in required if c not in header]
-    if missing:
-        raise DataFormatError(f"{path}: missing column(s) {missing}; header has {header}")
-    col = {c: header.index(c) for c in required}
-    label_idx = [col[c] for c in label_columns]
+    layout = CsvLayout.from_header(path, next(reader, None), id_column=id_column, smiles_column=smiles_column,
+                                   label_columns=label_columns, parse_label=parse_label)
     records: list[MoleculeRecord] = []
-
-    def bad(line: int, mol_id: Optional[str], reason: str) -> None:
-        if on_bad_row == "raise":
-            raise DataFormatError(f"{path}:{line}: {reason}")
-        report.skipped.append(SkippedRow(line, mol_id, reason))
-
     for row in reader:
         line = reader.line_num
         report.rows_read += 1
-        if not row or (len(row) == 1 and not row[0].strip()):
-            bad(line, None, "blank line")
+        parsed = layout.parse_row(row, line)
+        if parsed.error is not None:
+            if on_bad_row == "raise":
+                raise DataFormatError(f"{path}:{line}: {parsed.error}")
+            report.skipped.append(SkippedRow(line, parsed.mol_id, parsed.error))
             continue
-        if len(row) != len(header):
-            bad(line, None, f"{len(row)} fields, expected {len(header)}")
-            continue
-        mol_id = row[col[id_column]].strip() if id_column is not None else f"row{line}"
-        smiles = row[col[smiles_column]].strip()
-        if not smiles:
-            bad(line, mol_id, "empty SMILES")
-            continue
-        try:
-            labels = np.array([parse_label(row[i]) for i in label_idx], np.float32)
-        except ValueError as err:
-            bad(line, mol_id, f"bad label: {err}")
-            continue
-        records.append(MoleculeRecord(mol_id, smiles, labels, name, line))
+        records.append(MoleculeRecord(parsed.mol_id, parsed.smiles, np.array(parsed.labels, np.float32), name, line))
     report.rows_kept = len(records)
     return records, report
 

@@ -152,7 +152,7 @@ class MolGraph:
 class CompactMolGraph:
     """Storage form of :class:`MolGraph`: pairs kept as uint8 (all pair features are 0/1).
 
-    4x smaller than float32 pairs (all 7823 Tox21 graphs: ~48 MB instead of ~192 MB).
+    4x smaller than float32 pairs.
     ``model_input()`` / ``to_graph()`` give float32 back, bit-identical to the MolGraph.
     """
 

@@ -23,77 +23,63 @@ from pipelines.data.sources import (ROWS_PER_BLOCK, Corrupt, ParsedData, content
 __all__ = ["CsvSource", "read_molecule_csv_ds", "label_stats"]
 
 
-def _csv_header(path: str) -> list:
+def _csv_header(path: str) -> Optional[list]:
+    """The first CSV row of ``path`` (None for an empty file); DataFormatError naming ``path``
+    for a file that is not gzip (``.gz``) or not UTF-8."""
     from pipelines.molecules.data import DataFormatError
 
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
-            header = next(csv.reader(f), None)
+            return next(csv.reader(f), None)
     except (OSError, EOFError) as err:
         raise DataFormatError(f"{path}: not a valid gzip file: {err}") from err
     except UnicodeDecodeError as err:
         raise DataFormatError(f"{path}: not UTF-8/ASCII text: {err}") from err
-    if header is None or not any(h.strip() for h in header):
-        raise DataFormatError(f"{path}: file is empty (no header row)")
-    return [h.strip() for h in header]
 
 
-def _csv_rows(path: str, id_column: Optional[str], smiles_column: str, label_columns: Sequence[str],
-              parse_label: Callable[[str], float], rows_per_block: int) -> Iterable:
-    """Read task: data rows -> ``idx``, ``line``, ``mol_id``, ``smiles``, ``labels``, ``error``."""
+def _csv_rows(path: str, layout, rows_per_block: int) -> Iterable:
+    """Read task: data rows -> ``idx``, ``line``, ``mol_id``, ``smiles``, ``labels``, ``error``
+    (the rules of :class:`pipelines.molecules.data.CsvLayout`; a truncated ``.gz`` ends in one
+    bad row naming why)."""
     import pyarrow as pa
+
+    from pipelines.molecules.data import CsvRow
 
     opener = gzip.open if path.endswith(".gz") else open
 
-    def table(cols):
-        return pa.table({"idx": pa.array(cols[0], pa.int64()), "line": pa.array(cols[1], pa.int64()),
-                         "mol_id": pa.array(cols[2], pa.string()), "smiles": pa.array(cols[3], pa.string()),
-                         "labels": pa.array(cols[4], pa.list_(pa.float32())),
-                         "error": pa.array(cols[5], pa.string())})
+    def table(rows):
+        return pa.table({"idx": pa.array([r[0] for r in rows], pa.int64()),
+                         "line": pa.array([r[1] for r in rows], pa.int64()),
+                         "mol_id": pa.array([r[2].mol_id for r in rows], pa.string()),
+                         "smiles": pa.array([r[2].smiles for r in rows], pa.string()),
+                         "labels": pa.array([r[2].labels for r in rows], pa.list_(pa.float32())),
+                         "error": pa.array([r[2].error for r in rows], pa.string())})
 
     with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
         reader = csv.reader(f)
-        header = [h.strip() for h in next(reader)]
-        rows = corrupt_ends(reader)
-        col = {c: header.index(c) for c in (id_column, smiles_column, *label_columns) if c is not None}
-        label_idx = [col[c] for c in label_columns]
-        cols: list = [[], [], [], [], [], []]
-        for i, row in enumerate(rows):
+        next(reader)                                   # the header (read by the driver)
+        rows: list = []
+        for i, row in enumerate(corrupt_ends(reader)):
             line = reader.line_num
-            mol_id = smiles = labels = err = None
-            if isinstance(row, Corrupt):  # a bad record, named and counted like the others
-                err, line = row.reason, line + 1
-            elif not row or (len(row) == 1 and not row[0].strip()):
-                err = "blank line"
-            elif len(row) != len(header):
-                err = f"{len(row)} fields, expected {len(header)}"
+            if isinstance(row, Corrupt):  # a truncated file: a bad record, named and counted like the others
+                rows.append((i, line + 1, CsvRow(None, None, None, row.reason)))
             else:
-                mol_id = row[col[id_column]].strip() if id_column is not None else f"row{line}"
-                smiles = row[col[smiles_column]].strip()
-                if not smiles:
-                    err = "empty SMILES"
-                else:
-                    try:
-                        labels = [parse_label(row[j]) for j in label_idx]
-                    except ValueError as e:
-                        err = f"bad label: {e}"
-            for c, v in zip(cols, (i, line, mol_id, smiles, labels if err is None else None, err)):
-                c.append(v)
-            if len(cols[0]) >= rows_per_block:
-                yield table(cols)
-                cols = [[], [], [], [], [], []]
-        if cols[0]:
-            yield table(cols)
+                rows.append((i, line, layout.parse_row(row, line)))
+            if len(rows) >= rows_per_block:
+                yield table(rows)
+                rows = []
+        if rows:
+            yield table(rows)
 
 
 class CsvSource(datasource_base()):
-    """A molecule CSV's data rows, streamed by one read task (see :func:`_csv_rows`)."""
+    """A molecule CSV's data rows, streamed by one read task (see :func:`_csv_rows`); ``layout``
+    a :class:`pipelines.molecules.data.CsvLayout` of its header."""
 
-    def __init__(self, path: str, *, id_column, smiles_column, label_columns, parse_label,
-                 rows_per_block: int = ROWS_PER_BLOCK):
+    def __init__(self, path: str, layout, rows_per_block: int = ROWS_PER_BLOCK):
         self.path = os.path.abspath(str(path))
-        self.args = (id_column, smiles_column, tuple(label_columns), parse_label, int(rows_per_block))
+        self.args = (layout, int(rows_per_block))
 
     def estimate_inmemory_data_size(self) -> Optional[int]:
         return os.path.getsize(self.path)
@@ -143,21 +129,17 @@ def read_molecule_csv_ds(path: str, *, id_column: Optional[str], smiles_column: 
     header problems raise :class:`~pipelines.molecules.data.DataFormatError` here), SMILES checked
     with RDKit in the tasks (``check_rdkit``).  ``summary.first_bad`` reasons of RDKit failures
     start with ``"SMILES: "``; the caller decides whether to raise (``data.skip_bad``)."""
-    from pipelines.molecules.data import DataFormatError
+    from pipelines.molecules.data import CsvLayout
 
     import ray.data
 
     path = os.path.abspath(str(path))
-    header = _csv_header(path)
-    missing = [c for c in (id_column, smiles_column, *label_columns) if c is not None and c not in header]
-    if missing:
-        raise DataFormatError(f"{path}: missing column(s) {missing}; header has {header}")
+    layout = CsvLayout.from_header(path, _csv_header(path), id_column=id_column, smiles_column=smiles_column,
+                                   label_columns=label_columns, parse_label=parse_label)
     # one read task streams the file; Ray Data splits its output into a fixed number of blocks
     # (Tox21 x1 and x5 alike: 4-5), so without the repartition a block, and every process that
     # traces or builds one (the background trace pass: 1.4 GB at x1, 3.5 GB at x5), grew with the file
-    ds = ray.data.read_datasource(CsvSource(path, id_column=id_column, smiles_column=smiles_column,
-                                            label_columns=label_columns, parse_label=parse_label,
-                                            rows_per_block=rows_per_block)) \
+    ds = ray.data.read_datasource(CsvSource(path, layout, rows_per_block)) \
         .repartition(target_num_rows_per_block=rows_per_block)
     parsed = ds.map_batches(_parse_smiles_block, batch_format="pyarrow", batch_size=None,
                             fn_kwargs={"where_name": os.path.basename(path), "check_rdkit": check_rdkit})

@@ -25,7 +25,7 @@ Loading
 verifies its SHA-256 against the published sums, and parses it.  Malformed lines raise
 :class:`SSTFormatError` naming ``path:line`` and the problem, or are skipped and counted
 with ``skip_bad=True`` (see :class:`LoadReport`).  Parsed trees of verified, clean files are
-cached as a pickle in the user cache keyed by the file's SHA-256 (second load ~20x faster).
+cached as a pickle in the user cache keyed by the file's SHA-256.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ from pipelines import datadir
 __all__ = [
     "SPLITS", "SST_URL", "SST_SHA256", "LABELS",
     "SSTFormatError", "SSTChecksumError", "LoadReport", "TreeStats",
-    "parse_line", "load_file", "load_split", "load_split_source", "resolve_split_path",
+    "parse_line", "parse_line_checked", "load_file", "load_split", "load_split_source", "resolve_split_path",
     "is_leaf", "leaves", "iter_nodes", "to_string", "tree_depth",
     "binary_label", "binary_trees", "tree_stats", "normalize_token",
 ]
@@ -145,8 +145,8 @@ def _parse_strict(s: str, intern=sys.intern) -> Optional[Node]:
     "(" label node node ")"`` (``label`` in 0..4, tokens as in nltk's parse with ``_TOKEN``).
     It accepts only what :func:`parse_line`'s nltk path turns into the same tuples; everything
     else (malformed lines, odd spacing inside a label) returns None, and the nltk path decides
-    and words the error.  About 4x faster than ``nltk.Tree.fromstring`` plus conversion
-    (``tests/pipelines/sst/test_data.py`` checks identical trees on every SST line).
+    and words the error (``tests/pipelines/sst/test_data.py`` checks identical trees on every
+    SST line).
     """
     toks = _STRICT_TOKEN.findall(s)
     n = len(toks)
@@ -205,6 +205,19 @@ def parse_line(line: str) -> Node:
     return fast if fast is not None else _parse_nltk(s)
 
 
+def parse_line_checked(line: str) -> tuple[Optional[Node], Optional[str]]:
+    """``(tree, None)`` for a well-formed SST line, ``(None, reason)`` for a malformed one
+    (:func:`parse_line`'s ``ValueError`` text; ``"tree too deep"`` when the nesting exhausts the
+    recursion limit): the per-line rule of both readers, :func:`load_file` and the Ray Data parse
+    tasks of :func:`pipelines.sst.reading.read_sst_file`."""
+    try:
+        return parse_line(line), None
+    except ValueError as err:
+        return None, str(err)
+    except RecursionError:
+        return None, "tree too deep"
+
+
 def _parse_nltk(s: str) -> Node:
     """:func:`parse_line` by ``nltk.Tree.fromstring`` and :func:`_convert` (the reference, and
     the path that words the errors)."""
@@ -228,13 +241,13 @@ def _parse_lines(path: str, text: str, skip_bad: bool) -> tuple[list, LoadReport
         lines.pop()
     trees = []
     for no, line in enumerate(lines, start=1):
-        try:
-            trees.append(parse_line(line))
-        except (ValueError, RecursionError) as err:
-            reason = str(err) if isinstance(err, ValueError) else "tree too deep"
-            if not skip_bad:
-                raise SSTFormatError(f"{path}:{no}: {reason}") from None
-            report.skipped_lines.append((no, reason))
+        tree, reason = parse_line_checked(line)
+        if reason is None:
+            trees.append(tree)
+            continue
+        if not skip_bad:
+            raise SSTFormatError(f"{path}:{no}: {reason}")
+        report.skipped_lines.append((no, reason))
     report.n_read = len(trees)
     report.n_skipped = len(report.skipped_lines)
     if not trees:

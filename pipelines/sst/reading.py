@@ -2,30 +2,29 @@
 generic part: lines, blocks, summaries).
 
 * :func:`read_sst_file`: trees parsed with nltk in Ray Data tasks
-  (:func:`pipelines.sst.data.parse_line`), the same trees, errors and skip counts as
+  (:func:`pipelines.sst.data.parse_line_checked`), the same trees, errors and skip counts as
   :func:`pipelines.sst.data.load_file`.
 * :func:`vocab_from_counts`: the vocabulary from the word counts the parse tasks make (one count
   per parse block, merged when the file's summary is read: no second pass over the trees);
-  :func:`vocab_from_datasets` the same by a Ray Data aggregation over parsed trees; both equal
-  :func:`pipelines.sst.vocab.build_vocab`.
+  equal to :func:`pipelines.sst.vocab.build_vocab` of the trees.
 """
 from __future__ import annotations
 
 import os
 import pickle
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from pipelines.data.sources import (CHUNK_BYTES, ROWS_PER_BLOCK, ParsedData, add_counts, content_sha256, finish_parsed,
                                read_lines)
 
-__all__ = ["read_sst_file", "vocab_from_counts", "vocab_from_datasets", "AGGREGATE_PARTITIONS"]
+__all__ = ["read_sst_file", "vocab_from_counts"]
 
 
 def _parse_sst_block(table, first_line_bom: bool = True):
     """Ray Data task: raw lines -> ``idx``, ``line``, ``rec`` (pickled tuple tree), ``error``."""
     import pyarrow as pa
 
-    from pipelines.sst.data import leaves, parse_line
+    from pipelines.sst.data import leaves, parse_line_checked
 
     recs, errs = [], []
     counts: dict = {}
@@ -40,11 +39,10 @@ def _parse_sst_block(table, first_line_bom: bool = True):
             text = text[1:]
         if text.endswith("\n"):
             text = text[:-1]
-        try:
-            tree = parse_line(text)
-        except (ValueError, RecursionError) as err:
+        tree, reason = parse_line_checked(text)
+        if reason is not None:
             recs.append(None)
-            errs.append(str(err) if isinstance(err, ValueError) else "tree too deep")
+            errs.append(reason)
             continue
         recs.append(pickle.dumps(tree, protocol=pickle.HIGHEST_PROTOCOL))
         errs.append(None)
@@ -87,29 +85,9 @@ def read_sst_file(path: str, skip_bad: bool = False, expected_sha256: Optional[s
     return data
 
 
-def _count_words_block(table):
-    import collections
-
-    import pyarrow as pa
-
-    from pipelines.sst.data import leaves
-
-    counts: collections.Counter = collections.Counter()
-    for blob in table.column("rec").to_pylist():
-        counts.update(leaves(pickle.loads(blob)))
-    return pa.table({"word": pa.array(list(counts), pa.string()),
-                     "count": pa.array(list(counts.values()), pa.int64())})
-
-
-#: hash partitions of the vocabulary aggregation (Ray Data's default, 200, is 200 reduce tasks for
-#: a few tens of thousands of distinct words)
-AGGREGATE_PARTITIONS = 8
-
-
 def vocab_from_counts(counts: Sequence[Optional[dict]], min_freq: int = 1):
     """:func:`pipelines.sst.vocab.build_vocab` from word counts (``ReadSummary.word_counts`` of
-    the SST files, counted in the parse tasks): the same vocabulary as
-    :func:`vocab_from_datasets` without another pass over the trees."""
+    the SST files, counted in the parse tasks: no second pass over the trees)."""
     from pipelines.sst.vocab import vocab_of_counts
 
     total: dict = {}
@@ -118,18 +96,3 @@ def vocab_from_counts(counts: Sequence[Optional[dict]], min_freq: int = 1):
             raise ValueError("vocab_from_counts: a file was read without word counts (not an SST file?)")
         add_counts(total, c)
     return vocab_of_counts(total, min_freq)
-
-
-def vocab_from_datasets(datasets: Sequence[Any], min_freq: int = 1):
-    """:func:`pipelines.sst.vocab.build_vocab` of the trees in ``datasets`` (``ParsedData.dataset``
-    of SST files), computed by a Ray Data aggregation: word counts per block, summed per word."""
-    from pipelines.sst.vocab import vocab_of_counts
-
-    if not datasets:
-        return vocab_of_counts({}, min_freq)
-    parts = [d.map_batches(_count_words_block, batch_format="pyarrow", batch_size=None) for d in datasets]
-    ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
-    counts = {}
-    for row in ds.groupby("word", num_partitions=AGGREGATE_PARTITIONS).sum("count").iter_rows():
-        counts[row["word"]] = int(row["sum(count)"])
-    return vocab_of_counts(counts, min_freq)

@@ -87,3 +87,17 @@ def untrained_esol():
     torch.manual_seed(0)
     model = exp.build_model(cfg, scaling)
     return exp, cfg, exp.model_context(cfg, scaling), model
+
+
+def parsed_records(data, positions=None) -> list:
+    """The records (unpickled) of ``data`` (a ``pipelines.data.sources.ParsedData``) in file
+    order, or those at ``positions`` (ranks among the good records); brings them to the caller."""
+    import pickle
+
+    want = None if positions is None else set(int(data.good_idx[p]) for p in positions)
+    out = []
+    for row in data.dataset.iter_rows():
+        if want is None or int(row["idx"]) in want:
+            out.append((int(row["idx"]), pickle.loads(row["rec"])))
+    out.sort(key=lambda x: x[0])
+    return [r for _, r in out]

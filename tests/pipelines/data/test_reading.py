@@ -17,7 +17,7 @@ from pipelines.sst import data as SD
 from pipelines.sst import reading as SR
 from pipelines.sst.vocab import build_vocab
 
-from .helpers import sst_lines
+from ..helpers import parsed_records, sst_lines
 
 pytestmark = [pytest.mark.integration]
 
@@ -65,7 +65,7 @@ def test_sst_malformed_lines_reported_as_load_file(tmp_path, gz, mixed):
         path.write_bytes(gzip.compress(text.encode()))
     trees, report = SD.load_file(plain, skip_bad=True)
     data = SR.read_sst_file(str(path), skip_bad=True, chunk_bytes=13, rows_per_block=2)
-    assert R.parsed_records(data) == trees
+    assert parsed_records(data) == trees
     s = data.summary
     assert (s.n_rows, s.n_ok, s.n_bad) == (len(mixed), report.n_read, report.n_skipped)
     assert s.first_bad == report.skipped_lines[:3]
@@ -81,7 +81,7 @@ def test_sst_malformed_lines_reported_as_load_file(tmp_path, gz, mixed):
 
 
 def test_sst_files_and_streaming_vocabulary_equal_the_loaders(data_dir, cache_env):
-    datasets, trees, counts = [], [], []
+    trees, counts = [], []
     for split in SD.SPLITS:
         want, _ = SD.load_split(split)
         data = SR.read_sst_file(str(data_dir / "sst" / f"{split}.txt"), expected_sha256=SD.SST_SHA256[split],
@@ -89,15 +89,12 @@ def test_sst_files_and_streaming_vocabulary_equal_the_loaders(data_dir, cache_en
         assert data.summary.n_ok == len(want) and data.summary.n_bad == 0
         assert np.array_equal(data.good_idx, np.arange(len(want)))
         if split == "dev":
-            assert R.parsed_records(data) == want
-            assert R.parsed_records(data, [0, 5, 1100]) == [want[0], want[5], want[1100]]
-        datasets.append(data.dataset)
+            assert parsed_records(data) == want
+            assert parsed_records(data, [0, 5, 1100]) == [want[0], want[5], want[1100]]
         trees.append(want)
         counts.append(data.summary.word_counts)
-    vocab = SR.vocab_from_datasets(datasets)
-    assert vocab == build_vocab(*trees) and vocab.counts == build_vocab(*trees).counts
-    assert SR.vocab_from_datasets(datasets[:1]) == build_vocab(trees[0])
-    # the word counts made in the parse tasks give the same vocabulary (read_splits uses them)
+    # the word counts made in the parse tasks give the loaders' vocabulary (read_splits uses them)
+    vocab = build_vocab(*trees)
     from_counts = SR.vocab_from_counts(counts)
     assert from_counts == vocab and from_counts.counts == vocab.counts
     assert SR.vocab_from_counts(counts[:1]) == build_vocab(trees[0])
@@ -113,7 +110,7 @@ def test_esol_rows_and_label_statistics(data_dir):
     want, report = MD.read_esol_csv(path)
     data = MR.read_molecule_csv_ds(path, id_column=MD.ESOL_ID_COLUMN, smiles_column=MD.ESOL_SMILES_COLUMN,
                                   label_columns=MD.ESOL_TASKS, parse_label=MD.parse_real_label, rows_per_block=100)
-    got = R.parsed_records(data)
+    got = parsed_records(data)
     assert len(got) == len(want) == 1128 and data.summary.n_bad == 0
     assert [(r.mol_id, r.smiles, r.line, r.source) for r in got] == \
         [(r.mol_id, r.smiles, r.line, r.source) for r in want]
@@ -153,7 +150,7 @@ def test_csv_bad_rows_and_header(tmp_path):
     want, report = MD.read_tox21_csv(path, on_bad_row="skip")
     data = MR.read_molecule_csv_ds(str(path), id_column="mol_id", smiles_column="smiles",
                                   label_columns=MD.TOX21_TASKS, parse_label=MD.parse_binary_label, rows_per_block=2)
-    assert [r.mol_id for r in R.parsed_records(data)] == [r.mol_id for r in want] == ["A", "D"]
+    assert [r.mol_id for r in parsed_records(data)] == [r.mol_id for r in want] == ["A", "D"]
     assert data.summary.first_bad == [(x.line, x.reason) for x in report.skipped][:3]
     assert data.summary.n_bad == len(report.skipped) == 4
     n, mean, std = MR.label_stats(data.dataset, 12)
@@ -207,11 +204,10 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
     (``data.step_assembly``): the step sort, or each step gathering its records by position
     (``auto`` picks gather for a split this small); both give the same rows."""
     import os
-    import pickle
-
     import ray
 
     from pipelines.data.assembly import assemble_steps
+    from pipelines.data.step import Step
 
     from pipelines.config import load_config, merged_schema
     from pipelines.data.feed import eval_dataset_name, train_dataset_name
@@ -220,14 +216,14 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
     from pipelines.data.feed import declare_feed
     from pipelines.data.splits import StreamSplits, with_positions
 
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from ..helpers import REPO as repo
     cfg = load_config(os.path.join(repo, "conf", "sst_tai2015.yaml"),
                       ["epochs=2", "batch_size=25", "eval_batch_size=20", "sst.state_size=8", "seed=3",
                        "sst.train_file=" + str(data_dir / "sst" / "dev.txt"), "sst.limit_train=113",
                        "sst.limit_dev=47", "sst.test_file=", "data.blocks_per_epoch=2",
                        f"data.head_rows={head_rows}", f"data.step_assembly={assembly}"], merged_schema(SCHEMA))
-    from . import step_reference as ref
-    from .reference_splits import sst_splits
+    from .. import step_reference as ref
+    from ..reference_splits import sst_splits
 
     exp = SSTExperiment()
     legacy = sst_splits(cfg)
@@ -254,21 +250,22 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
                    "dev": with_positions(SR.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=50_000,
                                                          rows_per_block=30), 47)}
         new = declare_feed(exp, cfg, StreamSplits(sources, {}, legacy.context), world)
-        parts = {name: new.datasets[name].take_all() for name in new.plan.datasets}
+        plan = new.feed.plan
+        parts = {name: [Step.from_row(row) for row in new.datasets[name].take_all()] for name in plan.datasets}
     finally:
         ctx.target_max_block_size = saved
-    assert new.plan.datasets == tuple(sorted(expected)) and new.plan.steps == steps == 5
-    assert new.plan.eval_splits == ("dev",) and new.plan.world == world and new.plan.n_train == n_train == 113
+    assert plan.datasets == tuple(sorted(expected)) and plan.steps == steps == 5
+    assert plan.eval_splits == ("dev",) and plan.world == world and plan.n_train == n_train == 113
     used = "gather" if assembly == "auto" else assembly
     assert new.params["data/step_assembly"] == used
-    from pipelines.data.background import EpochHead, head_rows as read_head
+    from pipelines.data.background import EpochHead, read_head
     heads = [b for b in new.background if isinstance(b, EpochHead)]
     assert len(heads) == (1 if head_rows else 0)
     for h in heads:
-        assert h.epoch == 1 and h.steps == 1 < new.plan.steps
+        assert h.epoch == 1 and h.steps == 1 < plan.steps and new.feed.heads == {1: h.refs}
         for r in range(world):
             name = f"train_e1_r{r}"
-            assert parts[name] and all(row["step"] >= h.steps for row in parts[name])
+            assert parts[name] and all(step.index >= h.steps for step in parts[name])
             parts[name] = list(read_head(h.refs[r])) + parts[name]
     # epoch 2 read the background pass's traces: one traced block per source block, every
     # record traced once; the eval batches came from background builders; all of them made by
@@ -276,7 +273,7 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
     from pipelines.data.background import BACKGROUND_NICENESS, CachedEval, TracedBlocks
     traced = [b for b in new.background if isinstance(b, TracedBlocks)]
     cached = [b for b in new.background if isinstance(b, CachedEval)]
-    assert len(traced) == 1 and len(cached) == len(new.plan.eval_splits) == 1
+    assert len(traced) == 1 and len(cached) == len(plan.eval_splits) == 1
     tables = ray.get(traced[0].refs)
     assert sum(t.num_rows for t in tables) == 113
     assert all(b is not None for t in tables for b in t.column("trace").to_pylist())
@@ -286,25 +283,39 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
         for worker in getattr(b, "workers", None) or (b.worker,):
             want = plain if isinstance(b, EpochHead) else BACKGROUND_NICENESS
             assert ray.get(worker.__ray_call__.remote(lambda self: os.nice(0))) == want
-    # what the trainer reads (cached_eval_rows, no Ray Data execution) is the eval dataset's rows
-    from pipelines.data.background import cached_eval_rows
-    assert cached[0].split == "dev"
+    # what the trainer reads (read_cached_eval, no Ray Data execution) is the eval dataset's rows
+    from pipelines.data.background import read_cached_eval
+    assert cached[0].split == "dev" and new.feed.eval_blocks == {"dev": cached[0].blocks}
     for r in range(world):
-        direct = list(cached_eval_rows(cached[0].blocks, r))
+        direct = list(read_cached_eval(cached[0].blocks, r))
         assert direct == parts[f"dev_r{r}"] and direct, r
     n_parts = 0
     builder = ref.builder(exp, cfg, legacy.context)
-    for name in new.plan.datasets:
+    assembled = {}
+    for name in plan.datasets:
         epoch_w, records, a = expected[name]
-        n_parts += sum(bool(r["part"]) for r in parts[name])
+        n_parts += sum(bool(step.part) for step in parts[name])
         is_train = name.startswith("train_e")
         epoch = int(name.split("_e")[1].split("_")[0]) if is_train else 0
         rank = int(name.rsplit("_r", 1)[1])
         b = list(assemble_steps(iter(parts[name]), exp, cfg, legacy.context, epoch, rank, is_train))
         assert epoch == epoch_w
-        assert [(i, len(idx), d) for i, idx, d in a] == [(r["step"], r["n"], r["denom"]) for r in b], name
+        assert [(i, len(idx), d) for i, idx, d in a] == [(step.index, step.n, step.denom) for step in b], name
+        assert all(not step.part for step in b), name
         for (i, idx, _), y in zip(a, b):
             x = ref.batch(exp, builder, records, idx, seed, epoch, i, rank)
-            assert _plan_bytes(x) == _plan_bytes(pickle.loads(y["batch"])), (name, i)
+            assert _plan_bytes(x) == _plan_bytes(y.batch()), (name, i)
+        assembled[name] = b
+    # the feed (what the worker iterates) yields exactly these steps: rank 0 through both
+    # epochs (epoch 1: head, then its dataset; epoch 2 read ahead from half way through epoch 1),
+    # and its eval steps from the cache
+    def same(steps):
+        return [(step.index, step.n, step.denom, _plan_bytes(step.batch())) for step in steps]
+
+    datasets = dict(new.datasets)
+    assert same(new.feed.train(1, 0, datasets)) == same(assembled["train_e1_r0"])
+    assert 2 in new.feed.prefetched
+    assert same(new.feed.train(2, 0, datasets)) == same(assembled["train_e2_r0"])
+    assert same(new.feed.eval("dev", 0, datasets)) == same(assembled["dev_r0"])
     # sorted blocks split by size leave steps in parts; a gathered step is always whole
     assert (n_parts > 0) == (bool(block_bytes) and used == "sort")

@@ -1,7 +1,7 @@
 """Epoch 1's head (``pipelines.data.positions.train_step_positions``, ``gather_positions``,
 ``head_steps``): the positions a head step gathers are the rows ``assign_train`` gives that step,
 and the gather returns them in that order.  The built batches are checked against the driver path
-in ``tests/pipelines/test_reading.py``."""
+in ``tests/pipelines/data/test_reading.py``."""
 from __future__ import annotations
 
 import numpy as np

@@ -7,7 +7,7 @@ import numpy as np
 
 from pipelines.molecules.experiment import MoleculeExperiment, MolRecord, TargetScaling
 
-from .helpers import esol_smiles
+from ..helpers import esol_smiles
 
 
 def _plan_bytes(batch) -> bytes:

@@ -1,10 +1,10 @@
-"""pipelines.worker.RowPrefetcher: the next epoch's rows read ahead in a thread, unchanged."""
+"""pipelines.data.feed.RowPrefetcher: the next epoch's rows read ahead in a thread, unchanged."""
 import threading
 import time
 
 import pytest
 
-from pipelines.worker import RowPrefetcher
+from pipelines.data.feed import RowPrefetcher
 
 
 class _Rows:
