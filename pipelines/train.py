@@ -32,7 +32,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -378,7 +378,8 @@ def _declare_data(experiment: Experiment, cfg: dict, splits: StreamSplits, world
     return declared
 
 
-def _fit(plan: TrainPlan, declared: DeclaredData, resources: dict, tracker: trk.Tracker):
+def _fit(plan: TrainPlan, declared: DeclaredData, resources: dict, tracker: trk.Tracker,
+         extra_callbacks: Sequence[Any] = ()):
     """Build the ``TorchTrainer`` and fit it; ``(ray.train.Result, fit seconds)``."""
     import ray.data
     import ray.train
@@ -392,7 +393,7 @@ def _fit(plan: TrainPlan, declared: DeclaredData, resources: dict, tracker: trk.
             cpu=resources["CPU"] * world, gpu=resources.get("GPU", 0) * world))
     storage = storage_path(cfg)
     run_name = cfg["ray"]["run_name"] or f"{cfg['name']}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    callbacks = [_mlflow_callback_cls()(tracker)] if tracker.enabled else []
+    callbacks = ([_mlflow_callback_cls()(tracker)] if tracker.enabled else []) + list(extra_callbacks)
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"plan": plan},
@@ -530,7 +531,7 @@ def link_interrupted(tracker: trk.Tracker, cfg: dict) -> None:
     tracker.tags(tags)
 
 
-def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
+def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[Any] = ()) -> RunResult:
     """Train ``experiment`` as configured; return the MLflow run id and final metrics.
 
     ``config``: a dict valid for ``merged_schema(experiment.config_schema)`` (defaults are filled
@@ -543,6 +544,9 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
     ``weights_only=True`` before Ray starts: see :mod:`pipelines.checkpoint`);
     ``ray.train.TrainingFailedError`` when training fails more than
     ``ray.max_failures`` times.
+
+    ``callbacks``: extra ``ray.train.UserCallback`` s for the ``TorchTrainer`` (e.g. Ray Tune's
+    ``TuneReportCallback``, which :mod:`pipelines.sweep` adds to hand each epoch to Tune).
 
     Metrics (reported per epoch, logged to MLflow with ``step=epoch``, epochs count from 1):
     ``train/<m>``, ``train/objective`` (loss per record), ``dev/<m>``, ``test/<m>``,
@@ -581,7 +585,7 @@ def run(experiment: Experiment, config: Mapping[str, Any]) -> RunResult:
         declared = _declare_data(experiment, cfg, splits, world, tracker)
         plan = TrainPlan(experiment=experiment, config=cfg, context=splits.context, feed=declared.feed,
                          progress=ray.remote(num_cpus=0)(console.ProgressBoard).remote())
-        result, fit_s = _fit(plan, declared, resources, tracker)
+        result, fit_s = _fit(plan, declared, resources, tracker, callbacks)
         if result.checkpoint is None:
             raise RuntimeError("training finished without a checkpoint: no epoch was trained (epochs="
                                f"{cfg['epochs']}; see the Ray Train log above)")

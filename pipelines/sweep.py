@@ -1,0 +1,578 @@
+"""Seeds and hyperparameter sweeps on Ray Tune, one MLflow parent run per sweep (paper Table 2
+protocol: mean (sd) over seeds and the ensemble).
+
+    python -m pipelines.sweep --config conf/sst_tai2015.yaml --seeds 8 [key=value ...]
+    python -m pipelines.sweep --config conf/sst_tai2015.yaml \\
+        --search optimizer.lr=loguniform(1e-3,1e-1) --search sst.state_size=choice(100,150,300) \\
+        --samples 16 --scheduler asha
+    python -m pipelines.sweep --resume ray_results/sweeps/<name>      # after the driver died
+
+Each Tune trial is one ordinary training run (:func:`pipelines.train.run`: its own Ray Train
+``TorchTrainer`` and workers, Ray Data input, checkpoints, an MLflow run with params, curves and the
+best model) started from a Tune function trainable with Ray Tune's ``TuneReportCallback`` on the
+trainer, so every epoch's metrics reach Tune (and ASHA, ``--scheduler asha``, which stops trials
+whose dev ``selection_metric`` falls behind at epochs ``grace_period * reduction_factor**k``).
+The trial's MLflow run is a nested child (tag ``mlflow.parentRunId``) of the sweep's parent run,
+in the same MLflow experiment; tag ``sweep.trial_id`` names its Tune trial.
+
+The parent run holds: the sweep definition as params (``sweep.*``) and the base config's keys;
+``mean/best/...`` and ``sd/best/...`` (sample sd, ddof=1) of every ``best/*`` metric over the trials
+that trained all their epochs, ``sweep/n_*`` counts; artifacts ``trials.json`` + ``tables/trials.csv``
+(one row per trial, rounded), ``plots/dev_curves.png`` (dev curves of all trials, the best marked),
+``table.json`` + ``tables/table.csv`` (mean (sd) [and ensemble] beside the paper's rows).  After a
+seed sweep of the SST Tree-LSTM (``--seeds N``, N >= 2) it also evaluates the ensemble of the
+trials' best models (:mod:`pipelines.sst.ensemble`, on Ray Data) on the test split and logs
+``ensemble/test/fine`` / ``ensemble/test/binary`` (``--no-ensemble`` skips it).  Trials stopped by
+ASHA or left behind by a killed driver end as ``KILLED`` MLflow runs.
+
+Resuming: the sweep's directory (``--storage``/``--name``, default ``ray_results/sweeps/<name>``)
+holds Tune's experiment state and ``sweep.json`` (:class:`SweepPlan`: the resolved config, the
+space, the parent run id).  ``--resume DIR`` restores the Tuner (``Tuner.restore``): finished
+trials are kept, not rerun; unfinished ones restart (their Ray Train run, named after the trial,
+continues from its last epoch checkpoint); the same parent run is completed.
+
+CPUs: each trial's workers get ``ray.cpus_per_worker`` (default: what leaves one CPU of the cluster
+to Ray Data when ``--max-concurrent`` trials run at once; default concurrency
+``cluster CPUs // (workers + 1)``, at least 1); the trial's own Tune actor reserves 0.01 CPU.
+The final line printed is a JSON object (parent run id, ``best/*`` means, ``sd/*``, ``ensemble/*``);
+``--out-json PATH`` writes it to a file too.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import importlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+from typing import Any, Mapping, Optional, Sequence
+
+from . import tracking as trk
+from .config import ConfigError, load_config, merged_schema, validate
+from .experiment import Experiment
+from .sweep_report import (ERROR, FINISHED, STOPPED, SweepSummary, TableLayout, TrialOutcome, curves_figure,
+                           paper_table, summarize, trial_table)
+from .sweep_space import SearchSpec, param_space, parse_searches
+
+__all__ = ["SweepPlan", "SweepResult", "EXPERIMENTS", "experiment_class", "plan_sweep", "run_sweep",
+           "resume_sweep", "main", "PLAN_FILE", "TRIAL_CPU"]
+
+log = logging.getLogger("pipelines.sweep")
+
+#: the sweep definition inside the sweep's directory
+PLAN_FILE = "sweep.json"
+#: CPU reserved by each trial's Tune actor (it only waits on its TorchTrainer)
+TRIAL_CPU = 0.01
+#: ``--experiment`` short names -> Experiment classes (else ``package.module.Class``)
+EXPERIMENTS = {"sst": "pipelines.sst.experiment.SSTExperiment",
+               "molecules": "pipelines.molecules.experiment.MoleculeExperiment"}
+
+
+@dataclasses.dataclass
+class SweepPlan:
+    """Everything a sweep's trials and its resumption need (JSON in ``<dir>/sweep.json``)."""
+
+    name: str
+    directory: str                 #: absolute: Tune's experiment dir (storage/name)
+    experiment: str                #: ``package.module.Class`` of the Experiment
+    config: dict                   #: the validated base config (tracking.uri resolved)
+    searches: list[SearchSpec]
+    seeds: list[int]
+    samples: int
+    scheduler: str                 #: "fifo" or "asha"
+    grace_period: int
+    reduction_factor: float
+    max_concurrent: int
+    metric: str                    #: Tune metric: ``dev/<selection_metric>``
+    mode: str                      #: "max" / "min"
+    ensemble: bool                 #: evaluate the ensemble after a seed sweep (SST)
+    parent_run_id: Optional[str] = None
+    config_path: Optional[str] = None
+    overrides: list[str] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["searches"] = [s.to_json() for s in self.searches]
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "SweepPlan":
+        d = dict(d)
+        d["searches"] = [SearchSpec.from_json(s) for s in d["searches"]]
+        return cls(**d)
+
+    def save(self) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        tmp = os.path.join(self.directory, PLAN_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(self.to_json(), f, indent=2, default=str)
+        os.replace(tmp, os.path.join(self.directory, PLAN_FILE))
+
+    @classmethod
+    def load(cls, directory: str) -> "SweepPlan":
+        path = os.path.join(directory, PLAN_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{directory}: no {PLAN_FILE}; not a sweep directory (give the directory "
+                                    "the sweep printed, e.g. ray_results/sweeps/<name>)")
+        with open(path) as f:
+            return cls.from_json(json.load(f))
+
+
+@dataclasses.dataclass
+class SweepResult:
+    """What :func:`run_sweep` / :func:`resume_sweep` return."""
+
+    parent_run_id: Optional[str]
+    directory: str
+    trials: list[TrialOutcome]
+    summary: SweepSummary
+    ensemble: dict[str, float]     #: ``test/fine`` ... of the ensemble (empty when not evaluated)
+    table: Any                     #: the paper-style ``pandas.DataFrame``
+
+    def report(self) -> dict[str, Any]:
+        """The JSON the CLI prints last: parent run id, means as ``best/*``, ``sd/*``, ``ensemble/*``."""
+        out: dict[str, Any] = {"run_id": self.parent_run_id, "sweep_dir": self.directory,
+                               "n_trials": self.summary.n_trials, "n_finished": self.summary.n_finished,
+                               "n_stopped_early": self.summary.n_stopped, "n_errored": self.summary.n_errored,
+                               "best_trial": self.summary.best_trial}
+        out.update({k: v for k, v in self.summary.mean.items()})
+        out.update({f"sd/{k}": v for k, v in self.summary.sd.items() if math.isfinite(v)})
+        out.update({f"ensemble/{k}": v for k, v in self.ensemble.items()})
+        return out
+
+
+# --------------------------------------------------------------------------- the experiment
+
+def experiment_class(name: str) -> type:
+    """``sst`` / ``molecules`` / ``package.module.Class`` -> the Experiment class."""
+    path = EXPERIMENTS.get(name, name)
+    module, _, cls = path.rpartition(".")
+    if not module:
+        raise ConfigError(f"unknown experiment {name!r}: use {', '.join(EXPERIMENTS)} or package.module.Class",
+                          source="--experiment")
+    try:
+        found = getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"cannot import {path!r}: {err}", source="--experiment") from None
+    if not (isinstance(found, type) and issubclass(found, Experiment)):
+        raise ConfigError(f"{path!r} is not a pipelines.experiment.Experiment", source="--experiment")
+    return found
+
+
+def _guess_experiment(config_path: Optional[str]) -> str:
+    """The experiment a YAML config is for: its top-level ``sst`` / ``molecules`` section."""
+    import yaml
+
+    if not config_path:
+        raise ConfigError("give --experiment (sst, molecules, package.module.Class) or a --config", source="--experiment")
+    with open(config_path) as f:
+        raw = yaml.safe_load(f) or {}
+    found = [k for k in EXPERIMENTS if isinstance(raw, dict) and k in raw]
+    if len(found) != 1:
+        raise ConfigError(f"cannot tell the experiment from the config's sections; give --experiment "
+                          f"({', '.join(EXPERIMENTS)} or package.module.Class)", source=config_path)
+    return EXPERIMENTS[found[0]]
+
+
+def _schema(cls: type) -> dict:
+    return merged_schema(cls.config_schema) if isinstance(cls.config_schema, Mapping) else merged_schema()
+
+
+def _experiment(cls: type, cfg: dict) -> Experiment:
+    return cls.from_config(cfg)
+
+
+def _layout(experiment: Experiment) -> TableLayout:
+    """The paper-style table of an experiment: SST's Table 2 (test fine / binary, percent), else
+    every ``best/test/*`` metric as it is."""
+    if experiment.name.startswith("sst"):
+        from .sst.experiment import PAPER_TABLE2
+
+        (tai, tf, tb), (fold, _, _), (ens, ef, eb) = PAPER_TABLE2
+        return TableLayout({"best/test/fine": "test fine", "best/test/binary": "test binary"}, scale=100.0,
+                           reference=((tai, tf, tb), (fold + ", mean (sd) over 30 runs", "52.3 (0.7)", "89.4 (0.4)"),
+                                      (ens + " of 30", ef, eb)))
+    return TableLayout({})
+
+
+# --------------------------------------------------------------------------- planning
+
+def _cluster_cpus() -> float:
+    import ray
+
+    return float(ray.cluster_resources().get("CPU", 1.0))
+
+
+def plan_sweep(experiment: str, config: dict, *, name: Optional[str] = None, storage: Optional[str] = None,
+               seeds: int = 0, searches: Sequence[str] = (), samples: int = 1, scheduler: str = "fifo",
+               grace_period: int = 1, reduction_factor: float = 2.0, max_concurrent: Optional[int] = None,
+               ensemble: bool = True, config_path: Optional[str] = None, overrides: Sequence[str] = (),
+               cluster_cpus: Optional[float] = None) -> SweepPlan:
+    """Check the sweep definition and fix the trials' resources: :class:`ConfigError` naming the
+    bad option / key / value.  ``config``: a config (validated here against ``experiment``'s
+    schema); ``seeds``: N seeds ``config["seed"] .. + N-1`` (0: keep the config's seed);
+    ``cluster_cpus``: default ``ray.cluster_resources()`` (Ray must then be up)."""
+    cls = experiment_class(experiment)
+    schema = _schema(cls)
+    cfg = validate(config, schema, source=config_path or "config")
+    if seeds < 0:
+        raise ConfigError(f"must be >= 0, got {seeds}", source="--seeds")
+    if samples < 1:
+        raise ConfigError(f"must be >= 1, got {samples}", source="--samples")
+    specs = parse_searches(searches, schema, fixed=("seed",) if seeds else ())
+    if not seeds and not specs:
+        raise ConfigError("nothing to sweep: give --seeds N and/or --search KEY=KIND(ARGS)", source="command line")
+    if samples > 1 and not specs:
+        raise ConfigError("--samples draws from --search distributions; with --seeds alone use --seeds N",
+                          source="--samples")
+    if scheduler not in ("fifo", "asha"):
+        raise ConfigError(f"{scheduler!r} is not one of ['fifo', 'asha']", source="--scheduler")
+    if grace_period < 1 or grace_period > cfg["epochs"]:
+        raise ConfigError(f"{grace_period} must be within 1..epochs ({cfg['epochs']})", source="--grace-period")
+    if reduction_factor <= 1:
+        raise ConfigError(f"{reduction_factor} must be > 1", source="--reduction-factor")
+    if cfg["tracking"]["mode"] == "off":
+        raise ConfigError("a sweep logs its trials under one MLflow parent run; tracking.mode off is not supported",
+                          "tracking.mode")
+    exp = _experiment(cls, cfg)
+    cfg["tracking"]["uri"] = trk.resolve_uri(cfg["tracking"]["uri"])
+    n_trials = (max(seeds, 1)) * samples * math.prod(len(s.values) for s in specs if s.kind == "grid")
+    world = cfg["ray"]["num_workers"]
+    cpus = _cluster_cpus() if cluster_cpus is None else float(cluster_cpus)
+    if max_concurrent is None:
+        max_concurrent = max(1, min(n_trials, int(cpus // (world + 1))))
+    if max_concurrent < 1:
+        raise ConfigError(f"must be >= 1, got {max_concurrent}", source="--max-concurrent")
+    if cfg["ray"]["cpus_per_worker"] is None:
+        spare = cpus - 1.0 - TRIAL_CPU * max_concurrent
+        per = math.floor(100 * spare / (world * max_concurrent)) / 100
+        if per < 0.01:
+            raise ConfigError(f"{max_concurrent} concurrent trials x {world} workers do not fit {cpus:g} CPUs while "
+                              "keeping one for Ray Data; lower --max-concurrent or ray.num_workers",
+                              source="--max-concurrent")
+        cfg["ray"]["cpus_per_worker"] = min(1.0, per)
+    name = name or f"{cfg['name']}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    storage = storage or os.path.join(os.getcwd(), "ray_results", "sweeps")
+    directory = storage.rstrip("/") + "/" + name if "://" in storage else os.path.join(os.path.abspath(storage), name)
+    first = int(cfg["seed"])
+    return SweepPlan(name=name, directory=directory, experiment=f"{cls.__module__}.{cls.__qualname__}", config=cfg,
+                     searches=specs, seeds=[first + i for i in range(seeds)], samples=samples, scheduler=scheduler,
+                     grace_period=grace_period, reduction_factor=reduction_factor, max_concurrent=max_concurrent,
+                     metric=f"dev/{exp.selection_metric}", mode=exp.selection_mode,
+                     ensemble=ensemble, config_path=config_path, overrides=list(overrides))
+
+
+# --------------------------------------------------------------------------- the trial
+
+def trial_config(plan: SweepPlan, params: Mapping[str, Any], trial_id: str) -> dict:
+    """The training config of one trial: the base config with the trial's ``params`` (dotted
+    keys), its MLflow run nested under the parent (tags ``mlflow.parentRunId``, ``sweep.trial_id``,
+    ``sweep.name``) and its Ray Train run named after the trial inside the sweep's directory."""
+    cfg = copy.deepcopy(plan.config)
+    for key, value in params.items():
+        node = cfg
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    tags = dict(cfg["tracking"]["tags"])
+    tags.update({"mlflow.parentRunId": plan.parent_run_id or "", "sweep.trial_id": trial_id, "sweep.name": plan.name})
+    cfg["tracking"]["tags"] = tags
+    cfg["tracking"]["experiment"] = cfg["tracking"]["experiment"] or cfg["name"]
+    cfg["ray"]["storage_path"] = plan.directory.rstrip("/") + "/train"
+    cfg["ray"]["run_name"] = trial_id
+    if not cfg["tracking"]["run_name"]:
+        cfg["tracking"]["run_name"] = f"{plan.name}-{trial_id}"
+    return cfg
+
+
+def _trial(params: dict, plan: SweepPlan) -> None:
+    """Tune function trainable: one training run, each epoch handed to Tune."""
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from .train import run
+
+    trial_id = tune.get_context().get_trial_id()
+    cls = experiment_class(plan.experiment)
+    cfg = validate(trial_config(plan, params, trial_id), _schema(cls), source=f"trial {trial_id}")
+    run(_experiment(cls, cfg), cfg, callbacks=[TuneReportCallback()])
+
+
+def _trial_dirname(trial) -> str:
+    """Each trial's Tune directory is its trial id."""
+    return trial.trial_id
+
+
+def _trainable(plan: SweepPlan):
+    from ray import tune
+
+    return tune.with_resources(tune.with_parameters(_trial, plan=plan), {"CPU": TRIAL_CPU})
+
+
+def _tune_config(plan: SweepPlan):
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    sched = FIFOScheduler()
+    if plan.scheduler == "asha":
+        sched = ASHAScheduler(time_attr="epoch", max_t=plan.config["epochs"], grace_period=plan.grace_period,
+                              reduction_factor=plan.reduction_factor)
+    return tune.TuneConfig(metric=plan.metric, mode=plan.mode, num_samples=plan.samples, scheduler=sched,
+                           max_concurrent_trials=plan.max_concurrent, trial_dirname_creator=_trial_dirname)
+
+
+# --------------------------------------------------------------------------- MLflow parent
+
+def _parent_params(plan: SweepPlan) -> dict[str, str]:
+    p = {"sweep.name": plan.name, "sweep.experiment": plan.experiment, "sweep.config": plan.config_path or "",
+         "sweep.overrides": " ".join(plan.overrides), "sweep.seeds": ",".join(map(str, plan.seeds)),
+         "sweep.n_seeds": str(len(plan.seeds)), "sweep.samples": str(plan.samples),
+         "sweep.scheduler": plan.scheduler, "sweep.metric": plan.metric, "sweep.mode": plan.mode,
+         "sweep.max_concurrent": str(plan.max_concurrent), "sweep.dir": plan.directory}
+    if plan.scheduler == "asha":
+        p.update({"sweep.grace_period": str(plan.grace_period), "sweep.reduction_factor": str(plan.reduction_factor)})
+    for s in plan.searches:
+        p[f"sweep.search.{s.key}"] = s.text.split("=", 1)[1]
+    swept = {s.key for s in plan.searches} | ({"seed"} if plan.seeds else set())
+    p.update({k: v for k, v in trk.flatten_params(plan.config).items() if k not in swept})
+    return p
+
+
+def _start_parent(plan: SweepPlan) -> trk.Tracker:
+    cfg = plan.config
+    trk.check_reachable(cfg["tracking"]["uri"], cfg["tracking"]["check_timeout_s"])
+    what = f"{len(plan.seeds)} seeds" if plan.seeds else ""
+    if plan.searches:
+        what = (what + ", " if what else "") + f"search of {', '.join(s.key for s in plan.searches)}"
+    tags = {**trk.run_tags(cfg, plan.experiment.rsplit('.', 1)[1], entry_point="pipelines.sweep"),
+            "sweep.name": plan.name, "sweep.role": "parent",
+            "mlflow.note.content": f"Ray Tune sweep {plan.name}: {what}; each trial a nested run"}
+    tracker = trk.Tracker.start(cfg["tracking"]["uri"], cfg["tracking"]["experiment"] or cfg["name"],
+                                run_name=plan.name, tags=tags)
+    tracker.params(_parent_params(plan))
+    return tracker
+
+
+def _children(tracker: trk.Tracker) -> list:
+    run = tracker.client.get_run(tracker.run_id)
+    return tracker.client.search_runs([run.info.experiment_id],
+                                      filter_string=f"tags.mlflow.parentRunId = '{tracker.run_id}'",
+                                      max_results=10000)
+
+
+def _close_stale_children(tracker: trk.Tracker, why: str) -> int:
+    """Mark the parent's children still RUNNING as KILLED (their trial is gone: stopped by the
+    scheduler or with a killed driver); returns how many."""
+    n = 0
+    for r in _children(tracker):
+        if r.info.status == "RUNNING":
+            tracker.client.set_tag(r.info.run_id, "sweep.ended", why)
+            tracker.client.set_terminated(r.info.run_id, status="KILLED")
+            n += 1
+    return n
+
+
+# --------------------------------------------------------------------------- outcomes
+
+def _outcomes(results, plan: SweepPlan, tracker: trk.Tracker) -> list[TrialOutcome]:
+    """One :class:`TrialOutcome` per Tune trial (its swept values, status, last metrics, dev
+    curve and its finished MLflow child run, the newest when a trial was restarted)."""
+    epochs = plan.config["epochs"]
+    runs: dict[str, Any] = {}
+    for r in sorted(_children(tracker), key=lambda r: r.info.start_time or 0):
+        tid = r.data.tags.get("sweep.trial_id")
+        if tid and (tid not in runs or r.info.status == "FINISHED" or runs[tid].info.status != "FINISHED"):
+            runs[tid] = r
+    swept = [s.key for s in plan.searches] + (["seed"] if plan.seeds else [])
+    out = []
+    for res in results:
+        m = dict(res.metrics or {})
+        tid = m.get("trial_id") or os.path.basename(res.path.rstrip("/"))  # dir named by _trial_dirname
+        curve = []
+        df = res.metrics_dataframe
+        if df is not None and plan.metric in df.columns and "epoch" in df.columns:
+            curve = [(int(e), float(v)) for e, v in zip(df["epoch"], df[plan.metric]) if v == v]
+        n_ep = int(m.get("epoch", 0) or 0)
+        status = ERROR if res.error is not None else FINISHED if n_ep >= epochs else STOPPED
+        err = str(res.error).strip().splitlines()[0][:300] if res.error is not None else None
+        cfg = res.config or {}
+        metrics = {k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and "/" in k}
+        out.append(TrialOutcome(trial_id=tid, params={k: cfg.get(k) for k in swept}, status=status, epochs=n_ep,
+                                metrics=metrics, curve=curve, run_id=runs[tid].info.run_id if tid in runs else None,
+                                error=err))
+    return sorted(out, key=lambda t: t.trial_id)
+
+
+def _ensemble(plan: SweepPlan, trials: Sequence[TrialOutcome], tracker: trk.Tracker) -> dict[str, float]:
+    """The SST ensemble of the finished trials' best models on the test split (empty when not a
+    seed sweep of SST, fewer than two members, or ``plan.ensemble`` is off)."""
+    members = [t.run_id for t in trials if t.status == FINISHED and t.run_id]
+    if not (plan.ensemble and plan.seeds and len(members) >= 2 and plan.experiment == EXPERIMENTS["sst"]):
+        return {}
+    from .sst.ensemble import evaluate_ensemble_streaming, load_member
+    from .sst.experiment import SSTExperiment
+
+    configs, states = [], []
+    for run_id in members:
+        cfg, state = load_member(tracker.client, run_id)
+        configs.append(cfg)
+        states.append(state)
+    log.info("ensemble of %d trial models on test", len(members))
+    ens, _ = evaluate_ensemble_streaming(SSTExperiment(), configs, states, "test",
+                                         plan.config.get("eval_batch_size") or 250)
+    tracker.params({"ensemble.members": ",".join(members)})
+    return {f"test/{k}": float(v) for k, v in ens.items()}
+
+
+def _log_parent(plan: SweepPlan, tracker: trk.Tracker, trials: Sequence[TrialOutcome], summary: SweepSummary,
+                ensemble: Mapping[str, float], table) -> None:
+    tracker.metrics(summary.metrics())
+    tracker.metrics({f"ensemble/{k}": v for k, v in ensemble.items()})
+    tracker.table(trial_table(trials), "trials.json")
+    tracker.figures([("dev_curves", curves_figure(trials, plan.metric.split("/", 1)[1], summary.best_trial))])
+    tracker.table(table, "table.json")
+    if summary.best_trial:
+        best = next(t for t in trials if t.trial_id == summary.best_trial)
+        tracker.tags({"sweep.best_trial": best.trial_id, "sweep.best_run_id": best.run_id or ""})
+
+
+# --------------------------------------------------------------------------- driver
+
+def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
+    tracker = trk.Tracker(plan.config["tracking"]["uri"], plan.parent_run_id)
+    try:
+        if plan.parent_run_id:
+            closed = _close_stale_children(tracker, "its trial was interrupted; the trial reran after resume")
+            if closed:
+                log.info("marked %d interrupted trial run(s) KILLED", closed)
+            tracker.client.update_run(plan.parent_run_id, status="RUNNING")
+        results = tuner_factory().fit()
+        _close_stale_children(tracker, "stopped early by the scheduler")
+        trials = _outcomes(results, plan, tracker)
+        for t in trials:
+            if t.run_id and t.status == STOPPED:
+                tracker.client.set_tag(t.run_id, "sweep.stopped_early", "true")
+        experiment = _experiment(experiment_class(plan.experiment), plan.config)
+        summary = summarize(trials, experiment.selection_metric, experiment.selection_mode)
+        ensemble = _ensemble(plan, trials, tracker)
+        table = paper_table(summary, _layout(experiment), experiment.name, ensemble, summary.n_finished)
+        _log_parent(plan, tracker, trials, summary, ensemble, table)
+        status = "FINISHED" if summary.n_finished else "FAILED"
+        tracker.end(status)
+    except BaseException:
+        try:
+            tracker.end("FAILED")
+        except Exception:  # noqa: BLE001
+            pass
+        raise
+    return SweepResult(parent_run_id=plan.parent_run_id, directory=plan.directory, trials=trials, summary=summary,
+                       ensemble=dict(ensemble), table=table)
+
+
+def run_sweep(plan: SweepPlan) -> SweepResult:
+    """Start the parent MLflow run, save ``plan`` in its directory, run the Tuner to the end and
+    log the parent's aggregates (see the module docstring).  Ray must be up."""
+    from ray import tune
+
+    if os.path.exists(os.path.join(plan.directory, PLAN_FILE)):
+        raise ConfigError(f"{plan.directory} already holds a sweep; resume it with --resume {plan.directory} "
+                          "or pick another --name", source="--name")
+    tracker = _start_parent(plan)
+    plan.parent_run_id = tracker.run_id
+    plan.save()
+    log.info("sweep %s: parent MLflow run %s, directory %s", plan.name, plan.parent_run_id, plan.directory)
+    storage, name = os.path.dirname(plan.directory.rstrip("/")), os.path.basename(plan.directory.rstrip("/"))
+    return _execute(plan, lambda: tune.Tuner(
+        _trainable(plan), param_space=param_space(plan.searches, plan.seeds), tune_config=_tune_config(plan),
+        run_config=tune.RunConfig(name=name, storage_path=storage, verbose=1)))
+
+
+def resume_sweep(directory: str) -> SweepResult:
+    """Continue the sweep saved in ``directory`` (``Tuner.restore``): finished trials stay, the
+    others run; the same parent MLflow run is completed.  Ray must be up."""
+    from ray import tune
+
+    plan = SweepPlan.load(directory)
+    if not tune.Tuner.can_restore(plan.directory):
+        raise ConfigError(f"{plan.directory}: Tune has no experiment state to restore (the sweep died before its "
+                          "first trial was recorded); start it again", source="--resume")
+    log.info("resuming sweep %s (parent MLflow run %s)", plan.name, plan.parent_run_id)
+    return _execute(plan, lambda: tune.Tuner.restore(plan.directory, trainable=_trainable(plan),
+                                                     resume_unfinished=True, resume_errored=False))
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description="Seeds and hyperparameter sweeps on Ray Tune (one MLflow parent run "
+                                             "with a nested run per trial).")
+    ap.add_argument("--config", "-c", metavar="PATH", help="YAML config (conf/*.yaml)")
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for every trial")
+    ap.add_argument("--experiment", help="sst, molecules or package.module.Class (default: from the config)")
+    ap.add_argument("--seeds", type=int, default=0, metavar="N", help="N trials with seeds seed..seed+N-1")
+    ap.add_argument("--search", action="append", default=[], metavar="KEY=KIND(ARGS)",
+                    help="KIND: loguniform(a,b) uniform(a,b) randint(a,b) choice(x,y,...) grid(x,y,...)")
+    ap.add_argument("--samples", type=int, default=1, metavar="K", help="samples drawn from the --search space")
+    ap.add_argument("--scheduler", default="fifo", help="fifo (default) or asha (stops poor trials early)")
+    ap.add_argument("--grace-period", type=int, default=1, help="ASHA: epochs before a trial may be stopped")
+    ap.add_argument("--reduction-factor", type=float, default=2.0, help="ASHA: keep 1/this of the trials per rung")
+    ap.add_argument("--max-concurrent", type=int, default=None, help="trials at once (default: from the CPUs)")
+    ap.add_argument("--name", help="sweep name (default <config name>-sweep-<time>)")
+    ap.add_argument("--storage", help="directory (or URI) for sweeps (default ./ray_results/sweeps)")
+    ap.add_argument("--resume", metavar="DIR", help="continue the sweep in DIR (others options are ignored)")
+    ap.add_argument("--no-ensemble", dest="ensemble", action="store_false", help="skip the SST ensemble")
+    ap.add_argument("--out-json", metavar="PATH", help="also write the final JSON here")
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> SweepResult:
+    from .train import connect_ray
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    ap = _parser()
+    args = ap.parse_args(argv)
+    try:
+        if args.resume:
+            plan_cfg = SweepPlan.load(args.resume).config
+        else:
+            exp = args.experiment or _guess_experiment(args.config)
+            cls = experiment_class(exp)
+            plan_cfg = load_config(args.config, args.overrides, _schema(cls))
+    except (ConfigError, OSError) as err:
+        ap.error(str(err))
+    started = connect_ray(plan_cfg)
+    try:
+        if args.resume:
+            result = resume_sweep(args.resume)
+        else:
+            try:
+                plan = plan_sweep(exp, plan_cfg, name=args.name, storage=args.storage, seeds=args.seeds,
+                                  searches=args.search, samples=args.samples, scheduler=args.scheduler,
+                                  grace_period=args.grace_period, reduction_factor=args.reduction_factor,
+                                  max_concurrent=args.max_concurrent, ensemble=args.ensemble,
+                                  config_path=args.config, overrides=args.overrides)
+            except ConfigError as err:
+                ap.error(str(err))
+            result = run_sweep(plan)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    print(result.table.to_string(index=False))
+    report = result.report()
+    text = json.dumps(report, indent=2, default=str)
+    if args.out_json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out_json)), exist_ok=True)
+        with open(args.out_json, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
