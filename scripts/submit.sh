@@ -13,6 +13,7 @@
 #   esol                python -m pipelines.molecules.train --config conf/molecules_esol.yaml (or conf/esol.yaml)
 #   table1              python scripts/bench_table1.py       --config conf/bench_table1.yaml
 #   predict             python -m pipelines.predict --model URI --input FILES --output DIR (batch inference)
+#   sweep               python -m pipelines.sweep --config CONF --seeds N | --search KEY=KIND(ARGS) ... (Ray Tune)
 # key=value overrides are passed through after the config; the first existing config file listed
 # is used, or FOLD_CONFIG=conf/other.yaml.
 #
@@ -22,7 +23,7 @@
 # Other settings: see scripts/_common.sh. Ctrl-C stops the job too.
 set -euo pipefail
 
-usage() { sed -n '2,24p' "$0"; }
+usage() { sed -n '2,25p' "$0"; }
 
 [ $# -ge 1 ] || { usage >&2; exit 2; }
 
@@ -63,12 +64,13 @@ case "$1" in
   esol)        shift; experiment_cmd pipelines.molecules.train conf/molecules_esol.yaml conf/esol.yaml ;;
   table1)      shift; experiment_cmd scripts/bench_table1.py conf/bench_table1.yaml ;;
   predict)     shift; CMD=(python -m pipelines.predict) ;;
+  sweep)       shift; CMD=(python -m pipelines.sweep) ;;
   -*) fold_die "unknown option $1 (see --help)" ;;
   *.*)
     mod=$1; shift
     [[ "$mod" =~ ^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$ ]] || fold_die "not a module path: $mod"
     CMD=(python -m "$mod") ;;
-  *) fold_die "unknown experiment '$1' (sst, sst_tai2015, tox21, esol, table1, predict, a module path, or --raw -- CMD)" ;;
+  *) fold_die "unknown experiment '$1' (sst, sst_tai2015, tox21, esol, table1, predict, sweep, a module path, or --raw -- CMD)" ;;
 esac
 CMD+=("$@")
 
