@@ -34,6 +34,8 @@ continues from its last epoch checkpoint); the same parent run is completed.
 CPUs: each trial's workers get ``ray.cpus_per_worker`` (default: what leaves one CPU of the cluster
 to Ray Data when ``--max-concurrent`` trials run at once; default concurrency
 ``cluster CPUs // (workers + 1)``, at least 1); the trial's own Tune actor reserves 0.01 CPU.
+An interrupted sweep (Ctrl-C: Tune saves its state and returns) leaves the parent run RUNNING and
+exits with status 3, naming the ``--resume`` command.
 The final line printed is a JSON object (parent run id, ``best/*`` means, ``sd/*``, ``ensemble/*``);
 ``--out-json PATH`` writes it to a file too.
 """
@@ -58,7 +60,7 @@ from .sweep_report import (ERROR, FINISHED, STOPPED, SweepSummary, TableLayout, 
                            paper_table, summarize, trial_table)
 from .sweep_space import SearchSpec, param_space, parse_searches
 
-__all__ = ["SweepPlan", "SweepResult", "EXPERIMENTS", "experiment_class", "plan_sweep", "run_sweep",
+__all__ = ["SweepPlan", "SweepResult", "SweepInterrupted", "EXPERIMENTS", "experiment_class", "plan_sweep", "run_sweep",
            "resume_sweep", "main", "PLAN_FILE", "TRIAL_CPU"]
 
 log = logging.getLogger("pipelines.sweep")
@@ -70,6 +72,10 @@ TRIAL_CPU = 0.01
 #: ``--experiment`` short names -> Experiment classes (else ``package.module.Class``)
 EXPERIMENTS = {"sst": "pipelines.sst.experiment.SSTExperiment",
                "molecules": "pipelines.molecules.experiment.MoleculeExperiment"}
+
+
+class SweepInterrupted(RuntimeError):
+    """The Tuner returned with trials unfinished (interrupted); ``--resume`` continues."""
 
 
 @dataclasses.dataclass
@@ -453,6 +459,11 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
                 log.info("marked %d interrupted trial run(s) KILLED", closed)
             tracker.client.update_run(plan.parent_run_id, status="RUNNING")
         results = tuner_factory().fit()
+        unfinished = len(results) - results.num_terminated - results.num_errors
+        if unfinished:  # Tune caught SIGINT/SIGTERM: it saved its state and returned early
+            _close_stale_children(tracker, "the sweep was interrupted")
+            raise SweepInterrupted(f"sweep {plan.name}: {unfinished} trial(s) did not finish; continue with "
+                                   f"python -m pipelines.sweep --resume {plan.directory}")
         _close_stale_children(tracker, "stopped early by the scheduler")
         trials = _outcomes(results, plan, tracker)
         for t in trials:
@@ -465,6 +476,8 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
         _log_parent(plan, tracker, trials, summary, ensemble, table)
         status = "FINISHED" if summary.n_finished else "FAILED"
         tracker.end(status)
+    except SweepInterrupted:
+        raise  # the parent stays RUNNING: --resume completes it
     except BaseException:
         try:
             tracker.end("FAILED")
@@ -558,6 +571,9 @@ def main(argv: Optional[Sequence[str]] = None) -> SweepResult:
             except ConfigError as err:
                 ap.error(str(err))
             result = run_sweep(plan)
+    except SweepInterrupted as err:
+        log.error("%s", err)
+        raise SystemExit(3) from None
     finally:
         if started:
             import ray

@@ -25,3 +25,27 @@ def ray_data_ordered(ray_cluster):
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = False
     yield
+
+
+@pytest.fixture
+def nodes():
+    """Start-and-stop bookkeeping for ``tests.pipelines.two_node.RayNode`` s: every node appended
+    here is stopped at teardown (and the driver disconnected), and none may leave a process."""
+    import threading
+
+    import ray
+    started = []
+    if ray.is_initialized():
+        ray.shutdown()
+    try:
+        yield started
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        stoppers = [threading.Thread(target=node.stop, kwargs={"grace": 5}) for node in started]
+        for t in stoppers:
+            t.start()
+        for t in stoppers:
+            t.join()
+        left = {n.name: n.pids() for n in started if n.pids()}
+        assert not left, f"processes left running: {left}"

@@ -88,26 +88,6 @@ def _checkpoint_registered(tmp) -> bool:
     return False
 
 
-@pytest.fixture
-def nodes():
-    """Start-and-stop bookkeeping: every RayNode appended here is stopped at teardown."""
-    started: list[RayNode] = []
-    if ray.is_initialized():
-        ray.shutdown()
-    try:
-        yield started
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        stoppers = [threading.Thread(target=node.stop, kwargs={"grace": 5}) for node in started]
-        for t in stoppers:
-            t.start()
-        for t in stoppers:
-            t.join()
-        left = {n.name: n.pids() for n in started if n.pids()}
-        assert not left, f"processes left running: {left}"
-
-
 def _node_ids_by_port() -> dict[int, str]:
     return {n["NodeManagerPort"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
 
