@@ -61,7 +61,7 @@ from .sweep_report import (ERROR, FINISHED, STOPPED, SweepSummary, TableLayout, 
 from .sweep_space import SearchSpec, param_space, parse_searches
 
 __all__ = ["SweepPlan", "SweepResult", "SweepInterrupted", "EXPERIMENTS", "experiment_class", "plan_sweep", "run_sweep",
-           "resume_sweep", "main", "PLAN_FILE", "TRIAL_CPU"]
+           "resume_sweep", "seed_ensemble", "main", "PLAN_FILE", "TRIAL_CPU"]
 
 log = logging.getLogger("pipelines.sweep")
 
@@ -415,25 +415,27 @@ def _outcomes(results, plan: SweepPlan, tracker: trk.Tracker) -> list[TrialOutco
     return sorted(out, key=lambda t: t.trial_id)
 
 
-def _ensemble(plan: SweepPlan, trials: Sequence[TrialOutcome], tracker: trk.Tracker) -> dict[str, float]:
-    """The SST ensemble of the finished trials' best models on the test split (empty when not a
-    seed sweep of SST, fewer than two members, or ``plan.ensemble`` is off)."""
+def seed_ensemble(plan: SweepPlan, trials: Sequence[TrialOutcome], client) -> tuple[list[str], dict[str, float]]:
+    """``(member run ids, metrics)``: the SST ensemble of the :data:`FINISHED` trials' best models
+    (loaded from their MLflow runs through ``client``, an ``MlflowClient``) on the test split,
+    metrics ``test/fine``, ``test/binary``, ... (:func:`pipelines.sst.ensemble.evaluate_ensemble_streaming`,
+    on Ray Data; Ray must be up or is started).  ``([], {})`` when ``plan`` is not a seed sweep of
+    the SST experiment, has ``ensemble`` off, or fewer than two trials finished."""
     members = [t.run_id for t in trials if t.status == FINISHED and t.run_id]
     if not (plan.ensemble and plan.seeds and len(members) >= 2 and plan.experiment == EXPERIMENTS["sst"]):
-        return {}
+        return [], {}
     from .sst.ensemble import evaluate_ensemble_streaming, load_member
     from .sst.experiment import SSTExperiment
 
     configs, states = [], []
     for run_id in members:
-        cfg, state = load_member(tracker.client, run_id)
+        cfg, state = load_member(client, run_id)
         configs.append(cfg)
         states.append(state)
     log.info("ensemble of %d trial models on test", len(members))
     ens, _ = evaluate_ensemble_streaming(SSTExperiment(), configs, states, "test",
                                          plan.config.get("eval_batch_size") or 250)
-    tracker.params({"ensemble.members": ",".join(members)})
-    return {f"test/{k}": float(v) for k, v in ens.items()}
+    return members, {f"test/{k}": float(v) for k, v in ens.items()}
 
 
 def _log_parent(plan: SweepPlan, tracker: trk.Tracker, trials: Sequence[TrialOutcome], summary: SweepSummary,
@@ -471,7 +473,9 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
                 tracker.client.set_tag(t.run_id, "sweep.stopped_early", "true")
         experiment = _experiment(experiment_class(plan.experiment), plan.config)
         summary = summarize(trials, experiment.selection_metric, experiment.selection_mode)
-        ensemble = _ensemble(plan, trials, tracker)
+        members, ensemble = seed_ensemble(plan, trials, tracker.client)
+        if members:
+            tracker.params({"ensemble.members": ",".join(members), "ensemble.split": "test"})
         table = paper_table(summary, _layout(experiment), experiment.name, ensemble, summary.n_finished)
         _log_parent(plan, tracker, trials, summary, ensemble, table)
         status = "FINISHED" if summary.n_finished else "FAILED"

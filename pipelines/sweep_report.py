@@ -150,8 +150,9 @@ class TableLayout:
 def paper_table(summary: SweepSummary, layout: TableLayout, what: str,
                 ensemble: Optional[Mapping[str, float]] = None, n_members: int = 0):
     """Our mean (sd) over the finished trials (strings ``"52.30 (0.70)"``), the ensemble of
-    ``n_members`` (``ensemble``: column metric -> value, same keys as ``layout.columns``) and the
-    reference rows, in one ``pandas.DataFrame`` (``what`` names our model)."""
+    ``n_members`` (``ensemble``: ``<split>/<metric>`` -> value, e.g. ``test/fine``, matched to the
+    columns' ``best/<split>/<metric>``) and the reference rows, in one ``pandas.DataFrame``
+    (``what`` names our model)."""
     import pandas as pd
 
     def cell(k):
@@ -163,8 +164,9 @@ def paper_table(summary: SweepSummary, layout: TableLayout, what: str,
     rows = [{"model": f"{what} (ours), mean (sd) over {summary.n_finished} runs",
              **{col: cell(k) for k, col in layout.columns.items()}}]
     if ensemble:
+        ens = {f"best/{k}": v for k, v in ensemble.items()}
         rows.append({"model": f"{what} (ours), ensemble of {n_members}",
-                     **{col: f"{ensemble[k] * layout.scale:.2f}" if k in ensemble else ""
+                     **{col: f"{ens[k] * layout.scale:.2f}" if k in ens else ""
                         for k, col in layout.columns.items()}})
     for ref in layout.reference:
         rows.append({"model": ref[0], **{col: f"{v:.2f}" if isinstance(v, float) else str(v)

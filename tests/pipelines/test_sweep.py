@@ -195,3 +195,24 @@ def test_asha_stops_the_trial_that_cannot_learn(ray_cluster, tmp_path):
     stopped = client.get_run(by_lr[0.0].run_id)
     assert stopped.info.status == "KILLED" and stopped.data.tags["sweep.stopped_early"] == "true"
     assert client.get_run(res.parent_run_id).data.params["sweep.search.optimizer.lr"] == "grid(0.05,0.0)"
+
+
+def test_summary_and_paper_table_from_trial_outcomes():
+    from pipelines.sweep_report import ERROR, TableLayout, TrialOutcome, paper_table, summarize, trial_table
+
+    trials = [TrialOutcome("t0", {"seed": 0}, FINISHED, 2, {"best/dev/fine": 0.50, "best/test/fine": 0.52}, [(1, .4), (2, .5)]),
+              TrialOutcome("t1", {"seed": 1}, FINISHED, 2, {"best/dev/fine": 0.48, "best/test/fine": 0.50}, [(1, .48)]),
+              TrialOutcome("t2", {"seed": 2}, STOPPED, 1, {"best/dev/fine": 0.60, "best/test/fine": 0.10}, [(1, .6)]),
+              TrialOutcome("t3", {"seed": 3}, ERROR, 0, {}, [], error="boom")]
+    s = summarize(trials, "fine", "max")
+    assert (s.n_trials, s.n_finished, s.n_stopped, s.n_errored) == (4, 2, 1, 1)
+    assert s.mean["best/test/fine"] == pytest.approx(0.51)                 # finished trials only
+    assert s.sd["best/test/fine"] == pytest.approx(0.02 / 2 ** 0.5)        # sample sd
+    assert s.best_trial == "t2" and s.metrics()["sweep/n_stopped_early"] == 1
+    table = paper_table(s, TableLayout({"best/test/fine": "fine"}, 100.0, (("paper", "52.3 (0.7)"),)), "m",
+                        {"test/fine": 0.5349}, 2)
+    assert table.to_dict("records") == [{"model": "m (ours), mean (sd) over 2 runs", "fine": "51.00 (1.41)"},
+                                        {"model": "m (ours), ensemble of 2", "fine": "53.49"},
+                                        {"model": "paper", "fine": "52.3 (0.7)"}]
+    rows = trial_table(trials).to_dict("records")
+    assert [r["status"] for r in rows] == [FINISHED, FINISHED, STOPPED, ERROR] and rows[3]["error"] == "boom"
