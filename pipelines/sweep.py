@@ -443,7 +443,8 @@ def _log_parent(plan: SweepPlan, tracker: trk.Tracker, trials: Sequence[TrialOut
     tracker.metrics(summary.metrics())
     tracker.metrics({f"ensemble/{k}": v for k, v in ensemble.items()})
     tracker.table(trial_table(trials), "trials.json")
-    tracker.figures([("dev_curves", curves_figure(trials, plan.metric.split("/", 1)[1], summary.best_trial))])
+    tracker.figures([("dev_curves", curves_figure(trials, plan.metric.split("/", 1)[1], summary.best_trial,
+                                                  plan.mode))])
     tracker.table(table, "table.json")
     if summary.best_trial:
         best = next(t for t in trials if t.trial_id == summary.best_trial)

@@ -100,10 +100,10 @@ def trial_table(trials: Sequence[TrialOutcome], metric_prefixes: Sequence[str] =
     return pd.DataFrame(rows)
 
 
-def curves_figure(trials: Sequence[TrialOutcome], metric: str, best_trial: Optional[str]):
-    """Matplotlib figure: each trial's dev ``metric`` per epoch (one labelled line per trial,
-    stopped trials dashed, errors dotted), the best trial drawn thick with its best point
-    marked; every epoch a tick on the x axis."""
+def curves_figure(trials: Sequence[TrialOutcome], metric: str, best_trial: Optional[str], mode: str = "max"):
+    """Matplotlib figure: each trial's dev ``metric`` per epoch (one line per trial, labelled with
+    its id and swept values; stopped trials dashed, errors dotted), the best trial drawn thick
+    with its best epoch (by ``mode``, "max" / "min") starred; every epoch a tick on the x axis."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -118,11 +118,13 @@ def curves_figure(trials: Sequence[TrialOutcome], metric: str, best_trial: Optio
         xs, ys = zip(*t.curve)
         epochs.update(xs)
         is_best = t.trial_id == best_trial
-        label = f"{t.trial_id} ({t.status})" + (" best" if is_best else "")
+        swept = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items())
+        label = f"{t.trial_id} {swept} ({t.status})" + (" best" if is_best else "")
         ax.plot(xs, ys, style.get(t.status, "-"), marker="o", markersize=3, linewidth=2.5 if is_best else 1,
                 label=label, zorder=3 if is_best else 2)
         if is_best:
-            i = int(np.nanargmax(ys)) if np.isfinite(ys).any() else 0
+            pick = np.nanargmax if mode == "max" else np.nanargmin
+            i = int(pick(ys)) if np.isfinite(ys).any() else 0
             ax.scatter([xs[i]], [ys[i]], s=150, marker="*", color="black", zorder=4,
                        label=f"best: {ys[i]:.4f} at epoch {xs[i]}")
     if epochs:
