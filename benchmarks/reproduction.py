@@ -20,10 +20,13 @@ from pipelines.runs_view import run_url
 
 from .reporting import REPO_ROOT, echo
 
-__all__ = ["PAPER_SST", "TAI_SST", "MOLECULENET_TOX21", "EXPECTED_RANGES", "Row", "expected_ranges",
-           "table1_rows", "training_rows", "summary_rows", "markdown", "terminal_table", "run"]
+__all__ = ["PAPER_SST", "PAPER_SST_SD", "PAPER_SST_ENSEMBLE", "TAI_SST", "MOLECULENET_TOX21", "EXPECTED_RANGES",
+           "Row", "expected_ranges", "table1_rows", "training_rows", "sst_rows", "summary_rows", "markdown",
+           "terminal_table", "run"]
 
-PAPER_SST = {"fine": 52.3, "binary": 89.4}          # Looks et al. 2017, Table 2, single model
+PAPER_SST = {"fine": 52.3, "binary": 89.4}          # Looks et al. 2017, Table 2, single model: mean of 30 runs
+PAPER_SST_SD = {"fine": 0.7, "binary": 0.4}         # ... its standard deviation over the 30 runs
+PAPER_SST_ENSEMBLE = {"fine": 53.6, "binary": 90.2}  # ... the 30-model ensemble
 TAI_SST = {"fine": 51.0, "binary": 88.0}            # Tai et al. 2015
 MOLECULENET_TOX21 = {"weave": 0.820, "graphconv": 0.829}  # MoleculeNet (Wu et al. 2018), random split
 #: Paper Table 1, CPU, inference (vector 1024, 32 threads): cost ratio at batch 1.
@@ -45,6 +48,7 @@ class Row:
     anchor: Optional[float] = None
     expected: Optional[Tuple[float, float]] = None  #: ``[lo, hi]`` from ``conf/reproduce.yaml``
     run: Optional[str] = None       #: ``<experiment id>/<run id>`` of the MLflow run it comes from
+    sd: Optional[float] = None      #: standard deviation when ``ours`` is a mean over seeds
 
     @property
     def inside(self) -> Optional[bool]:
@@ -59,7 +63,7 @@ class Row:
         return {"experiment": self.experiment, "figure": self.figure, "ours": r(self.ours),
                 "expected_low": r(self.expected[0]) if self.expected else None,
                 "expected_high": r(self.expected[1]) if self.expected else None,
-                "inside": self.inside, "paper": r(self.paper), "anchor": r(self.anchor),
+                "sd": r(self.sd), "inside": self.inside, "paper": r(self.paper), "anchor": r(self.anchor),
                 "run": self.run, "key": self.key}
 
 
@@ -149,11 +153,7 @@ def summary_rows(table1: Optional[str] = None, sst: Optional[str] = None, tox21:
     if t1:
         rows += table1_rows(t1)
     if sst_r:
-        rows += training_rows("Table 2 (SST)", "sst", sst_r, [
-            ("sst.test_fine", "test fine-grained accuracy %", "best/test/fine", 100.0, PAPER_SST["fine"],
-             TAI_SST["fine"], 1),
-            ("sst.test_binary", "test binary accuracy %", "best/test/binary", 100.0, PAPER_SST["binary"],
-             TAI_SST["binary"], 1)], "trees")
+        rows += sst_rows(sst_r)
     if tox_r:
         rows += training_rows("App. B (Tox21 weave)", "tox21", tox_r, [
             ("tox21.test_auc", "mean test ROC-AUC (12 tasks)", "best/test/auc", 1.0, None,
@@ -164,8 +164,37 @@ def summary_rows(table1: Optional[str] = None, sst: Optional[str] = None, tox21:
     return rows
 
 
+def sst_rows(result: Dict) -> List[Row]:
+    """Table 2 rows from the result JSON of ``pipelines.sst.train`` (one run) or of
+    ``pipelines.sweep --seeds N`` (``n_finished`` runs: ``best/test/*`` are means, ``sd/best/test/*``
+    their standard deviations, ``ensemble/test/*`` the ensemble of the runs' best models): the
+    accuracy (mean and sd over the seeds), the ensemble beside the paper's, then the timings."""
+    n = result.get("n_finished")
+    over = f", mean (sd) over {n} seeds (paper: sd {{}} over 30)" if n else ""
+    rows = training_rows("Table 2 (SST)", "sst", result, [
+        ("sst.test_fine", "test fine-grained accuracy %" + over.format(PAPER_SST_SD["fine"]), "best/test/fine",
+         100.0, PAPER_SST["fine"], TAI_SST["fine"], 1),
+        ("sst.test_binary", "test binary accuracy %" + over.format(PAPER_SST_SD["binary"]), "best/test/binary",
+         100.0, PAPER_SST["binary"], TAI_SST["binary"], 1)], "trees")
+    for r, k in zip(rows, ("fine", "binary")):
+        if result.get(f"sd/best/test/{k}") is not None:
+            r.sd = 100.0 * result[f"sd/best/test/{k}"]
+    for k, figure in (("fine", "test fine-grained accuracy %"), ("binary", "test binary accuracy %")):
+        if result.get(f"ensemble/test/{k}") is not None:
+            rows.insert(2 + (k == "binary"), Row(f"sst.ensemble_{k}", "Table 2 (SST)",
+                                                 f"{figure}, ensemble of {n} (paper: of 30)",
+                                                 100.0 * result[f"ensemble/test/{k}"], 1, PAPER_SST_ENSEMBLE[k],
+                                                 run=result.get("mlflow_run")))
+    return rows
+
+
 def _fmt(v: Optional[float], digits: int) -> str:
     return "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}f}"
+
+
+def _ours(r: Row) -> str:
+    """Our figure, with its standard deviation in brackets when it is a mean over seeds."""
+    return _fmt(r.ours, r.digits) + (f" ({_fmt(r.sd, r.digits)})" if r.sd is not None else "")
 
 
 def markdown(rows: List[Row], quick: bool = False) -> str:
@@ -176,7 +205,7 @@ def markdown(rows: List[Row], quick: bool = False) -> str:
           "| --- | --- | ---: | --- | ---: | ---: | --- |"]
     for r in rows:
         exp = f"{_fmt(r.expected[0], r.digits)} to {_fmt(r.expected[1], r.digits)}" if r.expected else ""
-        ours = _fmt(r.ours, r.digits) + (" (outside)" if r.inside is False else "")
+        ours = _ours(r) + (" (outside)" if r.inside is False else "")
         run = ""
         if r.run:
             exp_id, run_id = r.run.split("/")
@@ -197,7 +226,7 @@ def markdown(rows: List[Row], quick: bool = False) -> str:
 def terminal_table(rows: List[Row], quick: bool = False) -> str:
     """The summary for a terminal: aligned columns, no links; figures outside their range marked."""
     head = ["experiment", "figure", "ours", "expected", "paper", "anchor"]
-    body = [[r.experiment, r.figure, _fmt(r.ours, r.digits) + (" OUTSIDE" if r.inside is False else ""),
+    body = [[r.experiment, r.figure, _ours(r) + (" OUTSIDE" if r.inside is False else ""),
              f"{_fmt(r.expected[0], r.digits)}-{_fmt(r.expected[1], r.digits)}" if r.expected else "",
              _fmt(r.paper, r.digits), _fmt(r.anchor, r.digits)] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]

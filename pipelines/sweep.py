@@ -37,7 +37,8 @@ to Ray Data when ``--max-concurrent`` trials run at once; default concurrency
 An interrupted sweep (Ctrl-C: Tune saves its state and returns) leaves the parent run RUNNING and
 exits with status 3, naming the ``--resume`` command.
 The final line printed is a JSON object (parent run id, ``best/*`` means, ``sd/*``, ``ensemble/*``);
-``--out-json PATH`` writes it to a file too.
+``--result-json PATH`` writes it to a file too (as the training entry points' ``--result-json``, with
+``time/mean_*``: the means over the finished trials).  ``--verbose``: everything the libraries log.
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ import sys
 import time
 from typing import Any, Mapping, Optional, Sequence
 
+from . import console
 from . import tracking as trk
 from .config import ConfigError, load_config, merged_schema, validate
 from .experiment import Experiment
@@ -138,10 +140,12 @@ class SweepResult:
     summary: SweepSummary
     ensemble: dict[str, float]     #: ``test/fine`` ... of the ensemble (empty when not evaluated)
     table: Any                     #: the paper-style ``pandas.DataFrame``
+    tracking_uri: Optional[str] = None
 
     def report(self) -> dict[str, Any]:
         """The JSON the CLI prints last: parent run id, means as ``best/*``, ``sd/*``, ``ensemble/*``."""
-        out: dict[str, Any] = {"run_id": self.parent_run_id, "sweep_dir": self.directory,
+        out: dict[str, Any] = {"run_id": self.parent_run_id, "tracking_uri": self.tracking_uri,
+                               "sweep_dir": self.directory,
                                "n_trials": self.summary.n_trials, "n_finished": self.summary.n_finished,
                                "n_stopped_early": self.summary.n_stopped, "n_errored": self.summary.n_errored,
                                "best_trial": self.summary.best_trial}
@@ -399,16 +403,20 @@ def _outcomes(results, plan: SweepPlan, tracker: trk.Tracker) -> list[TrialOutco
     for res in results:
         m = dict(res.metrics or {})
         tid = m.get("trial_id") or os.path.basename(res.path.rstrip("/"))  # dir named by _trial_dirname
-        curve = []
+        curve, timing = [], {}
         df = res.metrics_dataframe
         if df is not None and plan.metric in df.columns and "epoch" in df.columns:
             curve = [(int(e), float(v)) for e, v in zip(df["epoch"], df[plan.metric]) if v == v]
+        for name in ("epoch_s", "records_per_s", "build_share"):  # as pipelines.train's time/mean_*
+            if df is not None and f"time/{name}" in df.columns and df[f"time/{name}"].notna().any():
+                timing[f"time/mean_{name}"] = float(df[f"time/{name}"].mean())
         n_ep = int(m.get("epoch", 0) or 0)
         status = ERROR if res.error is not None else FINISHED if n_ep >= epochs else STOPPED
         err = str(res.error).strip().splitlines()[0][:300] if res.error is not None else None
         cfg = res.config or {}
         metrics = {k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                    and "/" in k}
+        metrics.update(timing)
         out.append(TrialOutcome(trial_id=tid, params={k: cfg.get(k) for k in swept}, status=status, epochs=n_ep,
                                 metrics=metrics, curve=curve, run_id=runs[tid].info.run_id if tid in runs else None,
                                 error=err))
@@ -490,7 +498,7 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
             pass
         raise
     return SweepResult(parent_run_id=plan.parent_run_id, directory=plan.directory, trials=trials, summary=summary,
-                       ensemble=dict(ensemble), table=table)
+                       ensemble=dict(ensemble), table=table, tracking_uri=plan.config["tracking"]["uri"])
 
 
 def run_sweep(plan: SweepPlan) -> SweepResult:
@@ -543,7 +551,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--storage", help="directory (or URI) for sweeps (default ./ray_results/sweeps)")
     ap.add_argument("--resume", metavar="DIR", help="continue the sweep in DIR (others options are ignored)")
     ap.add_argument("--no-ensemble", dest="ensemble", action="store_false", help="skip the SST ensemble")
-    ap.add_argument("--out-json", metavar="PATH", help="also write the final JSON here")
+    ap.add_argument("--result-json", metavar="PATH", help="also write the final JSON here")
+    ap.add_argument("--verbose", "-v", action="store_true", help="verbose=true: everything the libraries log")
     return ap
 
 
@@ -559,9 +568,11 @@ def main(argv: Optional[Sequence[str]] = None) -> SweepResult:
         else:
             exp = args.experiment or _guess_experiment(args.config)
             cls = experiment_class(exp)
-            plan_cfg = load_config(args.config, args.overrides, _schema(cls))
+            plan_cfg = load_config(args.config, list(args.overrides) + (["verbose=true"] if args.verbose else []),
+                                   _schema(cls))
     except (ConfigError, OSError) as err:
         ap.error(str(err))
+    console.configure(plan_cfg["verbose"] or args.verbose)
     started = connect_ray(plan_cfg)
     try:
         if args.resume:
@@ -587,9 +598,9 @@ def main(argv: Optional[Sequence[str]] = None) -> SweepResult:
     print(result.table.to_string(index=False))
     report = result.report()
     text = json.dumps(report, indent=2, default=str)
-    if args.out_json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out_json)), exist_ok=True)
-        with open(args.out_json, "w") as f:
+    if args.result_json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.result_json)), exist_ok=True)
+        with open(args.result_json, "w") as f:
             f.write(text + "\n")
     print(text)
     return result

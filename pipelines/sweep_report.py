@@ -42,7 +42,7 @@ class SweepSummary:
     n_finished: int
     n_stopped: int
     n_errored: int
-    mean: dict[str, float]           #: over the finished trials
+    mean: dict[str, float]           #: over the finished trials (``best/*``, ``time/mean_*``)
     sd: dict[str, float]             #: sample standard deviation (ddof=1; NaN for one trial)
     best_trial: Optional[str]        #: trial id with the best ``best/dev/<selection metric>`` (any status)
 
@@ -56,10 +56,11 @@ class SweepSummary:
 
 
 def summarize(trials: Sequence[TrialOutcome], selection: str, mode: str) -> SweepSummary:
-    """Mean and sd of every ``best/*`` metric over the :data:`FINISHED` trials; the best trial by
-    ``best/dev/<selection>`` (``mode`` ``"max"`` or ``"min"``) over all trials that reported it."""
+    """Mean and sd of every ``best/*`` and ``time/mean_*`` metric over the :data:`FINISHED` trials;
+    the best trial by ``best/dev/<selection>`` (``mode`` ``"max"`` or ``"min"``) over all trials
+    that reported it."""
     done = [t for t in trials if t.status == FINISHED]
-    keys = sorted({k for t in done for k in t.metrics if k.startswith("best/")})
+    keys = sorted({k for t in done for k in t.metrics if k.startswith(("best/", "time/mean_"))})
     mean, sd = {}, {}
     for k in keys:
         vals = np.array([t.metrics[k] for t in done if k in t.metrics and _finite(t.metrics[k])], dtype=float)

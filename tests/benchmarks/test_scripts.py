@@ -72,3 +72,24 @@ def test_reproduction_summary(tmp_path):
     records = json.loads((tmp_path / "summary.json").read_text())
     assert records[0]["figure"].startswith("inference cost ratio") and records[-1]["ours"] == 0.12
     assert (tmp_path / "summary.csv").read_text().splitlines()[0].startswith("experiment,figure,ours,expected_low")
+
+
+def test_reproduction_summary_of_a_seed_sweep(tmp_path):
+    """The Table 2 rows from ``pipelines.sweep --seeds N``'s result JSON: mean (sd) over the seeds
+    and the ensemble beside the paper's rows, then the timings."""
+    import json
+
+    from benchmarks import reproduction
+    sweep = {"run_id": None, "n_finished": 8, "best/test/fine": 0.5012, "best/test/binary": 0.8751,
+             "sd/best/test/fine": 0.0071, "sd/best/test/binary": 0.0043,
+             "ensemble/test/fine": 0.5213, "ensemble/test/binary": 0.8894, "time/mean_epoch_s": 20.0}
+    (tmp_path / "sst.json").write_text(json.dumps(sweep))
+    (tmp_path / "ranges.yaml").write_text("full:\n  sst.test_fine: [45, 54]\n")
+    rows = reproduction.summary_rows(sst=str(tmp_path / "sst.json"), ranges_path=str(tmp_path / "ranges.yaml"))
+    assert [r.key for r in rows[:4]] == ["sst.test_fine", "sst.test_binary", "sst.ensemble_fine",
+                                         "sst.ensemble_binary"]
+    text = reproduction.markdown(rows)
+    assert ("| Table 2 (SST) | test fine-grained accuracy %, mean (sd) over 8 seeds (paper: sd 0.7 over 30) | "
+            "**50.1 (0.7)** | 45.0 to 54.0 | 52.3 | 51.0 |") in text
+    assert "| test binary accuracy %, ensemble of 8 (paper: of 30) | **88.9** |  | 90.2 |  |" in text
+    assert rows[0].record()["sd"] == 0.7

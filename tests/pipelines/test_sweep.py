@@ -105,7 +105,7 @@ def _children(client, parent):
 
 def _sweep_cmd(tmp, *args):
     return [sys.executable, "-m", "pipelines.sweep", "--experiment", TOY, *args, "--storage", str(tmp / "sweeps"),
-            "--name", "seeds", "--max-concurrent", "1", "--out-json", str(tmp / "out.json")]
+            "--name", "seeds", "--max-concurrent", "1", "--result-json", str(tmp / "out.json")]
 
 
 @pytest.mark.integration
@@ -139,7 +139,7 @@ def test_seed_sweep_survives_a_killed_driver(tmp_path):
     assert len(finished_before) == 1, "both trials finished before the kill: the test needs a slower trial"
 
     out = subprocess.run([sys.executable, "-m", "pipelines.sweep", "--resume", str(sweep_dir),
-                          "--out-json", str(tmp_path / "out.json")], cwd=tmp_path, env=env,
+                          "--result-json", str(tmp_path / "out.json")], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "out.json").read_text())
