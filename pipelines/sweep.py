@@ -35,7 +35,8 @@ CPUs: each trial's workers get ``ray.cpus_per_worker`` (default: what leaves one
 to Ray Data when ``--max-concurrent`` trials run at once; default concurrency
 ``cluster CPUs // (workers + 1)``, at least 1); the trial's own Tune actor reserves 0.01 CPU.
 An interrupted sweep (Ctrl-C: Tune saves its state and returns) leaves the parent run RUNNING and
-exits with status 3, naming the ``--resume`` command.
+exits with status 3, naming the ``--resume`` command; a sweep in which no trial finished ends its
+parent run FAILED and exits with status 1.
 The final line printed is a JSON object (parent run id, ``best/*`` means, ``sd/*``, ``ensemble/*``);
 ``--result-json PATH`` writes it to a file too (as the training entry points' ``--result-json``, with
 ``time/mean_*``: the means over the finished trials).  ``--verbose``: everything the libraries log.
@@ -603,6 +604,10 @@ def main(argv: Optional[Sequence[str]] = None) -> SweepResult:
         with open(args.result_json, "w") as f:
             f.write(text + "\n")
     print(text)
+    if not result.summary.n_finished:
+        log.error("no trial finished (%d errored, %d stopped early): see the trials' errors in %s",
+                  result.summary.n_errored, result.summary.n_stopped, plan_cfg["tracking"]["uri"])
+        raise SystemExit(1)
     return result
 
 
