@@ -320,7 +320,13 @@ def _trial_dirname(trial) -> str:
 
 
 def _trainable(plan: SweepPlan):
+    """The Tune trainable of ``plan``'s trials.  Sets ``RAY_CHDIR_TO_TRIAL_DIR=0`` in this process
+    (unless set; Tune hands it to the trials) so that trials run in Ray's working directory (the
+    driver's, or a submitted job's) like any training run, and relative paths in the config keep
+    their meaning, instead of in Tune's per-trial directory."""
     from ray import tune
+
+    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
 
     return tune.with_resources(tune.with_parameters(_trial, plan=plan), {"CPU": TRIAL_CPU})
 

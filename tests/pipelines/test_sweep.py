@@ -182,7 +182,8 @@ def test_seed_sweep_survives_a_killed_driver(tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.timeout(300)
-def test_asha_stops_the_trial_that_cannot_learn(ray_cluster, tmp_path):
+def test_asha_stops_the_trial_that_cannot_learn(ray_cluster, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root ./mlruns lands in tmp_path
     cfg = load_config(None, _toy_overrides(tmp_path, epochs=3) + ["optimizer.name=adam"], SCHEMA)
     plan = plan_sweep(TOY, cfg, searches=["optimizer.lr=grid(0.05,0.0)"], scheduler="asha", grace_period=1,
                       reduction_factor=2, max_concurrent=1, name="asha", storage=str(tmp_path / "sweeps"))

@@ -25,7 +25,8 @@ SLOT = "train_slot"
 
 
 @pytest.mark.timeout(900)
-def test_seed_sweep_places_trials_on_both_nodes(nodes, tmp_path):
+def test_seed_sweep_places_trials_on_both_nodes(nodes, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root ./mlruns lands in tmp_path
     head = RayNode("head", 2, {SLOT: 1})
     nodes.append(head)
     head.start()
