@@ -93,3 +93,4 @@ def test_reproduction_summary_of_a_seed_sweep(tmp_path):
             "**50.1 (0.7)** | 45.0 to 54.0 | 52.3 | 51.0 |") in text
     assert "| test binary accuracy %, ensemble of 8 (paper: of 30) | **88.9** |  | 90.2 |  |" in text
     assert rows[0].record()["sd"] == 0.7
+    assert "50.1 (0.7)" in reproduction.terminal_table(rows)
