@@ -203,10 +203,10 @@ def _layout(experiment: Experiment) -> TableLayout:
     if experiment.name.startswith("sst"):
         from .sst.experiment import PAPER_TABLE2
 
-        (tai, tf, tb), (fold, _, _), (ens, ef, eb) = PAPER_TABLE2
+        (fold, _, _), (ens, ef, eb), (tai, tf, tb) = PAPER_TABLE2   # single model, ensemble, anchor
         return TableLayout({"best/test/fine": "test fine", "best/test/binary": "test binary"}, scale=100.0,
-                           reference=((tai, tf, tb), (fold + ", mean (sd) over 30 runs", "52.3 (0.7)", "89.4 (0.4)"),
-                                      (ens + " of 30", ef, eb)))
+                           reference=((fold + ", mean (sd) over 30 runs", "52.3 (0.7)", "89.4 (0.4)"),
+                                      (ens + " of 30", ef, eb), (tai, tf, tb)))
     return TableLayout({})
 
 
@@ -508,6 +508,31 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
                        ensemble=dict(ensemble), table=table, tracking_uri=plan.config["tracking"]["uri"])
 
 
+def _trial_lines(plan: SweepPlan):
+    """A Tune callback logging one line per ended trial (what Tune's own tables say, quietly)."""
+    from ray import tune
+
+    class TrialLines(tune.Callback):
+        def __init__(self):
+            self.ended = 0
+
+        def _line(self, trial, how: str) -> None:
+            self.ended += 1
+            r = trial.last_result or {}
+            shown = "  ".join(f"{k} {r[k]:.3f}" for k in sorted(r) if k.startswith("best/test/")
+                              and isinstance(r[k], (int, float)) and not k.endswith("loss"))[:160]
+            log.info("trial %s %s after %s epoch(s), %.0fs: %s  %s", self.ended, how, r.get("epoch", "?"),
+                     r.get("time_total_s", float("nan")), dict(trial.config), shown)
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self._line(trial, "finished")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._line(trial, "FAILED")
+
+    return TrialLines()
+
+
 def run_sweep(plan: SweepPlan) -> SweepResult:
     """Start the parent MLflow run, save ``plan`` in its directory, run the Tuner to the end and
     log the parent's aggregates (see the module docstring).  Ray must be up."""
@@ -523,7 +548,8 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
     storage, name = os.path.dirname(plan.directory.rstrip("/")), os.path.basename(plan.directory.rstrip("/"))
     return _execute(plan, lambda: tune.Tuner(
         _trainable(plan), param_space=param_space(plan.searches, plan.seeds), tune_config=_tune_config(plan),
-        run_config=tune.RunConfig(name=name, storage_path=storage, verbose=1)))
+        run_config=tune.RunConfig(name=name, storage_path=storage, verbose=1 if plan.config.get("verbose") else 0,
+                                  callbacks=[] if plan.config.get("verbose") else [_trial_lines(plan)])))
 
 
 def resume_sweep(directory: str) -> SweepResult:
@@ -609,7 +635,8 @@ def main(argv: Optional[Sequence[str]] = None) -> SweepResult:
         os.makedirs(os.path.dirname(os.path.abspath(args.result_json)), exist_ok=True)
         with open(args.result_json, "w") as f:
             f.write(text + "\n")
-    print(text)
+    if plan_cfg["verbose"] or args.verbose or not args.result_json:
+        print(text)
     if not result.summary.n_finished:
         log.error("no trial finished (%d errored, %d stopped early): see the trials' errors in %s",
                   result.summary.n_errored, result.summary.n_stopped, plan_cfg["tracking"]["uri"])
