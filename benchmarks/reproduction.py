@@ -255,7 +255,7 @@ def run(table1: Optional[str] = None, sst: Optional[str] = None, tox21: Optional
     frame.to_csv(base + ".csv", index=False)
     with open(base + ".json", "w") as f:
         json.dump([r.record() for r in rows], f, indent=1)
-    log(terminal_table(rows, quick) + f"\n(the table with run links: {out})")
+    log(terminal_table(rows, quick) + f"; with run links: {out}")
     if mlflow:
         import mlflow as mlf
 

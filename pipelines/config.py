@@ -324,6 +324,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--no-tracking", action="store_true", help="tracking.mode=off")
     parser.add_argument("--print-config", action="store_true", help="print the config and exit")
     parser.add_argument("--verbose", "-v", action="store_true", help="verbose=true: everything the libraries log")
+    parser.add_argument("--brief", action="store_true",
+                        help="end with the model line only (no results table or UI links): for scripts that "
+                             "summarise several runs, e.g. scripts/reproduce.sh")
     parser.add_argument("--result-json", metavar="PATH",
                         help="also write the run's result (run id, best/* and time/* metrics) to PATH as JSON")
     return parser

@@ -476,7 +476,14 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
             if closed:
                 log.info("marked %d interrupted trial run(s) KILLED", closed)
             tracker.client.update_run(plan.parent_run_id, status="RUNNING")
-        results = tuner_factory().fit()
+        if plan.config.get("verbose"):
+            results = tuner_factory().fit()
+        else:  # Tune prints its experiment header and tables on stdout whatever its verbosity
+            import contextlib
+            import io
+
+            with contextlib.redirect_stdout(io.StringIO()):
+                results = tuner_factory().fit()
         unfinished = len(results) - results.num_terminated - results.num_errors
         if unfinished:  # Tune caught SIGINT/SIGTERM: it saved its state and returned early
             _close_stale_children(tracker, "the sweep was interrupted")
@@ -509,7 +516,8 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
 
 
 def _trial_lines(plan: SweepPlan):
-    """A Tune callback logging one line per ended trial (what Tune's own tables say, quietly)."""
+    """A Tune callback logging a line per trial epoch and per ended trial (what Tune's own tables
+    say, quietly)."""
     from ray import tune
 
     class TrialLines(tune.Callback):
@@ -523,6 +531,12 @@ def _trial_lines(plan: SweepPlan):
                               and isinstance(r[k], (int, float)) and not k.endswith("loss"))[:160]
             log.info("trial %s %s after %s epoch(s), %.0fs: %s  %s", self.ended, how, r.get("epoch", "?"),
                      r.get("time_total_s", float("nan")), dict(trial.config), shown)
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            dev = "  ".join(f"{k} {result[k]:.3f}" for k in sorted(result) if k.startswith("dev/")
+                            and not k.endswith("loss") and isinstance(result[k], (int, float)))[:120]
+            log.info("trial %s epoch %s/%s (%.0fs): %s", dict(trial.config), result.get("epoch", "?"),
+                     plan.config.get("epochs", "?"), result.get("time_total_s", float("nan")), dev)
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             self._line(trial, "finished")
@@ -585,6 +599,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--resume", metavar="DIR", help="continue the sweep in DIR (others options are ignored)")
     ap.add_argument("--no-ensemble", dest="ensemble", action="store_false", help="skip the SST ensemble")
     ap.add_argument("--result-json", metavar="PATH", help="also write the final JSON here")
+    ap.add_argument("--brief", action="store_true", help="no paper table at the end (scripts that summarise, "
+                                                          "e.g. scripts/reproduce.sh, print their own)")
     ap.add_argument("--verbose", "-v", action="store_true", help="verbose=true: everything the libraries log")
     return ap
 
@@ -628,7 +644,8 @@ def main(argv: Optional[Sequence[str]] = None) -> SweepResult:
             import ray
 
             ray.shutdown()
-    print(result.table.to_string(index=False))
+    if not args.brief:
+        print(result.table.to_string(index=False))
     report = result.report()
     text = json.dumps(report, indent=2, default=str)
     if args.result_json:

@@ -629,21 +629,24 @@ def main(experiment: Experiment, argv=None, description: str = "") -> RunResult:
                           description or f"Train {experiment.name}")
     console.configure(cfg["verbose"])
     res = run(experiment, cfg)
-    report(experiment, res, {}, args.result_json)
+    report(experiment, res, {}, args.result_json, args.brief)
     return res
 
 
-def report(experiment: Experiment, res: RunResult, extra: Mapping[str, float], result_json: Optional[str]) -> None:
+def report(experiment: Experiment, res: RunResult, extra: Mapping[str, float], result_json: Optional[str],
+           brief: bool = False) -> None:
     """An entry point's last words: the results table (ours beside the references), the run and
-    its model; with ``result_json`` the result (run id, checkpoint, ``best/*``, ``time/*`` and
-    ``extra``) also written there as JSON."""
-    table = experiment.results_table({k.split("/", 1)[1]: v for k, v in res.metrics.items()
-                                      if k.startswith("best/")})
-    wide = len(table.columns) > 6
-    print(table.iloc[:, :6].round(4).to_string(index=False)
-          + ("\n(all columns: the run's results.json artifact)" if wide else ""))
+    its model (``brief``: the model line alone); with ``result_json`` the result (run id,
+    checkpoint, ``best/*``, ``time/*`` and ``extra``) also written there as JSON."""
+    if not brief:
+        table = experiment.results_table({k.split("/", 1)[1]: v for k, v in res.metrics.items()
+                                          if k.startswith("best/")})
+        wide = len(table.columns) > 6
+        print(table.iloc[:, :6].round(4).to_string(index=False)
+              + ("\n(all columns: the run's results.json artifact)" if wide else ""))
     if res.run_id:
         print(f"model: runs:/{res.run_id}/model  (MLflow store {res.tracking_uri})")
+    if res.run_id and not brief:
         try:
             from mlflow import MlflowClient
 

@@ -50,7 +50,9 @@ else
   SST_ARGS=()
   TOX_ARGS=()
 fi
-[ ${#VERBOSE[@]} -eq 0 ] && TABLE1_ARGS+=(--brief)
+# Without --verbose each step ends briefly (its tables are in the summary and in MLflow).
+BRIEF=()
+[ ${#VERBOSE[@]} -eq 0 ] && TABLE1_ARGS+=(--brief) && BRIEF=(--brief)
 
 t0=$SECONDS
 say "1/3 paper Table 1: dynamic vs manual batching (full report: $OUT/table1.json)"
@@ -60,12 +62,12 @@ sst_table2() {  # paper Table 2: SST_SEEDS seeds of the preset on Ray Tune, mean
   local seeds="${SST_SEEDS:-$([ "$QUICK" = 1 ] && echo 2 || echo 8)}"
   say "2/3 paper Table 2: SST Tree-LSTM (conf/sst_tai2015.yaml), $seeds seeds and their ensemble"
   "$PY" -m pipelines.sweep --config conf/sst_tai2015.yaml --seeds "$seeds" --name "sst-table2-$(date +%Y%m%d-%H%M%S)" \
-    "${SST_ARGS[@]}" "$@" "${VERBOSE[@]}" --result-json "$OUT/sst.json" 2>&1 | tee "$OUT/sst.log"
+    "${SST_ARGS[@]}" "$@" "${VERBOSE[@]}" "${BRIEF[@]}" --result-json "$OUT/sst.json" 2>&1 | tee "$OUT/sst.log"
 }
 sst_table2 "$@"
 
 say "3/3 paper appendix B: weave graph convolutions on Tox21 (conf/molecules_tox21.yaml)"
-"$PY" -m pipelines.molecules.train --config conf/molecules_tox21.yaml "${TOX_ARGS[@]}" "$@" "${VERBOSE[@]}" \
+"$PY" -m pipelines.molecules.train --config conf/molecules_tox21.yaml "${TOX_ARGS[@]}" "$@" "${VERBOSE[@]}" "${BRIEF[@]}" \
   --result-json "$OUT/tox21.json" 2>&1 | tee "$OUT/tox21.log"
 
 say "summary"

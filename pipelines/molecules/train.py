@@ -181,7 +181,7 @@ def main(argv: Optional[Sequence[str]] = None) -> RunResult:
     except ValueError as e:  # ConfigError included
         raise SystemExit(f"error: {e}") from None
     res = run(experiment, cfg)
-    report(experiment, res, after_run(experiment, cfg, res), args.result_json)
+    report(experiment, res, after_run(experiment, cfg, res), args.result_json, args.brief)
     return res
 
 

@@ -73,7 +73,7 @@ def main(argv: Optional[Sequence[str]] = None) -> RunResult:
     console.configure(cfg["verbose"])
     experiment = SSTExperiment()
     res = run(experiment, cfg)
-    report(experiment, res, after_run(experiment, res), args.result_json)
+    report(experiment, res, after_run(experiment, res), args.result_json, args.brief)
     return res
 
 
