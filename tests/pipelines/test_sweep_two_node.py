@@ -22,11 +22,15 @@ from tests.pipelines.two_node import RayNode
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SLOT = "train_slot"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.timeout(900)
 def test_seed_sweep_places_trials_on_both_nodes(nodes, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root ./mlruns lands in tmp_path
+    # the trials import the toy experiment (tests.pipelines...) by name on the nodes' workers,
+    # which start from the nodes' environment: the checkout on their path, as a user's package
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
     head = RayNode("head", 2, {SLOT: 1})
     nodes.append(head)
     head.start()
