@@ -355,7 +355,8 @@ def _read_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> Str
     read, as MLflow params)."""
     t0 = time.perf_counter()
     seed_all(int(cfg["seed"]))
-    splits = experiment.read_splits(cfg)
+    with console.Heartbeat("reading and parsing the splits in Ray Data", cfg["progress_every_s"]):
+        splits = experiment.read_splits(cfg)
     if not isinstance(splits, StreamSplits):
         raise TypeError(f"{type(experiment).__name__}.read_splits returned {type(splits).__name__}, "
                         "expected pipelines.data.splits.StreamSplits")
