@@ -38,7 +38,8 @@ from torch import nn
 
 from schedulers import OpInfo, get_scheduler
 from .batch import Batch, SequenceOutput
-from .blocks import Block, BlockTypeError, Pending, where
+from .blocks import Block, BlockTypeError, Pending, convert_to_block
+from .blocks.base import bind, snake_case, where
 from .closures import compile_tracer
 from .executor import execute
 from .deferred import batch_weight_grads
@@ -161,8 +162,7 @@ _MODULE_METHODS = frozenset(nn.Module.__dict__)
 
 
 def _module_label(m: nn.Module) -> str:
-    from .blocks import _snake
-    return _snake(type(m).__name__)
+    return snake_case(type(m).__name__)
 
 
 def _find_modules(fn) -> Tuple[List[Tuple[Optional[str], nn.Module]], List[str]]:
@@ -684,8 +684,7 @@ class Compiler(nn.Module):
                  max_call_rows: Optional[int] = None, row_layout: str = "readers", executor: str = "auto",
                  defer_weight_grads: bool = True):
         super().__init__()
-        from .blocks import _as_block
-        block = _as_block(block)
+        block = convert_to_block(block)
         self.root = block
         self.scheduler = get_scheduler(scheduler)
         self.max_call_rows = _checked_max_call_rows(max_call_rows)
@@ -1190,3 +1189,6 @@ def evaluate_block(block: Block, inp, tolist: bool = False, input_type: Optional
         return result
     metrics = {name: (v.tolist() if tolist else v) for name, v in compiler.metrics.items()}
     return result, metrics
+
+
+bind(evaluate=evaluate_block)
