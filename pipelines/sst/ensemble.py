@@ -11,7 +11,7 @@ on what defines the data and vocabulary (``sst.vocab_splits``, ``sst.embeddings`
 ``data.skip_bad``); the data directory comes from ``FOLD_DATA_DIR`` (or each run's ``sst.data_dir``).
 The split is read, parsed and evaluated in Ray Data tasks (:func:`evaluate_ensemble_streaming`:
 count sums per block reach the driver, not the trees; Ray is started locally or reached at
-``ray.address`` / ``RAY_ADDRESS``); :func:`evaluate_ensemble` scores trees held in-process.
+``ray.address`` / ``RAY_ADDRESS``).
 
 The store is ``MLFLOW_TRACKING_URI`` (default ``sqlite:///mlflow.db``); the result is logged there as
 a run of experiment ``sst-ensemble`` (params: the member run ids; metrics ``<split>/fine`` etc. for
@@ -30,7 +30,7 @@ from pipelines.metrics import sum_into
 from pipelines.sst.experiment import PAPER_TABLE2, SSTContext, SSTExperiment
 from pipelines.sst.model import count_stats, node_outputs, summarize_counts
 
-__all__ = ["load_member", "evaluate_ensemble", "evaluate_ensemble_streaming", "main"]
+__all__ = ["load_member", "evaluate_ensemble_streaming", "main"]
 
 #: Config keys that decide the trees, the vocabulary and the embedding size: every member must agree
 #: on them (seeds may differ: the logged state holds the trained embedding rows).
@@ -55,17 +55,9 @@ def load_member(client, run_id: str) -> tuple[dict, dict]:
     return meta["config"], state
 
 
-def evaluate_ensemble(experiment: SSTExperiment, context: SSTContext, configs: Sequence[dict],
-                      states: Sequence[dict], trees: Sequence, batch_size: int = 250) -> tuple[dict, list[dict]]:
-    """``(ensemble metrics, [member metrics])`` over ``trees`` (keys of
-    :func:`pipelines.sst.model.summarize_counts`).  ``context``: what ``experiment.read_splits``
-    loaded (vocabulary, embedding matrix) for the members' shared data config."""
-    ens_sums, member_sums = _ensemble_sums(experiment, context, configs, states, trees, batch_size)
-    return summarize_counts(ens_sums), [summarize_counts(s) for s in member_sums]
-
-
 def _ensemble_sums(experiment, context, configs, states, trees, batch_size):
-    """``(ensemble count sums, [member count sums])`` (``count_stats`` summed) over ``trees``."""
+    """``(ensemble count sums, [member count sums])`` (``count_stats`` summed) over ``trees``;
+    ``context``: what ``experiment.read_splits`` loaded for the members' shared data config."""
     models = []
     for cfg, state in zip(configs, states):
         model = experiment.build_model(cfg, context)
@@ -97,8 +89,7 @@ def _ensemble_sums(experiment, context, configs, states, trees, batch_size):
 
 def _ensemble_block(table, experiment, configs, state_refs, context, batch_size):
     """Ray Data task: one block of trees (rows ``pos``, ``rec``) -> one row, the pickled
-    ``(ensemble sums, [member sums])`` of :func:`evaluate_ensemble` over it (count sums add up
-    over blocks)."""
+    :func:`_ensemble_sums` over it (count sums add up over blocks)."""
     import pickle
 
     import pyarrow as pa
@@ -114,9 +105,10 @@ def _ensemble_block(table, experiment, configs, state_refs, context, batch_size)
 
 def evaluate_ensemble_streaming(experiment: SSTExperiment, configs: Sequence[dict], states: Sequence[dict],
                                 split: str, batch_size: int = 250) -> tuple[dict, list[dict]]:
-    """:func:`evaluate_ensemble` on ``split`` with the trees read, parsed and evaluated in Ray Data
-    tasks (:meth:`SSTExperiment.read_splits` of the first member's config): only per-block count
-    sums reach the driver, never the trees.  Connects to (or starts) Ray as the training run does."""
+    """``(ensemble metrics, [member metrics])`` (keys of :func:`pipelines.sst.model.summarize_counts`)
+    on ``split``, the trees read, parsed and evaluated in Ray Data tasks (:meth:`SSTExperiment.read_splits`
+    of the first member's config): only per-block count sums reach the driver, never the trees.
+    Connects to (or starts) Ray as the training run does."""
     import pickle
 
     import ray
