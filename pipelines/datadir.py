@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import urllib.request
 import zipfile
-from typing import Iterable, Optional
+from typing import Optional
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -28,18 +28,6 @@ def cache_dir() -> pathlib.Path:
     root = os.environ.get("FOLD_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "foldengine")
     return pathlib.Path(root)
-
-
-def candidate_dirs(data_dir: Optional[str | os.PathLike] = None) -> list[pathlib.Path]:
-    """Directories searched for data, in priority order."""
-    dirs = []
-    if data_dir:
-        dirs.append(pathlib.Path(data_dir))
-    env = os.environ.get("FOLD_DATA_DIR")
-    if env:
-        dirs.append(pathlib.Path(env))
-    dirs.append(cache_dir())
-    return dirs
 
 
 def sha256_of(path: str | os.PathLike) -> str:
@@ -69,21 +57,18 @@ def download(url: str, dest: pathlib.Path, sha256: Optional[str] = None, timeout
 
 
 def resolve_data_file(relpath: str, *, data_dir=None, url: Optional[str] = None,
-                      sha256: Optional[str] = None, archive_member: Optional[str] = None,
-                      alternatives: Iterable[str] = ()) -> pathlib.Path:
-    """Find ``relpath`` (or one of ``alternatives``) under the data directories, else download it.
+                      sha256: Optional[str] = None, archive_member: Optional[str] = None) -> pathlib.Path:
+    """Find ``relpath`` under the data directories (module docstring), else download it.
 
     ``url`` points at the file itself, or at a zip archive when ``archive_member`` names the
     member to extract to ``<cache>/<relpath>``.  ``sha256`` is the checksum of what ``url`` serves.
     """
-    names = [relpath, *alternatives]
     looked = []
-    for d in candidate_dirs(data_dir):
-        for name in names:
-            p = d / name
-            looked.append(str(p))
-            if p.is_file():
-                return p
+    for d in [pathlib.Path(d) for d in (data_dir, os.environ.get("FOLD_DATA_DIR")) if d] + [cache_dir()]:
+        p = d / relpath
+        looked.append(str(p))
+        if p.is_file():
+            return p
     if url is None:
         raise DataNotFoundError(f"{relpath} not found; looked in: {', '.join(looked)}. "
                                 "Set FOLD_DATA_DIR to a directory holding it.")
