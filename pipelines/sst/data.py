@@ -32,7 +32,6 @@ import pickle
 import re
 import stat
 import sys
-import tempfile
 from collections import Counter
 from typing import Iterable, Iterator, Optional, Union
 
@@ -317,11 +316,7 @@ def load_file(path: Union[str, os.PathLike], skip_bad: bool = False,
     report.sha256 = sha
     if cache is not None and not report.n_skipped:
         try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cache.parent, suffix=".part")
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump(trees, f, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, cache)
+            datadir.write_atomic(cache, lambda f: pickle.dump(trees, f, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:
             pass  # read-only cache: caching is only an optimisation
     return trees, report

@@ -31,7 +31,6 @@ import hashlib
 import json
 import os
 import pathlib
-import tempfile
 from typing import Callable, Optional
 
 import numpy as np
@@ -150,19 +149,12 @@ def _cache_load(paths, n_rows: int):
 
 def _cache_store(paths, matrix: np.ndarray, stats: EmbeddingStats) -> None:
     npy, meta = paths
+    d = dataclasses.asdict(stats)
+    d["oov_words"] = list(d["oov_words"])
+    d.pop("from_cache")
     try:
-        npy.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=npy.parent, suffix=".npy.part")
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, matrix)
-        os.replace(tmp, npy)
-        d = dataclasses.asdict(stats)
-        d["oov_words"] = list(d["oov_words"])
-        d.pop("from_cache")
-        fd, tmp = tempfile.mkstemp(dir=npy.parent, suffix=".json.part")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(d, f, ensure_ascii=False)
-        os.replace(tmp, meta)
+        datadir.write_atomic(npy, lambda f: np.save(f, matrix))
+        datadir.write_atomic(meta, lambda f: f.write(json.dumps(d, ensure_ascii=False).encode("utf-8")))
     except OSError:
         pass  # caching is only an optimisation
 
