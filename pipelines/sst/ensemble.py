@@ -26,6 +26,7 @@ from typing import Mapping, Optional, Sequence
 
 import torch
 
+from pipelines.config import get
 from pipelines.metrics import sum_into
 from pipelines.sst.experiment import PAPER_TABLE2, SSTContext, SSTExperiment
 from pipelines.sst.model import count_stats, node_outputs, summarize_counts
@@ -34,14 +35,8 @@ __all__ = ["load_member", "evaluate_ensemble_streaming", "main"]
 
 #: Config keys that decide the trees, the vocabulary and the embedding size: every member must agree
 #: on them (seeds may differ: the logged state holds the trained embedding rows).
-DATA_KEYS = (("sst", "vocab_splits"), ("sst", "embeddings"), ("sst", "limit_train"), ("sst", "limit_dev"),
-             ("sst", "limit_test"), ("data", "skip_bad"))
-
-
-def _get(cfg: Mapping, path: Sequence[str]):
-    for k in path:
-        cfg = cfg.get(k) if isinstance(cfg, Mapping) else None
-    return cfg
+DATA_KEYS = ("sst.vocab_splits", "sst.embeddings", "sst.limit_train", "sst.limit_dev", "sst.limit_test",
+             "data.skip_bad")
 
 
 def load_member(client, run_id: str) -> tuple[dict, dict]:
@@ -170,9 +165,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         cfg, state = load_member(client, run_id)
         if configs:
             for key in DATA_KEYS:
-                if _get(cfg, key) != _get(configs[0], key):
-                    raise ValueError(f"run {run_id}: {'.'.join(key)} = {_get(cfg, key)!r} differs from run "
-                                     f"{args.run_ids[0]}'s {_get(configs[0], key)!r}; members must share the data")
+                if get(cfg, key) != get(configs[0], key):
+                    raise ValueError(f"run {run_id}: {key} = {get(cfg, key)!r} differs from run "
+                                     f"{args.run_ids[0]}'s {get(configs[0], key)!r}; members must share the data")
         configs.append(cfg)
         states.append(state)
 
