@@ -189,10 +189,6 @@ def merged_schema(*extra: Mapping[str, Field]) -> dict[str, Field]:
     return out
 
 
-def _free_prefixes(schema: Mapping[str, Field]) -> list[str]:
-    return [k for k, f in schema.items() if f.type is dict]
-
-
 def flatten(cfg: Mapping, prefix: str = "", stop_at: Iterable[str] = ()) -> dict[str, Any]:
     """Nested dict -> ``{"a.b": v}``.  Subtrees whose dotted key is in ``stop_at`` stay whole."""
     stop = set(stop_at)
@@ -260,7 +256,7 @@ def apply_overrides(cfg: dict, overrides: Sequence[str], schema: Optional[Mappin
 
 def validate(cfg: Mapping, schema: Mapping[str, Field], source: Optional[str] = None) -> dict:
     """Check ``cfg`` against ``schema``; return a new nested dict with defaults filled in."""
-    free = _free_prefixes(schema)
+    free = [k for k, f in schema.items() if f.type is dict]   # free-form subtrees
     flat = flatten(_normalize(copy.deepcopy(dict(cfg))), stop_at=free)
     out: dict = {}
     for key, value in flat.items():
