@@ -7,16 +7,12 @@ Rank 0 writes one Ray Train checkpoint per epoch, a directory with
 * ``best_model.pt`` (:data:`BEST_FILE`), when some epoch has been selected: the ``state_dict``
   of the model at the best dev epoch so far (what MLflow logs as the run's model).
 
-Both files hold plain data only: tensors, ints, floats, bools, strings, None, and dicts, lists
-and tuples of those (RNG states as tensors: :func:`pipelines.seeding.rng_state`); :func:`write`
-converts numpy scalars and arrays and refuses anything else. So a checkpoint can be read with
-``torch.load(path, weights_only=True)["epoch"]`` without importing this package, and
-:func:`read_state` / :func:`read_best_model` read them only that way: a checkpoint directory may
-be on shared storage (``ray.storage_path``) or anywhere ``resume_from`` points, and unpickling
-arbitrary objects from it could run code. A file that needs more than plain data (crafted, or
-written by a version that stored numpy RNG states) is refused with :class:`CheckpointError`
-and nothing in it runs (``torch.load``'s restricted unpickler stops at the first class or
-function it does not allow).
+Both files hold plain data only: tensors, numbers, strings, None, and dicts, lists and tuples
+of those (:func:`write` converts numpy values and refuses anything else), so
+``torch.load(path, weights_only=True)`` reads them without this package.  :func:`read_state` /
+:func:`read_best_model` read them only that way, since a checkpoint may sit on shared storage
+(``ray.storage_path``) or wherever ``resume_from`` points: a file that needs more than plain data
+is refused with :class:`CheckpointError` before any of its code runs.
 """
 from __future__ import annotations
 

@@ -25,8 +25,7 @@ import yaml
 
 __all__ = [
     "REQUIRED", "Field", "ConfigError", "BASE_SCHEMA", "merged_schema", "load_config",
-    "apply_overrides", "validate", "flatten", "get", "add_cli_arguments", "config_from_args",
-    "parse_cli",
+    "apply_overrides", "validate", "flatten", "get", "add_cli_arguments", "parse_cli",
 ]
 
 
@@ -190,10 +189,6 @@ def merged_schema(*extra: Mapping[str, Field]) -> dict[str, Field]:
     return out
 
 
-def _free_prefixes(schema: Mapping[str, Field]) -> list[str]:
-    return [k for k, f in schema.items() if f.type is dict]
-
-
 def flatten(cfg: Mapping, prefix: str = "", stop_at: Iterable[str] = ()) -> dict[str, Any]:
     """Nested dict -> ``{"a.b": v}``.  Subtrees whose dotted key is in ``stop_at`` stay whole."""
     stop = set(stop_at)
@@ -261,7 +256,7 @@ def apply_overrides(cfg: dict, overrides: Sequence[str], schema: Optional[Mappin
 
 def validate(cfg: Mapping, schema: Mapping[str, Field], source: Optional[str] = None) -> dict:
     """Check ``cfg`` against ``schema``; return a new nested dict with defaults filled in."""
-    free = _free_prefixes(schema)
+    free = [k for k, f in schema.items() if f.type is dict]   # free-form subtrees
     flat = flatten(_normalize(copy.deepcopy(dict(cfg))), stop_at=free)
     out: dict = {}
     for key, value in flat.items():
@@ -332,26 +327,22 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     return parser
 
 
-def config_from_args(args: argparse.Namespace, schema: Optional[Mapping[str, Field]] = None) -> dict:
-    overrides = list(args.overrides or [])
-    if getattr(args, "skip_bad", False):
-        overrides.append("data.skip_bad=true")
-    if getattr(args, "tracking_optional", False):
-        overrides.append("tracking.mode=optional")
-    if getattr(args, "no_tracking", False):
-        overrides.append("tracking.mode=off")
-    if getattr(args, "verbose", False):
-        overrides.append("verbose=true")
-    return load_config(args.config, overrides, schema)
-
-
 def parse_cli(argv: Optional[Sequence[str]] = None, schema: Optional[Mapping[str, Field]] = None,
               description: str = "") -> tuple[dict, argparse.Namespace]:
     """Parse ``argv`` into a validated config.  Exits with status 2 and a message on ConfigError."""
     parser = add_cli_arguments(argparse.ArgumentParser(description=description))
     args = parser.parse_args(argv)
+    overrides = list(args.overrides or [])
+    if args.skip_bad:
+        overrides.append("data.skip_bad=true")
+    if args.tracking_optional:
+        overrides.append("tracking.mode=optional")
+    if args.no_tracking:
+        overrides.append("tracking.mode=off")
+    if args.verbose:
+        overrides.append("verbose=true")
     try:
-        cfg = config_from_args(args, schema)
+        cfg = load_config(args.config, overrides, schema)
     except (ConfigError, OSError) as e:
         parser.error(str(e))
     if args.print_config:

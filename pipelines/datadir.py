@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import urllib.request
 import zipfile
-from typing import Iterable, Optional
+from typing import BinaryIO, Callable, Optional
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -30,60 +30,48 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(root)
 
 
-def candidate_dirs(data_dir: Optional[str | os.PathLike] = None) -> list[pathlib.Path]:
-    """Directories searched for data, in priority order."""
-    dirs = []
-    if data_dir:
-        dirs.append(pathlib.Path(data_dir))
-    env = os.environ.get("FOLD_DATA_DIR")
-    if env:
-        dirs.append(pathlib.Path(env))
-    dirs.append(cache_dir())
-    return dirs
-
-
-def sha256_of(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def write_atomic(path: pathlib.Path, write: Callable[[BinaryIO], None]) -> None:
+    """``write(f)`` into a new file of this user only (mode 0600) beside ``path``, then renamed to
+    ``path``: a reader never sees a partial file, and nothing is left behind when ``write`` raises."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def download(url: str, dest: pathlib.Path, sha256: Optional[str] = None, timeout: float = 60.0) -> pathlib.Path:
     """Download ``url`` to ``dest`` atomically; verify ``sha256`` when given."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
-            shutil.copyfileobj(resp, out)
-        if sha256:
-            got = sha256_of(tmp)
-            if got != sha256:
-                raise ValueError(f"download of {url}: sha256 {got} != expected {sha256}")
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    def fetch(out: BinaryIO) -> None:
+        h = hashlib.sha256()
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            for block in iter(lambda: resp.read(1 << 20), b""):
+                h.update(block)
+                out.write(block)
+        if sha256 and h.hexdigest() != sha256:
+            raise ValueError(f"download of {url}: sha256 {h.hexdigest()} != expected {sha256}")
+
+    write_atomic(dest, fetch)
     return dest
 
 
 def resolve_data_file(relpath: str, *, data_dir=None, url: Optional[str] = None,
-                      sha256: Optional[str] = None, archive_member: Optional[str] = None,
-                      alternatives: Iterable[str] = ()) -> pathlib.Path:
-    """Find ``relpath`` (or one of ``alternatives``) under the data directories, else download it.
+                      sha256: Optional[str] = None, archive_member: Optional[str] = None) -> pathlib.Path:
+    """Find ``relpath`` under the data directories (module docstring), else download it.
 
     ``url`` points at the file itself, or at a zip archive when ``archive_member`` names the
     member to extract to ``<cache>/<relpath>``.  ``sha256`` is the checksum of what ``url`` serves.
     """
-    names = [relpath, *alternatives]
     looked = []
-    for d in candidate_dirs(data_dir):
-        for name in names:
-            p = d / name
-            looked.append(str(p))
-            if p.is_file():
-                return p
+    for d in [pathlib.Path(d) for d in (data_dir, os.environ.get("FOLD_DATA_DIR")) if d] + [cache_dir()]:
+        p = d / relpath
+        looked.append(str(p))
+        if p.is_file():
+            return p
     if url is None:
         raise DataNotFoundError(f"{relpath} not found; looked in: {', '.join(looked)}. "
                                 "Set FOLD_DATA_DIR to a directory holding it.")
@@ -93,9 +81,7 @@ def resolve_data_file(relpath: str, *, data_dir=None, url: Optional[str] = None,
             return download(url, target, sha256)
         archive = download(url, cache_dir() / "downloads" / os.path.basename(url), sha256)
         with zipfile.ZipFile(archive) as zf, zf.open(archive_member) as src:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with open(target, "wb") as out:
-                shutil.copyfileobj(src, out)
+            write_atomic(target, lambda out: shutil.copyfileobj(src, out))
         return target
     except OSError as err:
         raise DataNotFoundError(f"{relpath} not found locally (looked in: {', '.join(looked)}) and "

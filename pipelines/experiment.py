@@ -9,16 +9,14 @@ model, batch building and metrics.  Where things run:
 * Ray Train workers: ``build_model``, ``param_groups``, ``loss``, ``eval_stats``, ``summarize``
 
 So an ``Experiment`` instance must be picklable and its class importable on every Ray worker.
-"Records" are what ``read_splits``' datasets hold (pickled in their ``rec`` column); "a batch" is whatever ``make_batch``
-returns (picklable, e.g. a ``foldengine`` ``Batch`` of numpy arrays) -- the glue never looks inside.
+"Records" are what ``read_splits``' datasets hold (pickled in their ``rec`` column); "a batch" is
+whatever ``make_batch`` returns (picklable, e.g. a ``foldengine`` ``Batch``): the glue never looks inside.
 
-Loaded context: what ``read_splits`` derives from the data besides the records and the model
-needs (a vocabulary, a pretrained embedding matrix, target statistics) travels in
-``StreamSplits.context``, never on the instance: the glue hands it explicitly to
-``build_model(config, context)`` and ``batch_builder(config, context)`` on the workers, so an
-experiment object holds configuration only and any caller can build a model from a context it
-loaded itself.  Whatever ``loss`` / ``eval_stats`` need from the context must come with the model
-``build_model`` returns.
+Loaded context: what ``read_splits`` derives from the data for the model (a vocabulary, an
+embedding matrix, target statistics) travels in ``StreamSplits.context``, never on the instance,
+and is handed to ``build_model(config, context)`` / ``batch_builder(config, context)``: an
+experiment holds configuration only, and what ``loss`` / ``eval_stats`` need of the context must
+come with the model ``build_model`` returns.
 
 Metric conventions: ``loss`` and ``eval_stats`` return *sums* over the records of the batch
 (e.g. ``{"correct": 17.0, "count": 25.0, "loss_sum": 31.2}``); the glue adds them up over batches

@@ -13,9 +13,7 @@ gradients itself after ``backward``, with fixed-size dense collectives:
 2. ``all_gather`` of the counts ``n_r``; ``m = max_r n_r``;
 3. ``all_gather`` of ``idx_r`` and ``val_r`` zero-padded to ``m`` rows (same shapes on every rank);
 4. every rank builds the same COO tensor from the real rows, in rank order, coalesces it (sums
-   rows used on several ranks) and divides by the world size, as DDP's average:
-
-   .. math:: g = \\frac{1}{W} \\sum_{r=1}^{W} g_r
+   rows used on several ranks) and divides by the world size, as DDP's average.
 
 The result is identical on every rank (same inputs, same order), so parameters stay equal (the
 workers' per-epoch parameter-hash check).  A rank that did not use the parameter contributes

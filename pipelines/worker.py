@@ -2,24 +2,19 @@
 
 :func:`train_loop` runs on each rank with the :class:`TrainPlan` the driver hands over:
 
-1. :func:`setup`: seed from ``seed``, ``experiment.build_model(config, context)`` (identical on
-   every rank), wrap it for ``DistributedDataParallel`` (``find_unused_parameters=True``:
-   dynamic batches need not touch every parameter; parameters with sparse gradients, such as
-   ``nn.Embedding(sparse=True)``, are left out of DDP and averaged after ``backward`` with dense
-   collectives by :class:`pipelines.sparse_grads.SparseGradSync`), make the optimizer, then
-   switch to this rank's own RNG stream (dropout etc.);
+1. :func:`setup`: seed from ``seed``, ``experiment.build_model`` (identical on every rank), wrap it
+   for DDP (``find_unused_parameters=True``: dynamic batches need not touch every parameter; sparse
+   gradients are averaged by :class:`pipelines.sparse_grads.SparseGradSync` instead), make the
+   optimizer, then switch to this rank's own RNG stream (dropout etc.);
 2. :func:`restore`: continue from this run's latest checkpoint (after a worker-group restart) or
    else from ``resume_from``: model, optimizer, history, best-so-far and this rank's RNG states;
-3. per epoch, :func:`run_epoch`: :func:`train_epoch` (one optimizer step per step of
-   ``plan.feed.train(epoch, rank)``, exactly ``DataPlan.steps`` of them on every rank),
-   :func:`evaluate` (dev / test sums gathered over ranks), timing, best-model selection
-   (:meth:`RunState.select`) and the parameter-consistency check; then
-   :func:`report_epoch`: rank 0 logs, writes the checkpoint (``pipelines.checkpoint``) and
-   reports the metrics with it; the other ranks report the metrics alone.
+3. per epoch, :func:`run_epoch` (:func:`train_epoch` over ``plan.feed.train(epoch, rank)``,
+   :func:`evaluate`, timing, best-model selection, the parameter-consistency check), then
+   :func:`report_epoch`: rank 0 logs, writes the checkpoint and reports the metrics with it.
 
 Every rank makes the same collective calls in the same order (per step: DDP's all-reduces and
-the sparse gradients' three gathers; per epoch: gathers of the training totals, of each eval
-split's sums, of the parameter hashes and of the RNG states).
+the sparse gradients' three gathers; per epoch: the gathers of totals, eval sums, parameter
+hashes and RNG states).
 """
 from __future__ import annotations
 

@@ -54,15 +54,14 @@ def gather_positions(block_refs: list, positions: np.ndarray, starts: np.ndarray
     return out
 
 
-def _with_step_columns(table, step: int, denom: int):
-    """``table`` (one step's rows, in their order) with the columns :func:`build_step` reads:
-    ``step``, ``j`` (0..m-1) and ``denom`` (the step's global size)."""
+def _with_step_columns(table, step, j, denom):
+    """``table`` with the int64 columns :func:`build_step` reads besides ``rec``, one value per row:
+    ``step``, ``j`` (the row's place in the rank's part of the step) and ``denom``."""
     import pyarrow as pa
 
-    m = table.num_rows
-    return table.append_column("step", pa.array(np.full(m, step), pa.int64())) \
-                .append_column("j", pa.array(np.arange(m), pa.int64())) \
-                .append_column("denom", pa.array(np.full(m, denom), pa.int64()))
+    return table.append_column("step", pa.array(step, pa.int64())) \
+                .append_column("j", pa.array(j, pa.int64())) \
+                .append_column("denom", pa.array(denom, pa.int64()))
 
 
 def build_gathered_step(refs: list, starts: np.ndarray, experiment: Experiment, cfg: dict, context: Any, seed: int,
@@ -76,7 +75,9 @@ def build_gathered_step(refs: list, starts: np.ndarray, experiment: Experiment, 
     bytes)."""
     positions, denom = train_step_positions(seed, epoch, rank, world, batch_size, n, step)
     rows = gather_positions(refs, positions, starts, ("pos", "rec", "trace") if use_traces else ("pos", "rec"))
-    return build_step(_with_step_columns(rows, step, denom), experiment, cfg, context, epoch, rank, use_traces)
+    m = rows.num_rows
+    rows = _with_step_columns(rows, np.full(m, step), np.arange(m), np.full(m, denom))
+    return build_step(rows, experiment, cfg, context, epoch, rank, use_traces)
 
 
 def gather_steps(table, refs, starts, experiment, cfg, context, seed, epoch, rank, world, batch_size, n,
@@ -111,11 +112,7 @@ def assign_train(table, seed, epoch, rank, world, batch_size, n, steps, first=0)
     step_len = np.minimum(batch_size, n - step * batch_size)
     start, size = rank_part(step_len, rank, world)
     keep = (step >= first) & (step < steps) & (off >= start) & (off < start + size)
-    mask = pa.array(keep)
-    t = table.filter(mask)
-    return t.append_column("step", pa.array(step[keep], pa.int64())) \
-            .append_column("j", pa.array((off - start)[keep], pa.int64())) \
-            .append_column("denom", pa.array(step_len[keep], pa.int64()))
+    return _with_step_columns(table.filter(pa.array(keep)), step[keep], (off - start)[keep], step_len[keep])
 
 
 def assign_traced_block(table, refs, seed, epoch, rank, world, batch_size, n, steps, first=0):
@@ -137,11 +134,8 @@ def assign_eval(table, rank, world, batch_size):
     pos = np.asarray(table.column("pos"))
     g = pos // batch_size
     keep = g % world == rank
-    t = table.filter(pa.array(keep))
-    gk = g[keep]
-    return t.append_column("step", pa.array(gk // world, pa.int64())) \
-            .append_column("j", pa.array(pos[keep] % batch_size, pa.int64())) \
-            .append_column("denom", pa.array(np.zeros(len(gk), np.int64)))
+    return _with_step_columns(table.filter(pa.array(keep)), g[keep] // world, pos[keep] % batch_size,
+                              np.zeros(int(keep.sum()), np.int64))
 
 
 #: rows per block of a step-sorted dataset (whole steps; see :func:`step_boundaries`)
@@ -151,32 +145,20 @@ SORTED_BLOCK_ROWS = 1024
 def step_boundaries(steps: int, rows_per_step: float, block_rows: int = SORTED_BLOCK_ROWS) -> list:
     """Range-partition boundaries of ``sort("step")`` for a dataset of ``steps`` steps of about
     ``rows_per_step`` rows: every ``g`` steps, ``g`` the most whole steps in ``block_rows`` rows
-    (at least 1).  Given boundaries, the sort needs no sampling pass over the data (Ray Data
-    otherwise reads every block once to sample the keys), and its output blocks hold about
-    ``block_rows`` rows however many input blocks there are: the default (one output block per
-    input block) gave mostly empty blocks, one task each, when few steps are taken from a large
-    split.  Always at least one boundary (an empty list would mean "sample")."""
+    (at least 1), so the sort needs no sampling pass and its blocks hold about ``block_rows`` rows
+    (``docs/data-path.md``).  Always at least one boundary (an empty list would mean "sample")."""
     g = max(1, int(block_rows // max(rows_per_step, 1.0)))
     return list(range(g, steps, g)) or [max(steps, 1)]
 
 
 def build_steps(table, experiment, cfg, context, epoch, rank, use_traces, expected):
-    """Ray Data task over one block of the step-sorted rows: every complete step in the block
-    -> one row (the pickled batch, :func:`build_step`), yielded as soon as it is built.
+    """Ray Data task (a generator) over one block of the step-sorted rows: every complete step in
+    the block -> one step row (:func:`build_step`), yielded as soon as it is built.
 
-    A generator: Ray Data hands its yields downstream while the task goes on, gathered into blocks
-    of at least ``DataContext.target_min_block_size`` (1 MiB: tens of SST steps), so the trainer
-    can start before a sorted block's last step is built.
-
-    The sort keeps the steps in order, but a step's rows can span two blocks (the sort's
-    output blocks are split when larger than Ray Data's target block size: Tox21 traces are
-    ~100 kB each).  ``expected(step)`` (rows of a complete step) tells: the rows of an
-    incomplete step go out unbuilt, pickled in ``part`` (``batch`` empty), and
-    :func:`assemble_steps` in the trainer joins the parts of the step (consecutive rows: the
-    order is preserved) and builds it exactly as here.
-
-    Every yielded table has the full typed schema (``batch``/``part`` binary, ``n``/``denom``/
-    ``step`` int64, ``build_s`` float64); an empty block yields one empty table."""
+    A step's rows can span two sorted blocks; ``expected(step)`` (rows of a complete step) tells.
+    The rows of an incomplete step go out unbuilt, pickled in ``part`` (``batch`` empty), and
+    :func:`assemble_steps` in the trainer joins the parts (consecutive rows) and builds the step
+    exactly as here.  An empty block yields one empty step table."""
     import pyarrow as pa
 
     if not table.num_rows:

@@ -153,16 +153,10 @@ class TracedBlocks:
         return ray.data.from_items([{"block": i} for i in range(n)], override_num_blocks=max(n, 1))
 
 
-def trace_in_background(source, experiment, cfg: dict, context: Any,
-                        niceness: int = BACKGROUND_NICENESS) -> TracedBlocks:
+def trace_in_background(source, experiment, cfg: dict, context: Any) -> TracedBlocks:
     """Trace every block of ``source`` (a materialised dataset of rows ``pos``, ``rec``) in a
-    background actor while training starts; returns at once.
-
-    One trace pass costs about as much Python as one epoch's batch building, which leaves it
-    time to finish while epoch 1 trains; epochs from the second on read the traces.  Each record
-    is traced once per run by this pass (epoch 1's batches trace their own records as they are
-    built)."""
-    worker = _start((experiment, cfg, context), niceness)
+    background actor while training starts, for the epochs from the second on; returns at once."""
+    worker = _start((experiment, cfg, context), BACKGROUND_NICENESS)
     return TracedBlocks([worker.trace.remote(block) for block in source.to_arrow_refs()], worker)
 
 
@@ -204,11 +198,11 @@ class CachedEval:
             fn_kwargs=dict(blocks=[self.blocks], rank=rank))
 
 
-def build_eval_in_background(split: str, source, experiment, cfg: dict, context: Any, world: int, batch_size: int,
-                             niceness: int = BACKGROUND_NICENESS) -> CachedEval:
+def build_eval_in_background(split: str, source, experiment, cfg: dict, context: Any, world: int,
+                             batch_size: int) -> CachedEval:
     """Build the eval split ``split`` (``source``, a :class:`pipelines.data.splits.SplitSource`)
     for every rank in a background actor (:meth:`BackgroundWorker.build_eval`); returns at once."""
-    worker = _start((experiment, cfg, context), niceness)
+    worker = _start((experiment, cfg, context), BACKGROUND_NICENESS)
     refs = source.dataset.materialize().to_arrow_refs()
     return CachedEval(worker.build_eval.remote(refs, world, batch_size, source.n), worker, split)
 
@@ -235,9 +229,9 @@ def read_head(refs: list) -> Iterator[Step]:
 
 
 def build_head_in_background(block_refs: list, starts: np.ndarray, experiment, cfg: dict, context: Any, epoch: int,
-                             world: int, batch_size: int, n: int, steps: int, niceness: int = 0) -> EpochHead:
-    """Build steps ``0..steps-1`` of ``epoch`` for every rank, one actor per rank at priority
-    ``niceness`` (0: the trainer waits for these), from ``block_refs`` (the parsed blocks of rows
+                             world: int, batch_size: int, n: int, steps: int) -> EpochHead:
+    """Build steps ``0..steps-1`` of ``epoch`` for every rank, one actor per rank at the trainers'
+    priority (they wait for these), from ``block_refs`` (the parsed blocks of rows
     ``pos``, ``rec``, block ``i`` starting at position ``starts[i]``); returns at once.  Each
     step gathers its records from the blocks that hold them, so the first step is ready after one
     build however large the split."""
@@ -245,7 +239,7 @@ def build_head_in_background(block_refs: list, starts: np.ndarray, experiment, c
 
     refs_ref, starts_ref = ray.put(list(block_refs)), ray.put(np.asarray(starts, np.int64))
     seed = int(cfg["seed"])
-    workers = tuple(_start((experiment, cfg, context), niceness) for _ in range(world))
+    workers = tuple(_start((experiment, cfg, context), 0) for _ in range(world))
     refs = {r: [workers[r].build_train_step.remote(refs_ref, starts_ref, seed, epoch, r, world, batch_size, n, i)
                 for i in range(steps)] for r in range(world)}
     return EpochHead(epoch, steps, refs, workers)

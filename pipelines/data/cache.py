@@ -20,10 +20,7 @@ WORKER_CACHE_SIZE = 16
 
 
 def cached(key, make: Callable[[], Any]):
-    """``make()``, or what it returned before for ``key`` in this process: a per-process LRU
-    cache of the last :data:`WORKER_CACHE_SIZE` values (Ray Data worker processes outlive a task
-    and even a run, so records, builders and permutations are made once per process).  ``key``
-    must be hashable and name everything the value depends on."""
+    """``make()``, or what it returned before for ``key`` (hashable) in this process."""
     if key in _WORKER_CACHE:
         _WORKER_CACHE.move_to_end(key)
         return _WORKER_CACHE[key]

@@ -53,9 +53,6 @@ class DataPlan:
     n_train: int                   #: training records
     datasets: tuple[str, ...]      #: names of all declared datasets (sorted)
 
-    def has(self, name: str) -> bool:
-        return name in self.datasets
-
 
 @dataclasses.dataclass
 class DeclaredData:
@@ -70,11 +67,6 @@ class DeclaredData:
     background: tuple = ()
     #: how the data path was set up (``data/step_assembly``, ...), logged as MLflow params
     params: dict = dataclasses.field(default_factory=dict)
-
-
-def _steps_of(rows: Iterable[Mapping]) -> Iterator[Step]:
-    for row in rows:
-        yield Step.from_row(row)
 
 
 class RowPrefetcher:
@@ -166,14 +158,14 @@ class Feed:
         if head:
             # the head's steps are built already (or being built); the rest of the epoch's
             # pipeline starts now and runs while the head trains
-            tail: Iterable = () if len(head) >= self.plan.steps else _steps_of(
-                prefetched or RowPrefetcher(self._dataset(train_dataset_name(epoch, rank), datasets)))
+            tail: Iterable = () if len(head) >= self.plan.steps else map(Step.from_row, (
+                prefetched or RowPrefetcher(self._dataset(train_dataset_name(epoch, rank), datasets))))
             steps: Iterable[Step] = itertools.chain(read_head(head), tail)
         else:
             rows = prefetched if prefetched is not None else \
                 self._dataset(train_dataset_name(epoch, rank), datasets).iter_rows()
-            steps = _steps_of(rows)
-        prefetch_next = cfg["data"].get("prefetch_next_epoch", True) and epoch < cfg["epochs"]
+            steps = map(Step.from_row, rows)
+        prefetch_next = cfg["data"]["prefetch_next_epoch"] and epoch < cfg["epochs"]
         for taken, step in enumerate(assemble_steps(steps, self.experiment, cfg, self.context, epoch, rank, True), 1):
             yield step
             if prefetch_next and 2 * taken >= self.plan.steps and epoch + 1 not in self.prefetched:
@@ -183,11 +175,11 @@ class Feed:
     def eval(self, split: str, rank: int, datasets: Optional[Mapping[str, Any]] = None) -> Iterator[Step]:
         """Rank ``rank``'s steps of eval split ``split`` (none when the rank has no group)."""
         name = eval_dataset_name(split, rank)
-        if not self.plan.has(name):
+        if name not in self.plan.datasets:
             return
         cached = self.eval_blocks.get(split)
         rows = read_cached_eval(cached, rank) if cached is not None else \
-            _steps_of(self._dataset(name, datasets).iter_rows())
+            map(Step.from_row, self._dataset(name, datasets).iter_rows())
         yield from assemble_steps(rows, self.experiment, self.config, self.context, 0, rank, False)
 
 
@@ -228,7 +220,7 @@ def step_assembly(cfg: dict, split_bytes: Optional[int]) -> str:
     """``"gather"`` or ``"sort"`` (:mod:`pipelines.data.assembly`): ``data.step_assembly`` unless ``auto``;
     ``auto``: gather when ``split_bytes`` <= :data:`GATHER_STORE_SHARE` x the smallest node's
     object store."""
-    mode = cfg["data"].get("step_assembly", "auto")
+    mode = cfg["data"]["step_assembly"]
     if mode != "auto":
         return mode
     store = smallest_object_store()
@@ -255,7 +247,7 @@ def declare_feed(experiment: Experiment, cfg: dict, splits: StreamSplits, world:
         raise ConfigError(f"{train.n} training records cannot make one step of {world} worker(s) "
                           f"(each step needs at least one record per worker)", "batch_size")
     source = train.dataset.materialize()          # rows pos, rec: parsed once, kept as blocks
-    use_traces = bool(cfg["data"].get("cache_traces", False)) and cfg["epochs"] > 1
+    use_traces = cfg["data"]["cache_traces"] and cfg["epochs"] > 1
     traced = trace_in_background(source, experiment, cfg, ctx_obj) if use_traces else None
     background: list = [traced] if traced is not None else []
     # epoch 1's first steps: gathered by position and built while Ray Train starts (not when the
@@ -265,7 +257,7 @@ def declare_feed(experiment: Experiment, cfg: dict, splits: StreamSplits, world:
     datasets: dict = {}
     build_kw = dict(experiment=experiment, cfg=cfg, context=ctx_obj)
     split_bytes = None
-    if cfg["data"].get("step_assembly", "auto") == "auto":
+    if cfg["data"]["step_assembly"] == "auto":
         split_bytes = estimated_split_bytes(source, experiment, cfg, ctx_obj, train.n, use_traces)
     assembly = step_assembly(cfg, split_bytes)
     params = {"data/step_assembly": assembly}

@@ -69,16 +69,13 @@ def batch_builder(experiment: Experiment, cfg: dict, context: Any):
     return cached(("builder", type(experiment).__module__, type(experiment).__qualname__, config_key(cfg)), make)
 
 
-#: records traced per ``experiment.trace_records`` call: a trace's Python objects are many times
-#: its pickle (a Tox21 molecule: ~100 kB pickled), so a block is traced in pieces, each pickled
-#: before the next is made
+#: records traced per ``experiment.trace_records`` call, each piece pickled before the next is made
 TRACE_CHUNK_RECORDS = 256
 
 
 def trace_block(table, experiment, cfg, context):
     """One block of rows ``pos``, ``rec`` -> the same rows with ``trace`` (each record's pickled
-    trace, ``experiment.trace_records``; nulls when the experiment keeps no traces).  Traces
-    :data:`TRACE_CHUNK_RECORDS` records at a time."""
+    trace, ``experiment.trace_records``; nulls when the experiment keeps no traces)."""
     import pyarrow as pa
 
     builder = batch_builder(experiment, cfg, context)

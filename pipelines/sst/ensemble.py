@@ -11,7 +11,7 @@ on what defines the data and vocabulary (``sst.vocab_splits``, ``sst.embeddings`
 ``data.skip_bad``); the data directory comes from ``FOLD_DATA_DIR`` (or each run's ``sst.data_dir``).
 The split is read, parsed and evaluated in Ray Data tasks (:func:`evaluate_ensemble_streaming`:
 count sums per block reach the driver, not the trees; Ray is started locally or reached at
-``ray.address`` / ``RAY_ADDRESS``); :func:`evaluate_ensemble` scores trees held in-process.
+``ray.address`` / ``RAY_ADDRESS``).
 
 The store is ``MLFLOW_TRACKING_URI`` (default ``sqlite:///mlflow.db``); the result is logged there as
 a run of experiment ``sst-ensemble`` (params: the member run ids; metrics ``<split>/fine`` etc. for
@@ -26,22 +26,17 @@ from typing import Mapping, Optional, Sequence
 
 import torch
 
+from pipelines.config import get
 from pipelines.metrics import sum_into
 from pipelines.sst.experiment import PAPER_TABLE2, SSTContext, SSTExperiment
 from pipelines.sst.model import count_stats, node_outputs, summarize_counts
 
-__all__ = ["load_member", "evaluate_ensemble", "evaluate_ensemble_streaming", "main"]
+__all__ = ["load_member", "evaluate_ensemble_streaming", "main"]
 
 #: Config keys that decide the trees, the vocabulary and the embedding size: every member must agree
 #: on them (seeds may differ: the logged state holds the trained embedding rows).
-DATA_KEYS = (("sst", "vocab_splits"), ("sst", "embeddings"), ("sst", "limit_train"), ("sst", "limit_dev"),
-             ("sst", "limit_test"), ("data", "skip_bad"))
-
-
-def _get(cfg: Mapping, path: Sequence[str]):
-    for k in path:
-        cfg = cfg.get(k) if isinstance(cfg, Mapping) else None
-    return cfg
+DATA_KEYS = ("sst.vocab_splits", "sst.embeddings", "sst.limit_train", "sst.limit_dev", "sst.limit_test",
+             "data.skip_bad")
 
 
 def load_member(client, run_id: str) -> tuple[dict, dict]:
@@ -55,17 +50,9 @@ def load_member(client, run_id: str) -> tuple[dict, dict]:
     return meta["config"], state
 
 
-def evaluate_ensemble(experiment: SSTExperiment, context: SSTContext, configs: Sequence[dict],
-                      states: Sequence[dict], trees: Sequence, batch_size: int = 250) -> tuple[dict, list[dict]]:
-    """``(ensemble metrics, [member metrics])`` over ``trees`` (keys of
-    :func:`pipelines.sst.model.summarize_counts`).  ``context``: what ``experiment.read_splits``
-    loaded (vocabulary, embedding matrix) for the members' shared data config."""
-    ens_sums, member_sums = _ensemble_sums(experiment, context, configs, states, trees, batch_size)
-    return summarize_counts(ens_sums), [summarize_counts(s) for s in member_sums]
-
-
 def _ensemble_sums(experiment, context, configs, states, trees, batch_size):
-    """``(ensemble count sums, [member count sums])`` (``count_stats`` summed) over ``trees``."""
+    """``(ensemble count sums, [member count sums])`` (``count_stats`` summed) over ``trees``;
+    ``context``: what ``experiment.read_splits`` loaded for the members' shared data config."""
     models = []
     for cfg, state in zip(configs, states):
         model = experiment.build_model(cfg, context)
@@ -97,8 +84,7 @@ def _ensemble_sums(experiment, context, configs, states, trees, batch_size):
 
 def _ensemble_block(table, experiment, configs, state_refs, context, batch_size):
     """Ray Data task: one block of trees (rows ``pos``, ``rec``) -> one row, the pickled
-    ``(ensemble sums, [member sums])`` of :func:`evaluate_ensemble` over it (count sums add up
-    over blocks)."""
+    :func:`_ensemble_sums` over it (count sums add up over blocks)."""
     import pickle
 
     import pyarrow as pa
@@ -114,9 +100,10 @@ def _ensemble_block(table, experiment, configs, state_refs, context, batch_size)
 
 def evaluate_ensemble_streaming(experiment: SSTExperiment, configs: Sequence[dict], states: Sequence[dict],
                                 split: str, batch_size: int = 250) -> tuple[dict, list[dict]]:
-    """:func:`evaluate_ensemble` on ``split`` with the trees read, parsed and evaluated in Ray Data
-    tasks (:meth:`SSTExperiment.read_splits` of the first member's config): only per-block count
-    sums reach the driver, never the trees.  Connects to (or starts) Ray as the training run does."""
+    """``(ensemble metrics, [member metrics])`` (keys of :func:`pipelines.sst.model.summarize_counts`)
+    on ``split``, the trees read, parsed and evaluated in Ray Data tasks (:meth:`SSTExperiment.read_splits`
+    of the first member's config): only per-block count sums reach the driver, never the trees.
+    Connects to (or starts) Ray as the training run does."""
     import pickle
 
     import ray
@@ -178,9 +165,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         cfg, state = load_member(client, run_id)
         if configs:
             for key in DATA_KEYS:
-                if _get(cfg, key) != _get(configs[0], key):
-                    raise ValueError(f"run {run_id}: {'.'.join(key)} = {_get(cfg, key)!r} differs from run "
-                                     f"{args.run_ids[0]}'s {_get(configs[0], key)!r}; members must share the data")
+                if get(cfg, key) != get(configs[0], key):
+                    raise ValueError(f"run {run_id}: {key} = {get(cfg, key)!r} differs from run "
+                                     f"{args.run_ids[0]}'s {get(configs[0], key)!r}; members must share the data")
         configs.append(cfg)
         states.append(state)
 

@@ -1,31 +1,19 @@
 """SST fine-grained / binary sentiment with the Tree-LSTM, as a :class:`pipelines.experiment.Experiment`
 for :func:`pipelines.train.run` (paper Table 2).
 
-Where things run (see ``pipelines/experiment.py``):
+* Driver (:meth:`SSTExperiment.read_splits`): the three splits (canonical SST, checksummed, or the
+  user's PTB-format ``sst.<split>_file``) read and parsed in Ray Data tasks, the trees kept as Ray
+  Data blocks; the vocabulary (``sst.vocab_splits``) counted there; the pretrained matrix (GloVe 6B
+  50d, or ``sst.embeddings``) put in the object store.  Context: an :class:`SSTContext`.
+* Ray Data tasks (``batch_builder`` / ``make_batch``): a compiler of the same blocks (random weights;
+  only its plan is used) traces raw trees (words -> ids in an ``fb.InputTransform``) into a ``Batch``.
+* Ray Train workers (``build_model``, ``loss``): the compiled model with the pretrained embeddings;
+  loss = cross-entropy summed over every node of every tree (TF Fold's example, Tai et al.).
 
-* driver (``read_splits``: the files
-  read and parsed in Ray Data tasks, the trees kept as Ray Data blocks, the vocabulary counted by
-  a Ray Data aggregation): parse the three SST splits, or the user's own PTB-format files
-  (``sst.train_file`` / ``sst.dev_file`` / ``sst.test_file``; only the canonical files are
-  checksummed; which file each split came from, its SHA-256 and whether it is canonical are
-  logged as MLflow params ``data.<split>.file`` / ``.sha256`` / ``.canonical``)
-  (``data.skip_bad`` skips and counts malformed lines), build the vocabulary (all splits by default, as Tai et al., so dev/test words
-  get their pretrained vectors), load the pretrained embedding matrix once (GloVe 6B 50d from the
-  installed package, or ``sst.embeddings``: a GloVe text file such as ``glove.840B.300d.txt``)
-  and put it in the Ray object store.  Records are the raw tuple trees; the vocabulary and the
-  matrix (its object ref) form the loaded context, an :class:`SSTContext`.
-* Ray Data tasks (``batch_builder`` / ``make_batch``): a compiler with the same block structure
-  (random weights; only its plan is used) traces raw trees -- words are mapped to ids by an
-  ``fb.InputTransform`` -- and schedules them into a foldengine ``Batch``.
-* Ray Train workers (``build_model``, ``loss``): the compiled model with the pretrained
-  embeddings; loss = cross-entropy summed over every node of every tree (TF Fold's sentiment
-  example, Tai et al.), computed vectorised from ``compiler.metrics``.
-
-Metrics (``summarize``): ``fine`` / ``binary`` root accuracy (the paper's Table 2 columns; binary
-on non-neutral roots, positive iff p(3)+p(4) > p(0)+p(1) as in TF Fold's example), ``all_fine`` /
-``all_binary`` over every node, ``root_loss`` (per root), ``node_loss`` (per node), ``loss``
-(all-node loss per tree).  Model selection: dev ``fine``.  One model gives both columns (Tai et
-al. trained a separate binary model).
+Metrics (``summarize``): ``fine`` / ``binary`` root accuracy (Table 2's columns; binary on
+non-neutral roots, positive iff p(3)+p(4) > p(0)+p(1)), ``all_fine`` / ``all_binary`` over every
+node, ``root_loss``, ``node_loss``, ``loss`` (per tree).  Model selection: dev ``fine``; one model
+gives both columns (Tai et al. trained a separate binary model).
 """
 from __future__ import annotations
 
@@ -231,17 +219,14 @@ class SSTExperiment(Experiment):
         return ["(4 (2 a) (4 (4 wonderful) (2 film)))", "(1 (2 (2 not) (3 good)) (2 .))"]
 
     # ------------------------------------------------------------------ loss / metrics
-    def _forward(self, model, batch):
+    def loss(self, model, batch):
         model(batch)
         logits, labels, is_root = node_outputs(model)
         node_loss = F.cross_entropy(logits, labels, reduction="none")
         return node_loss.sum(), count_stats(logits, labels, is_root, node_loss)
 
-    def loss(self, model, batch):
-        return self._forward(model, batch)
-
     def eval_stats(self, model, batch) -> dict[str, float]:
-        return self._forward(model, batch)[1]
+        return self.loss(model, batch)[1]
 
     def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
         return summarize_counts(sums)

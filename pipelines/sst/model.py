@@ -11,7 +11,7 @@ Here the two cases call two ``fb.Function``s over ONE :class:`TreeLSTM` module (
 :class:`~foldengine.layers.BinaryTreeLSTMCell`, so one set of parameters): ``leaf(x)`` computes
 the cell with zero children and ``pair(left, right)`` with a zero input, skipping the work on the
 zeros -- mathematically the same function as the paper's, checked in tests against a naive
-per-tree recursion that calls the full ``cell(x, children)``.
+per-tree recursion that calls the full ``cell(x, children)`` (``tests/pipelines/sst/reference.py``).
 
 Every node gets a softmax classifier (dropout before it); its logits and the node's gold label
 are recorded with ``fb.Metric`` blocks so the loss over all nodes is computed vectorised from
@@ -41,7 +41,7 @@ from foldengine.layers import BinaryTreeLSTMCell
 from foldengine.types import PyObjectType, TensorType, TupleType
 
 __all__ = ["NUM_CLASSES", "TreeLSTM", "SentimentModules", "build_compiler", "node_outputs",
-           "count_stats", "summarize_counts", "naive_node_logits"]
+           "count_stats", "summarize_counts"]
 
 NUM_CLASSES = 5
 
@@ -130,16 +130,15 @@ class SentimentModules(nn.Module):
             nn.init.zeros_(self.classifier[1].bias)
 
 
-def build_compiler(modules: SentimentModules, stoi: Mapping[str, int], scheduler="depth",
-                   unk_index: int = 0) -> fe.Compiler:
-    """The compiled model: raw SST trees in; metrics as in the module docstring; output the
-    root state ``(h, c)`` (``[B, S]`` each)."""
+def build_compiler(modules: SentimentModules, stoi: Mapping[str, int], scheduler="depth") -> fe.Compiler:
+    """The compiled model: raw SST trees in (a word not in ``stoi`` gets id 0, the unknown word);
+    metrics as in the module docstring; output the root state ``(h, c)`` (``[B, S]`` each)."""
     S = modules.state_size
     state = TupleType(TensorType(S), TensorType(S))
     get = stoi.get
 
     def word_id(word):
-        return get(word, unk_index)
+        return get(word, 0)
 
     expr = fb.ForwardDeclaration(PyObjectType(), state, name="tree")
 
@@ -215,25 +214,3 @@ def summarize_counts(sums: Mapping[str, float]) -> dict:
             "node_loss": ratio("all_loss_sum", "all_count"),
             "loss": ratio("all_loss_sum", "root_count")}
 
-
-# --------------------------------------------------------------------------- naive reference
-
-def naive_node_logits(modules: SentimentModules, tree, stoi: Mapping[str, int], unk_index: int = 0):
-    """Per-tree recursion with the same modules and the cell's full ``forward`` (zeros spelled
-    out, as the paper writes it).  Returns ``(state, [(logits [1, 5], label)] in post-order)``."""
-    S, E = modules.state_size, modules.emb_size
-    cell = modules.tree_lstm.cell
-    zeros = torch.zeros(1, S)
-    out = []
-
-    def rec(node):
-        if len(node) == 2:
-            x = modules.word(torch.tensor([stoi.get(node[1], unk_index)]))
-            st = cell(x, ((zeros, zeros), (zeros, zeros)))
-        else:
-            left, right = rec(node[1]), rec(node[2])
-            st = cell(torch.zeros(1, E), (left, right))
-        out.append((modules.classifier(st[0]), node[0]))
-        return st
-
-    return rec(tree), out

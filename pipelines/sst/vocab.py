@@ -5,9 +5,7 @@ Contract: a :class:`Vocab` maps ``str`` tokens (raw, as in the tree files) to ``
 words; known words get ids ``1..len(vocab)-1`` ordered by decreasing frequency, ties broken
 by the word's code points, so the same trees always give the same vocabulary.  A vocab is
 picklable and has a stable content hash (:attr:`Vocab.sha256`) used to key embedding caches.
-
-Tai et al. (2015) built the vocabulary over all splits so that GloVe vectors exist for dev
-and test words; :func:`build_vocab` takes any number of tree lists to allow the same.
+:func:`build_vocab` takes any number of tree lists (Tai et al. 2015 counted all splits).
 """
 from __future__ import annotations
 
@@ -15,9 +13,9 @@ import hashlib
 from collections import Counter
 from typing import Iterable, Mapping, Optional, Sequence
 
-from pipelines.sst.data import SPLITS, leaves, load_split
+from pipelines.sst.data import leaves
 
-__all__ = ["UNK", "UNK_INDEX", "Vocab", "build_vocab", "sst_vocab"]
+__all__ = ["UNK", "UNK_INDEX", "Vocab", "build_vocab", "vocab_of_counts"]
 
 UNK = "<unk>"
 UNK_INDEX = 0
@@ -122,10 +120,3 @@ def vocab_of_counts(counts: Mapping[str, int], min_freq: int = 1) -> Vocab:
     words = sorted(kept, key=lambda w: (-kept[w], w))
     return Vocab(words, {w: kept[w] for w in words})
 
-
-def sst_vocab(splits: Sequence[str] = ("train",), data_dir=None, min_freq: int = 1) -> Vocab:
-    """Vocabulary of SST ``splits`` (default train only; ``SPLITS`` for all, as Tai et al.)."""
-    for s in splits:
-        if s not in SPLITS:
-            raise ValueError(f"unknown SST split {s!r}")
-    return build_vocab(*(load_split(s, data_dir)[0] for s in splits), min_freq=min_freq)

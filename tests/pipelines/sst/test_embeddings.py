@@ -55,7 +55,7 @@ def test_oov_init_deterministic_by_seed(train_vocab):
 
 def test_cache_roundtrip(train_vocab):
     a, sa = E.load_glove_6b_50d(train_vocab, seed=3)
-    b, sb = E.load_default_embeddings(train_vocab, seed=3)
+    b, sb = E.load_glove_6b_50d(train_vocab, seed=3)
     assert not sa.from_cache and sb.from_cache
     np.testing.assert_array_equal(a, b)
     assert sb.oov_words == sa.oov_words and sb.n_found == sa.n_found

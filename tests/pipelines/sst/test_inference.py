@@ -6,9 +6,10 @@ import torch
 
 from pipelines.sst import data as D
 from pipelines.sst.inference import TreePredictor
-from pipelines.sst.model import SentimentModules, build_compiler, naive_node_logits
+from pipelines.sst.model import SentimentModules, build_compiler
 from pipelines.sst.vocab import build_vocab
 from tests.pipelines.helpers import sst_lines
+from tests.pipelines.sst.reference import naive_node_logits
 
 
 def test_node_labels_are_post_order_and_match_the_reference(data_dir):

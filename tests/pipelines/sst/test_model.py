@@ -10,9 +10,9 @@ import torch.nn.functional as F
 
 from pipelines.sst import data as D
 from pipelines.sst.experiment import SSTContext, SSTExperiment
-from pipelines.sst.model import (SentimentModules, build_compiler, count_stats, naive_node_logits,
-                                 node_outputs, summarize_counts)
+from pipelines.sst.model import SentimentModules, build_compiler, count_stats, node_outputs, summarize_counts
 from pipelines.sst.vocab import build_vocab
+from tests.pipelines.sst.reference import naive_node_logits
 
 
 @pytest.fixture(scope="module")
