@@ -21,7 +21,7 @@ from .plan.records import (ChunksGather, ConcatGather, Gather, IndexGather, Outp
                            SequenceLayout, TensorLayout, TupleLayout, ViewGather)
 from .types import TensorType, torch_dtype
 
-__all__ = ["execute", "ExecutionResult"]
+__all__ = ["execute", "ExecutionResult", "as_tensor", "segment_reduce"]
 
 
 class ExecutionResult:
@@ -34,7 +34,7 @@ class ExecutionResult:
         self.metrics = metrics
 
 
-def _tensor(a: np.ndarray) -> torch.Tensor:
+def as_tensor(a: np.ndarray) -> torch.Tensor:
     """A tensor sharing ``a``'s memory (copied if ``a`` is read-only, e.g. after Ray's zero-copy load)."""
     return torch.from_numpy(a if a.flags.writeable else a.copy())
 
@@ -163,7 +163,13 @@ def _gather(g: Gather, chunks: List[List[torch.Tensor]], idx: torch.Tensor, type
     return torch.zeros((0,) + t.shape, dtype=torch_dtype(t.dtype), device=device)
 
 
-def _reduce(op: Operation, flat: torch.Tensor, seg: torch.Tensor, n: int) -> torch.Tensor:
+def segment_reduce(op: Operation, flat: torch.Tensor, seg: torch.Tensor, n: int) -> torch.Tensor:
+    """Reduce the rows of ``flat`` by segment: ``out[i] = op.fn(flat[seg == i])`` for
+    ``op.fn`` in sum, mean, max, min; empty segments give 0.
+
+    Shape: ``flat`` ``[R, *F]``, ``seg`` ``[R]`` int64 in ``[0, n)``; returns ``[n, *F]`` of
+    ``flat``'s dtype.
+    """
     shape = (n,) + tuple(flat.shape[1:])
     if op.fn == "max" or op.fn == "min":
         index = seg.view((-1,) + (1,) * (flat.dim() - 1)).expand_as(flat)
@@ -183,7 +189,7 @@ def _materialize(layout: OutputLayout, chunks, idx, types, device):
         return tuple(_materialize(item, chunks, idx, types, device) for item in layout.items)
     if kind is SequenceLayout:
         return SequenceOutput(_materialize(layout.element, chunks, idx, types, device),
-                              _tensor(layout.lengths).to(device))
+                              as_tensor(layout.lengths).to(device))
     return None
 
 
@@ -273,11 +279,11 @@ def execute(batch: Batch, ops: Sequence[Operation], types: Sequence[TensorType],
     # fresh memory per block (page faults) and measured up to 1.08x slower.
     keep_blocks = torch.is_grad_enabled()
     non_blocking = device.type == "cuda"
-    idx = _tensor(batch.index_data)
+    idx = as_tensor(batch.index_data)
     if non_blocking:
         idx = idx.pin_memory()
     idx = idx.to(device, non_blocking=non_blocking)
-    chunks = [[_tensor(c).to(device, torch_dtype(t.dtype), non_blocking=non_blocking)]
+    chunks = [[as_tensor(c).to(device, torch_dtype(t.dtype), non_blocking=non_blocking)]
               for c, t in zip(batch.consts, types)]
     for op_id, n, gathers, seg, split in batch.calls:   # Call records
         op = ops[op_id]
@@ -296,7 +302,7 @@ def execute(batch: Batch, ops: Sequence[Operation], types: Sequence[TensorType],
                 continue
         else:
             flat = _gather(gathers[0], chunks, idx, types, device)
-            outs = (_reduce(op, flat, idx[seg.offset:seg.offset + seg.length], n),)
+            outs = (segment_reduce(op, flat, idx[seg.offset:seg.offset + seg.length], n),)
         if split is None:
             for tid, o in zip(op.out_tids, outs):
                 chunks[tid].append(o)

@@ -27,7 +27,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from .batch import Batch, SequenceOutput
-from .executor import ExecutionResult, _reduce, _tensor
+from .executor import ExecutionResult, as_tensor, segment_reduce
 from .ops import Operation
 from .plan.records import OutputLayout, SequenceLayout, TensorLayout, TupleLayout
 from .plan.rows import RowPlan, RowRead
@@ -46,7 +46,7 @@ class _Tables:
         for c, t, rows in zip(consts, types, plan.rows):
             v = torch.empty((rows,) + tuple(t.shape), dtype=torch_dtype(t.dtype), device=device)
             if c.shape[0]:
-                v[:c.shape[0]].copy_(_tensor(c), non_blocking=device.type == "cuda")
+                v[:c.shape[0]].copy_(as_tensor(c), non_blocking=device.type == "cuda")
             self.values.append(v)
             self.raw.append(v.data)        # own version counter: writes do not bump values' counter
         self.grads: List[Optional[torch.Tensor]] = [None] * len(self.values)
@@ -136,7 +136,7 @@ def _rebuild(layout: OutputLayout, flat: list, pos: List[int], device):
         return tuple(_rebuild(item, flat, pos, device) for item in layout.items)
     if kind is SequenceLayout:
         return SequenceOutput(_rebuild(layout.element, flat, pos, device),
-                              _tensor(layout.lengths).to(device))
+                              as_tensor(layout.lengths).to(device))
     return None
 
 
@@ -145,7 +145,7 @@ def execute_tables(batch: Batch, plan: RowPlan, ops: Sequence[Operation], types:
     """Run ``batch`` (in row space: ``plan``, see :func:`~foldengine.plan.rows.row_plan`) with
     the operation table ``ops`` on ``device``.  Calls of more than ``block_rows`` rows (0: no
     limit) run their operation in row blocks of that size (same values)."""
-    index = _tensor(plan.row_index)
+    index = as_tensor(plan.row_index)
     if device.type == "cuda":
         index = index.pin_memory().to(device, non_blocking=True)
     tables = _Tables(plan, batch.consts, types, device, index)
@@ -158,7 +158,7 @@ def execute_tables(batch: Batch, plan: RowPlan, ops: Sequence[Operation], types:
         op = ops[call.op_id]
         if call.segments is not None:
             seg = index.narrow(0, call.segments[0], call.segments[1])
-            outs, writes = (_reduce(op, inputs[0], seg, call.n),), call.writes
+            outs, writes = (segment_reduce(op, inputs[0], seg, call.n),), call.writes
         elif block_rows and call.n > block_rows:
             outs, writes = [], []
             for b, block in enumerate(zip(*(x.split(block_rows) for x in inputs))):

@@ -36,7 +36,7 @@ from schedulers.base import OpInfo, Trace
 
 from ..types import Type
 from .gathers import GatherBuilder
-from .lowering import LoweredSchedule, _output_layout, _output_reads, arrange
+from .lowering import LoweredSchedule, output_layout, output_reads, arrange
 from .packing import pack_arrays, unpack_arrays
 from .records import Call, Segments
 
@@ -418,7 +418,7 @@ def concat_plans(plans: Sequence[InputPlan], ops: OpInfo, n_types: int, n_consts
     g_tids = g_tid.tolist()
     g_lengths = g_len.tolist()
     chunk_parts, row_parts = [chunks], [rows]
-    _output_reads(output_type, output_arrays, 0, tid_of, g_tids, g_lengths, [])
+    output_reads(output_type, output_arrays, 0, tid_of, g_tids, g_lengths, [])
     for j, is_handle in enumerate(output_is_handle):
         if is_handle:
             ch, rw = gathered([p.out_ref[j] for p in plans], [p.out_row[j] for p in plans])
@@ -456,7 +456,7 @@ def concat_plans(plans: Sequence[InputPlan], ops: OpInfo, n_types: int, n_consts
         if c + 1 == n_calls or call_step[c + 1] != call_step[c]:
             step_bounds.append(c + 1)
     counter = iter(range(n_call_gathers, len(g_lengths)))
-    outputs, _ = _output_layout(output_type, output_arrays, 0, lambda: emit(prepared, next(counter)))
+    outputs, _ = output_layout(output_type, output_arrays, 0, lambda: emit(prepared, next(counter)))
     metrics = {name: emit(prepared, next(counter)) for name in metric_tids}
     stats = {"nodes": float(sum(p.n_nodes for p in plans)), "steps": float(len(step_bounds) - 1),
              "calls": float(len(calls)), "index_selects": float(builder.n_index_selects),

@@ -24,7 +24,7 @@ from .gathers import GatherBuilder
 from .records import (Call, Gather, OutputLayout, Segments, SequenceLayout, TensorLayout, TupleLayout,
                       VoidLayout)
 
-__all__ = ["LoweredSchedule", "Arrangement", "arrange", "lower", "LAYOUTS"]
+__all__ = ["LoweredSchedule", "Arrangement", "arrange", "lower", "LAYOUTS", "output_reads", "output_layout"]
 
 #: row layouts :func:`lower` knows; the first is the default
 LAYOUTS = ("readers", "inputs")
@@ -200,8 +200,8 @@ def _order_by_first_input(trace: Trace, arity: int, nodes: np.ndarray, read_grou
     return nodes[np.lexsort((loc, fu))]
 
 
-def _output_reads(t: Type, arrays: Sequence[np.ndarray], pos: int, tid_of, tids: list, lengths: list,
-                  parts: list) -> int:
+def output_reads(t: Type, arrays: Sequence[np.ndarray], pos: int, tid_of, tids: list, lengths: list,
+                 parts: list) -> int:
     """Append the gathers of output type ``t`` read from ``arrays[pos:]`` (see :func:`lower`'s
     ``output_arrays``), depth first; returns the next position."""
     if isinstance(t, TensorType):
@@ -212,27 +212,27 @@ def _output_reads(t: Type, arrays: Sequence[np.ndarray], pos: int, tid_of, tids:
         return pos + 1
     if isinstance(t, TupleType):
         for it in t.items:
-            pos = _output_reads(it, arrays, pos, tid_of, tids, lengths, parts)
+            pos = output_reads(it, arrays, pos, tid_of, tids, lengths, parts)
         return pos
     if isinstance(t, SequenceType):
-        return _output_reads(t.element, arrays, pos + 1, tid_of, tids, lengths, parts)
+        return output_reads(t.element, arrays, pos + 1, tid_of, tids, lengths, parts)
     return pos
 
 
-def _output_layout(t: Type, arrays: Sequence[np.ndarray], pos: int, next_gather):
+def output_layout(t: Type, arrays: Sequence[np.ndarray], pos: int, next_gather):
     """The layout of output type ``t`` (gathers from ``next_gather()``, in the order of
-    :func:`_output_reads`); returns ``(layout, next_pos)``."""
+    :func:`output_reads`); returns ``(layout, next_pos)``."""
     if isinstance(t, TensorType):
         return TensorLayout(next_gather()), pos + 1
     if isinstance(t, TupleType):
         items = []
         for it in t.items:
-            layout, pos = _output_layout(it, arrays, pos, next_gather)
+            layout, pos = output_layout(it, arrays, pos, next_gather)
             items.append(layout)
         return TupleLayout(tuple(items)), pos
     if isinstance(t, SequenceType):
         lengths = np.asarray(arrays[pos], np.int64)
-        element, pos = _output_layout(t.element, arrays, pos + 1, next_gather)
+        element, pos = output_layout(t.element, arrays, pos + 1, next_gather)
         return SequenceLayout(element, lengths), pos
     return VoidLayout(), pos
 
@@ -381,7 +381,7 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, types: Sequence[TensorTy
             g_lengths.append(len(h))
             g_tids.append(ops.out_tids[op][0])
     tid_of = {t: i for i, t in enumerate(types)}.__getitem__
-    _output_reads(output_type, output_arrays, 0, tid_of, g_tids, g_lengths, handle_parts)
+    output_reads(output_type, output_arrays, 0, tid_of, g_tids, g_lengths, handle_parts)
     for tid, hs in metric_handles.values():
         g_tids.append(tid)
         g_lengths.append(len(hs))
@@ -407,7 +407,7 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, types: Sequence[TensorTy
             seg = Segments(builder.add(seg_ids), len(seg_ids))
         calls.append(Call(op, n, gathers, seg, split))
     counter = iter(range(j, len(g_lengths)))
-    outputs, _ = _output_layout(output_type, output_arrays, 0, lambda: emit(prepared, next(counter)))
+    outputs, _ = output_layout(output_type, output_arrays, 0, lambda: emit(prepared, next(counter)))
     metrics = {name: emit(prepared, next(counter)) for name in metric_handles}
     stats = {"nodes": float(n_nodes), "steps": float(len(step_bounds) - 1), "calls": float(len(calls)),
              "index_selects": float(builder.n_index_selects), "run_gathers": float(builder.n_run_gathers),
