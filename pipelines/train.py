@@ -215,7 +215,7 @@ def probe_storage(storage: str) -> None:
 
 
 _UNWRITABLE = ("Permission denied", "Read-only file system", "[Errno 13]", "[Errno 30]", "No space left on device",
-               "[Errno 28]", "PermissionError")
+               "[Errno 28]", "PermissionError", "Operation not permitted")
 
 
 def storage_failure(err: BaseException, storage: str) -> Optional[StorageError]:

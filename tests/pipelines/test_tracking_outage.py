@@ -83,6 +83,43 @@ def test_tracker_buffers_while_down_and_flushes_on_return(server, tmp_path, monk
     assert not os.path.exists(box)
 
 
+def test_a_server_that_never_answers_blocks_no_call_for_long(tmp_path, monkeypatch):
+    """A tracking server that accepts connections and never answers (a listening socket): each
+    call waits at most the HTTP timeout once, later ones go straight to the outbox; the dataset
+    inputs, the runs-table view and the system metrics are buffered like the rest, and stopping
+    the system metrics returns within its bound."""
+    import socket
+
+    from pipelines.dataset_inputs import DataFile, log_dataset_inputs
+    from pipelines.runs_view import save_runs_view
+    from pipelines.system_metrics import start_system_metrics
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)
+        uri = f"http://127.0.0.1:{hole.getsockname()[1]}"
+        policy = trk.OutagePolicy(outage_timeout_s=0.5, retry_s=30.0, retry_max_s=30.0, http_retries=0,
+                                  http_timeout_s=1)
+        t = trk.Tracker(uri, "run0").with_outbox(str(tmp_path / "outbox"), policy)
+        t0 = time.perf_counter()
+        monitor = start_system_metrics(t, 0.1, finish_timeout_s=5)
+        t.params({"lr": "0.1"})
+        log_dataset_inputs(t, [DataFile("train", str(tmp_path / "mine.txt"), "12" * 32, False, 3)])
+        save_runs_view(t, ["metrics.`best/dev/accuracy`"])
+        time.sleep(0.5)
+        monitor.finish()
+        t.end("FINISHED")
+        assert not t.drain()
+        took = time.perf_counter() - t0
+    assert took < 20, f"{took:.1f}s"
+    kinds = [p.op["op"] for p in outbox.Outbox(str(tmp_path / "outbox")).pending()]
+    assert {"params", "inputs", "experiment_tags", "end"} <= set(kinds)
+    assert any(p.op["op"] == "metrics" and p.op["items"][0][0].startswith("system/")
+               for p in outbox.Outbox(str(tmp_path / "outbox")).pending())
+
+
 def test_outbox_names_a_bad_line_and_refuses_unknown_operations(tmp_path):
     box = outbox.Outbox(str(tmp_path / "box"))
     with pytest.raises(ValueError, match="unknown outbox operation 'drop'"):
