@@ -75,7 +75,14 @@ def test_mlflow_run_is_complete(baseline):
     assert m["best/epoch"] == res.metrics["best/epoch"]
 
     top = {a.path for a in client.list_artifacts(res.run_id)}
-    assert {"results.json", "plots", "weights", "config.json"} <= top
+    assert {"results.json", "plots", "weights", "config.json", "data"} <= top
+    # every skipped record named in the skip report; the runs-table view saved on the experiment
+    import pandas as pd
+
+    report = pd.read_csv(client.download_artifacts(res.run_id, "data/skipped.csv", str(tmp / "dl")))
+    assert list(report["where"]) == [f"toy train record {i}" for i in (49, 99, 149, 199)]
+    assert set(report["skipped"]) == {"skipped/train/unparsable"} and set(report["count"]) == {1}
+    assert "mlflow.sharedViewState.foldengine" in client.get_experiment(r.info.experiment_id).tags
     plots = [a.path for a in client.list_artifacts(res.run_id, "plots")]
     assert plots and all(x.endswith(".png") for x in plots)
     table = client.load_table(r.info.experiment_id, "results.json", run_ids=[res.run_id])
