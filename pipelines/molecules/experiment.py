@@ -6,7 +6,7 @@ Where things run (see ``pipelines/experiment.py``):
 * driver (``read_splits``, reads in Ray Data tasks): read the CSV (Tox21, ESOL, or the user's own: ``molecules.dataset:
   csv`` with ``molecules.csv``, ``.smiles_column``, ``.task_columns``, ``.task_type``; the file,
   its SHA-256 and whether it is a known release are logged as MLflow params ``data.csv.*``), parse every SMILES with RDKit (unparsable ones are
-  skipped and counted with ``data.skip_bad``, else raise), split (random with a fixed seed, or
+  skipped, counted and named in the skip report with ``data.skip_bad``, else raise), split (random with a fixed seed, or
   scaffold).  Records are :class:`MolRecord` ``(id, smiles, labels)``: small to ship.  The
   loaded context is the regression target standardisation (:class:`TargetScaling`, from the
   training split; identity for Tox21).
@@ -82,8 +82,9 @@ SCHEMA: dict[str, Field] = {
     "molecules.split_seed": F(int, 0, min=0, doc="seed of the random split"),
     "molecules.fractions": F(list, [0.8, 0.1, 0.1], doc="train/valid/test fractions"),
     "molecules.limit": F(int, None, min=3, nullable=True, doc="use the first N molecules (tests)"),
-    "molecules.max_atoms": F(int, 150, min=1, doc="molecules with more (heavy) atoms are skipped, each named in the "
-                                                  "log and counted as skipped/all/over_max_atoms: a weave layer's "
+    "molecules.max_atoms": F(int, 150, min=1, doc="molecules with more (heavy) atoms are skipped, counted as "
+                                                  "skipped/all/over_max_atoms and each named in the run's "
+                                                  "data/skipped.csv (the first ones in the log): a weave layer's "
                                                   "pairs, and tracing's time and memory, grow with atoms squared "
                                                   "(Tox21's largest has 132)"),
     "molecules.atom_hidden": F(int, 50, min=1),
