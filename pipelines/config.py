@@ -117,8 +117,9 @@ BASE_SCHEMA: dict[str, Field] = {
     "optimizer.kwargs": F(dict, {}, doc="extra keyword arguments for the torch optimizer"),
     "data.skip_bad": F(bool, False, doc="skip unparsable records (counted as skipped/*, named in the run's "
                                         "data/skipped.csv) instead of raising"),
-    "data.skip_report_max": F(int, DEFAULT_MAX_NAMED, min=0, doc="skipped records named per kind (skipped/<key>) in the run's "
-                                                     "data/skipped.csv; the rest are counted there in one row"),
+    "data.skip_report_max": F(int, DEFAULT_MAX_NAMED, min=0,
+                              doc="skipped records named per kind (skipped/<key>) in the run's data/skipped.csv; "
+                                  "the rest are counted there in one row"),
     "data.cache_eval": F(bool, True, doc="build dev/test batches once (materialize) not per epoch"),
     "data.cache_traces": F(bool, True, doc="trace each record once per Ray Data worker process and build "
                                           "later batches from the cached traces (same batches)"),

@@ -122,7 +122,8 @@ class SSTExperiment(Experiment):
         blocks, never on the driver), the first ``sst.limit_<split>`` of each; the vocabulary
         (``sst.vocab_splits``) counted in the parse tasks
         (:func:`pipelines.sst.reading.vocab_from_counts`), the embeddings, the skip report
-        (``<split>/malformed``, each line named ``file:line`` with its reason) and params (``data.<split>.file`` / ``.sha256`` / ``.canonical``).
+        (``<split>/malformed``, each line named ``file:line`` with its reason) and params
+        (``data.<split>.file`` / ``.sha256`` / ``.canonical``).
         The same trees, in file order, as :func:`pipelines.sst.data.load_split_source`."""
         import os
 
