@@ -194,7 +194,7 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
             splits = exp.read_splits(cfg)
             n = {s: src.n for s, src in splits.sources.items()}
             out["read_s"] = time.perf_counter() - t0
-            rows = sum(n.values()) + sum(splits.skipped.values())
+            rows = sum(n.values()) + splits.skipped.total
             out["records"] = float(n["train"])
             out["parsed_per_s"] = rows / out["read_s"]
             t0 = time.perf_counter()

@@ -23,6 +23,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import yaml
 
+from .data.skips import DEFAULT_MAX_NAMED
+
 __all__ = [
     "REQUIRED", "Field", "ConfigError", "BASE_SCHEMA", "merged_schema", "load_config",
     "apply_overrides", "validate", "flatten", "get", "add_cli_arguments", "parse_cli",
@@ -113,7 +115,11 @@ BASE_SCHEMA: dict[str, Field] = {
     "optimizer.weight_decay": F(float, 0.0, min=0.0),
     "optimizer.momentum": F(float, 0.0, min=0.0, max=1.0, doc="sgd/rmsprop only"),
     "optimizer.kwargs": F(dict, {}, doc="extra keyword arguments for the torch optimizer"),
-    "data.skip_bad": F(bool, False, doc="skip unparsable records (counted) instead of raising"),
+    "data.skip_bad": F(bool, False, doc="skip unparsable records (counted as skipped/*, named in the run's "
+                                        "data/skipped.csv) instead of raising"),
+    "data.skip_report_max": F(int, DEFAULT_MAX_NAMED, min=0,
+                              doc="skipped records named per kind (skipped/<key>) in the run's data/skipped.csv; "
+                                  "the rest are counted there in one row"),
     "data.cache_eval": F(bool, True, doc="build dev/test batches once (materialize) not per epoch"),
     "data.cache_traces": F(bool, True, doc="trace each record once per Ray Data worker process and build "
                                           "later batches from the cached traces (same batches)"),

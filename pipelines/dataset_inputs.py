@@ -4,19 +4,22 @@ runs table's dataset column).
 :func:`dataset_inputs` turns the data params an experiment's ``read_splits`` returns
 (``data.<split>.file`` / ``.sha256`` / ``.canonical``, or ``data.csv.file`` / ``.sha256`` /
 ``.canonical`` for one file split three ways) and the record counts into
-:class:`DataFile` records; :func:`log_dataset_inputs` logs them (context tag = the split) and,
-when any file is not the canonical release, appends ``-data<digest>`` to the run name, so runs
-on one's own data are never named like the canonical run.
+:class:`DataFile` records; :func:`log_dataset_inputs` logs them (context tag = the split) through
+the run's :class:`pipelines.tracking.Tracker` (so they wait in the run's outbox while the tracking
+server is down) and, when any file is not the canonical release, appends ``-data<digest>`` to the
+run name (:func:`own_data_suffix`), so runs on one's own data are never named like the canonical
+run.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
 from typing import Mapping, Optional
 
-__all__ = ["DataFile", "dataset_inputs", "log_dataset_inputs"]
+__all__ = ["DataFile", "dataset_inputs", "input_items", "own_data_suffix", "log_dataset_inputs"]
 
 _FILE_KEY = re.compile(r"^data\.(?P<split>[^.]+)\.file$")
 
@@ -50,25 +53,30 @@ def dataset_inputs(params: Mapping[str, str], counts: Mapping[str, int]) -> list
     return out
 
 
-def log_dataset_inputs(client, run_id: str, files: list[DataFile], run_name: Optional[str] = None) -> Optional[str]:
-    """Log ``files`` as dataset inputs of ``run_id``; returns the new run name when one was set
-    (some file is not canonical and ``run_name`` is given), else None."""
-    from mlflow.entities import Dataset, DatasetInput, InputTag
+def input_items(files: list[DataFile]) -> list[dict]:
+    """``files`` as the items of a dataset-inputs operation (:mod:`pipelines.outbox`): name (the
+    file's name), digest (the SHA-256's first 8 hex digits), source (the absolute path), profile
+    (the record count) and context (the split)."""
+    return [{"name": os.path.basename(f.path), "digest": (f.sha256 or "unknown")[:8], "source_type": "local",
+             "source": json.dumps({"uri": os.path.abspath(f.path)}),
+             "profile": json.dumps({"num_rows": f.records}) if f.records is not None else None,
+             "context": f.split} for f in files]
 
-    inputs = []
-    for f in files:
-        profile = json.dumps({"num_rows": f.records}) if f.records is not None else None
-        ds = Dataset(name=os.path.basename(f.path), digest=(f.sha256 or "unknown")[:8], source_type="local",
-                     source=json.dumps({"uri": os.path.abspath(f.path)}), profile=profile)
-        inputs.append(DatasetInput(ds, tags=[InputTag("mlflow.data.context", f.split)]))
-    if inputs:
-        client.log_inputs(run_id, datasets=inputs)
+
+def own_data_suffix(files: list[DataFile]) -> Optional[str]:
+    """``-data<6 hex digits of the files' digests>`` when some file is not the canonical release,
+    else None."""
     own = [f for f in files if f.canonical is False]
-    if own and run_name:
-        digest = "".join(sorted(f.sha256 for f in own))
-        import hashlib
+    if not own:
+        return None
+    digest = "".join(sorted(f.sha256 for f in own))
+    return f"-data{hashlib.sha256(digest.encode()).hexdigest()[:6]}"
 
-        name = f"{run_name}-data{hashlib.sha256(digest.encode()).hexdigest()[:6]}"
-        client.set_tag(run_id, "mlflow.runName", name)
-        return name
-    return None
+
+def log_dataset_inputs(tracker, files: list[DataFile]) -> Optional[str]:
+    """Log ``files`` as dataset inputs of ``tracker``'s run, and name the run ``<name><suffix>``
+    when :func:`own_data_suffix` gives one; returns that suffix (None: the name stays)."""
+    suffix = own_data_suffix(files)
+    if files or suffix:
+        tracker.inputs(input_items(files), run_name_suffix=suffix)
+    return suffix

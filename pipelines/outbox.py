@@ -12,7 +12,11 @@ MLflow identifies a metric by all four, so replaying one that already reached th
 nothing; with ``unless_logged`` the whole operation is skipped when the run already has a value
 of that key at ``step``), ``params``, ``tags`` (``items``: ``{key: value}``), ``artifacts``
 (``dir`` relative to ``D``, ``artifact_path``), ``table`` (``table``: pandas ``orient="split"``
-JSON, ``name``), ``text`` (``text``, ``name``), ``end`` (``status``).
+JSON, ``name``), ``text`` (``text``, ``name``), ``inputs`` (``items``: dataset inputs, each
+``{name, digest, source_type, source, profile, context}``; ``run_name_suffix``: appended to the
+run's name unless it already ends with it), ``experiment_tags`` (``items``: ``{key: value}`` on the
+run's experiment), ``end`` (``status``).  ``inputs`` and ``experiment_tags`` sent twice change
+nothing (MLflow keeps one copy of a dataset input; the name suffix is added once).
 
 :func:`replay` sends the pending operations of every file: plain operations first (file by file,
 each file in order), then the ``unless_logged`` ones, then ``end``; each one sent is removed from
@@ -30,7 +34,7 @@ import threading
 import uuid
 from typing import Any, Optional
 
-KINDS = ("metrics", "params", "tags", "artifacts", "table", "text", "end")
+KINDS = ("metrics", "params", "tags", "artifacts", "table", "text", "inputs", "experiment_tags", "end")
 FILES_DIR = "files"
 _MLFLOW_BATCH_METRICS = 900
 _MLFLOW_BATCH_PARAMS = 90
@@ -193,6 +197,23 @@ def apply(client, op: dict, directory: str) -> None:
                          artifact_file=op["name"])
     elif kind == "text":
         client.log_text(run_id, op["text"], op["name"])
+    elif kind == "inputs":
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        inputs = [DatasetInput(Dataset(name=d["name"], digest=d["digest"], source_type=d["source_type"],
+                                       source=d["source"], profile=d.get("profile")),
+                               tags=[InputTag("mlflow.data.context", d["context"])]) for d in op["items"]]
+        if inputs:
+            client.log_inputs(run_id, datasets=inputs)
+        suffix = op.get("run_name_suffix")
+        if suffix:
+            name = client.get_run(run_id).info.run_name or ""
+            if not name.endswith(suffix):
+                client.set_tag(run_id, "mlflow.runName", name + suffix)
+    elif kind == "experiment_tags":
+        exp_id = client.get_run(run_id).info.experiment_id
+        for key, value in op["items"].items():
+            client.set_experiment_tag(exp_id, key, str(value))
     elif kind == "end":
         client.set_terminated(run_id, status=op["status"])
     else:

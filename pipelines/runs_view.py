@@ -3,8 +3,9 @@ columns, so a user compares accuracy and timing without adding columns by hand.
 
 MLflow's UI reads a shared view from the experiment tag ``mlflow.sharedViewState.<key>`` (a
 JSON object of UI state, here ``selectedColumns``) when the experiment page is opened with
-``?viewStateShareKey=<key>``.  :func:`save_runs_view` writes that tag; :func:`runs_view_url`
-is the address to open.  Column ids are ``metrics.`<key>```, ``params.`<key>``` and
+``?viewStateShareKey=<key>``.  :func:`save_runs_view` writes that tag through the run's
+:class:`pipelines.tracking.Tracker` (so it waits in the run's outbox while the tracking server is
+down); :func:`runs_view_url` is the address to open.  Column ids are ``metrics.`<key>```, ``params.`<key>``` and
 ``attributes.`<name>```.
 """
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-__all__ = ["VIEW_KEY", "MODEL_TRAINING", "save_runs_view", "runs_view_url", "run_url", "columns_for"]
+__all__ = ["VIEW_KEY", "MODEL_TRAINING", "save_runs_view", "runs_view_tag", "runs_view_url", "run_url",
+           "columns_for"]
 
 #: The share key of the view the pipelines save (one per experiment, rewritten by each run).
 VIEW_KEY = "foldengine"
@@ -27,9 +29,14 @@ def columns_for(key_metrics: Sequence[str], params: Sequence[str]) -> list[str]:
     return [f"metrics.`{m}`" for m in metrics] + [f"params.`{p}`" for p in params]
 
 
-def save_runs_view(client, experiment_id: str, columns: Sequence[str], key: str = VIEW_KEY) -> str:
-    """Store the view on the experiment (tag ``mlflow.sharedViewState.<key>``); returns ``key``."""
-    client.set_experiment_tag(experiment_id, _TAG + key, json.dumps({"selectedColumns": list(columns)}))
+def runs_view_tag(columns: Sequence[str], key: str = VIEW_KEY) -> dict[str, str]:
+    """The experiment tag that stores the view: ``{"mlflow.sharedViewState.<key>": <JSON>}``."""
+    return {_TAG + key: json.dumps({"selectedColumns": list(columns)})}
+
+
+def save_runs_view(tracker, columns: Sequence[str], key: str = VIEW_KEY) -> str:
+    """Store the view on the experiment of ``tracker``'s run (:func:`runs_view_tag`); returns ``key``."""
+    tracker.experiment_tags(runs_view_tag(columns, key))
     return key
 
 

@@ -15,10 +15,11 @@ import platform
 import socket
 import sys
 import tempfile
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from . import outbox
 
@@ -397,7 +398,9 @@ class Tracker:
     buffered there instead of raising, with one warning per outage; later operations are
     buffered behind it, and the buffer is sent again (in order) when ``policy``'s backoff allows.
     :meth:`drain` empties it at the end of the run, or :meth:`outage_message` names the directory
-    and the replay command.  Without an outbox every failure raises."""
+    and the replay command.  Without an outbox every failure raises.  One tracker may be used from
+    several threads (the driver and :class:`pipelines.system_metrics.SystemMetrics`): its
+    operations are sent one at a time."""
 
     def __init__(self, uri: Optional[str], run_id: Optional[str] = None, enabled: bool = True,
                  outbox_dir: Optional[str] = None, policy: Optional[OutagePolicy] = None):
@@ -413,6 +416,7 @@ class Tracker:
         self._warned = False
         self._hold = False
         self._last_error = ""
+        self._lock = threading.RLock()
 
     @property
     def client(self):
@@ -454,6 +458,10 @@ class Tracker:
 
     def _send(self, op: dict, files: Optional[str] = None) -> bool:
         """Send ``op`` now, or buffer it (see the class docstring); True when it was sent."""
+        with self._lock:
+            return self._send_locked(op, files)
+
+    def _send_locked(self, op: dict, files: Optional[str]) -> bool:
         import time
 
         op = {**op, "run_id": self.run_id}
@@ -498,6 +506,10 @@ class Tracker:
         backoff for at most ``timeout_s`` seconds (default ``policy.outage_timeout_s``); True when
         the outbox is empty.  When operations remain, every later operation of this tracker is
         buffered (so the outbox keeps its order) and :meth:`outage_message` says what to do."""
+        with self._lock:
+            return self._drain_locked(timeout_s)
+
+    def _drain_locked(self, timeout_s: Optional[float]) -> bool:
         import time
 
         if self.outbox is None or not self.enabled or not self.outbox.files():
@@ -582,6 +594,17 @@ class Tracker:
     def tags(self, tags: Mapping[str, Any]) -> None:
         if self.enabled:
             self._send({"op": "tags", "items": {k: str(v) for k, v in tags.items()}})
+
+    def inputs(self, items: Sequence[Mapping[str, Any]], run_name_suffix: Optional[str] = None) -> None:
+        """Log dataset inputs (``items``: see the ``inputs`` operation of :mod:`pipelines.outbox`);
+        with ``run_name_suffix`` the run's name gets that suffix (once)."""
+        if self.enabled:
+            self._send({"op": "inputs", "items": [dict(d) for d in items], "run_name_suffix": run_name_suffix})
+
+    def experiment_tags(self, tags: Mapping[str, Any]) -> None:
+        """Set tags on the experiment this run belongs to."""
+        if self.enabled:
+            self._send({"op": "experiment_tags", "items": {k: str(v) for k, v in tags.items()}})
 
     def end(self, status: str = "FINISHED") -> None:
         if self.enabled and self.run_id:

@@ -45,8 +45,11 @@ from .dataset_inputs import dataset_inputs, log_dataset_inputs
 from .runs_view import columns_for, run_url, runs_view_url, save_runs_view
 from .experiment import Experiment
 from .metrics import prefixed
+from .outbox import is_transient
 from .seeding import seed_all
+from .system_metrics import start_system_metrics
 from .data.feed import DeclaredData, declare_feed
+from .data.skips import SKIP_REPORT_ARTIFACT, SkipReport
 from .data.splits import StreamSplits
 from .worker import TrainPlan, train_loop
 
@@ -212,7 +215,7 @@ def probe_storage(storage: str) -> None:
 
 
 _UNWRITABLE = ("Permission denied", "Read-only file system", "[Errno 13]", "[Errno 30]", "No space left on device",
-               "[Errno 28]", "PermissionError")
+               "[Errno 28]", "PermissionError", "Operation not permitted")
 
 
 def storage_failure(err: BaseException, storage: str) -> Optional[StorageError]:
@@ -288,59 +291,51 @@ def _setup_tracking(experiment: Experiment, cfg: dict) -> trk.Tracker:
         retry_max_s=max(1.0, min(30.0, t["outage_timeout_s"] / 4)), required=mode == "required"))
 
 
-def _log_loaded(tracker: trk.Tracker, counts: dict, skipped, params, load_s: float, verb: str) -> None:
-    """Record counts per split, skip counts (``skipped/*``) and load time at step 0; the
-    splits' params; one log line."""
-    counts = {f"data/{k}_records": int(v) for k, v in counts.items()}
-    tracker.metrics({**counts, **{f"skipped/{k}": v for k, v in (skipped or {}).items()},
-                     "time/load_s": load_s}, step=0)
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """What reading the splits gave, as a run logs it at step 0: records kept per split, the skip
+    report and the read time."""
+
+    records: Mapping[str, int]     #: split -> records kept
+    skipped: SkipReport
+    load_s: float
+
+    def metrics(self) -> dict[str, float]:
+        """``data/<split>_records``, ``skipped/<key>`` and ``time/load_s``."""
+        return {**{f"data/{split}_records": int(n) for split, n in self.records.items()},
+                **self.skipped.metrics(), "time/load_s": self.load_s}
+
+    def line(self) -> str:
+        """One log line: records per split, read time, skips per key."""
+        n = ", ".join(f"{v} {k}" for k, v in self.records.items())
+        bad = {k: v for k, v in self.skipped.counts.items() if v}
+        return f"{n} records in {self.load_s:.1f}s" + (
+            f"; skipped {sum(bad.values())}: {bad} (each named in the run's {SKIP_REPORT_ARTIFACT})" if bad else "")
+
+
+def _log_loaded(tracker: trk.Tracker, loaded: Loaded, params: Mapping[str, Any], verb: str) -> None:
+    """Log ``loaded`` at step 0 (its metrics; the skip report as the artifact
+    :data:`~pipelines.data.skips.SKIP_REPORT_ARTIFACT` when anything was skipped), the splits'
+    params and the files they name as dataset inputs; one log line."""
+    tracker.metrics(loaded.metrics(), step=0)
+    if loaded.skipped.total:
+        tracker.text(loaded.skipped.to_csv(), SKIP_REPORT_ARTIFACT)
     if params:
-        tracker.params({str(k): str(v) for k, v in params.items()})
-        if tracker.enabled:
-            try:
-                renamed = log_dataset_inputs(tracker.client, tracker.run_id, dataset_inputs(
-                    {str(k): str(v) for k, v in params.items()}, {k.split("/")[1][:-len("_records")]: v
-                                                                  for k, v in counts.items()}),
-                    tracker.client.get_run(tracker.run_id).info.run_name)
-                if renamed:
-                    logger.info("run named %s (data other than the canonical release)", renamed)
-            except Exception as e:  # noqa: BLE001  (the run goes on without its dataset panel)
-                logger.warning("could not log the dataset inputs: %s", e)
-    n = ", ".join(f"{v} {k.split('/')[1][:-len('_records')]}" for k, v in counts.items())
-    bad = sum((skipped or {}).values())
-    logger.info("%s: %s records in %.1fs%s", verb, n, load_s,
-                f"; skipped {bad}: {dict(skipped)}" if bad else "")
+        params = {str(k): str(v) for k, v in params.items()}
+        tracker.params(params)
+        suffix = log_dataset_inputs(tracker, dataset_inputs(params, loaded.records))
+        if suffix and tracker.enabled:
+            logger.info("run name gets %s (data other than the canonical release)", suffix)
+    logger.info("%s: %s", verb, loaded.line())
 
 
 def _save_runs_view(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> None:
     """The experiment's saved runs-table view (:mod:`pipelines.runs_view`): the experiment's key
-    metrics, timing and the params that tell runs apart, as columns."""
-    if not tracker.enabled:
-        return
+    metrics, timing and the params that tell runs apart, as columns (an experiment tag, sent
+    through ``tracker``)."""
     flat = trk.flatten_params(cfg)
     params = [p for p in ("scheduler", "seed", "epochs", "batch_size", "optimizer.lr", "precision") if p in flat]
-    try:
-        exp_id = tracker.client.get_run(tracker.run_id).info.experiment_id
-        save_runs_view(tracker.client, exp_id, columns_for(experiment.key_metrics or (experiment.selection_metric,),
-                                                           params))
-    except Exception as e:  # noqa: BLE001  (the UI then shows its default columns)
-        logger.warning("could not save the runs-table view: %s", e)
-
-
-def _system_metrics(tracker: trk.Tracker, every_s: float):
-    """MLflow's system-metrics monitor on ``tracker``'s run (started; ``finish()`` stops it), or
-    None when tracking is off, ``every_s`` is 0 or the monitor cannot run here (e.g. no psutil)."""
-    if not tracker.enabled or not every_s:
-        return None
-    try:
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-        monitor = SystemMetricsMonitor(tracker.run_id, sampling_interval=every_s, tracking_uri=tracker.uri)
-        monitor.start()
-        return monitor
-    except Exception as e:  # noqa: BLE001  (a run without system metrics is still a run)
-        logger.warning("no system metrics: %s", e)
-        return None
+    save_runs_view(tracker, columns_for(experiment.key_metrics or (experiment.selection_metric,), params))
 
 
 def configure_ray_data(cfg: dict) -> None:
@@ -367,8 +362,8 @@ def _read_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> Str
     if not isinstance(splits, StreamSplits):
         raise TypeError(f"{type(experiment).__name__}.read_splits returned {type(splits).__name__}, "
                         "expected pipelines.data.splits.StreamSplits")
-    _log_loaded(tracker, {k: v.n for k, v in splits.sources.items()}, splits.skipped, splits.params,
-                time.perf_counter() - t0, "read in Ray Data")
+    loaded = Loaded({k: v.n for k, v in splits.sources.items()}, splits.skipped, time.perf_counter() - t0)
+    _log_loaded(tracker, loaded, splits.params, "read in Ray Data")
     return splits
 
 
@@ -519,23 +514,31 @@ def check_resume(cfg: dict) -> checkpoint.TrainingState:
 def link_interrupted(tracker: trk.Tracker, cfg: dict) -> None:
     """Tag this run with the checkpoint it resumes and the MLflow run(s) that wrote it (found in
     this store by their ``ray.run_name`` tag: the checkpoint's parent directory); such a run
-    still RUNNING (its driver died) is marked KILLED and tagged with this run's id."""
+    still RUNNING (its driver died) is marked KILLED and tagged with this run's id.  While the
+    tracking server does not answer, the other runs are left as they are (one warning) and this
+    run's tag waits in its outbox."""
     path = os.path.abspath(cfg["resume_from"])
     ray_run = os.path.basename(os.path.dirname(path))
     tags = {"resumed_from.checkpoint": path}
     if tracker.enabled:
         client = tracker.client
-        exp_id = client.get_run(tracker.run_id).info.experiment_id
-        found = [r for r in client.search_runs([exp_id], filter_string=f"tags.`ray.run_name` = '{ray_run}'")
-                 if r.info.run_id != tracker.run_id]
-        if found:
-            tags["resumed_from.run_id"] = ",".join(r.info.run_id for r in found)
-        for r in found:
-            client.set_tag(r.info.run_id, "resumed_by.run_id", tracker.run_id)
-            if r.info.status == "RUNNING":
-                client.set_terminated(r.info.run_id, status="KILLED")
-                logger.info("MLflow run %s (interrupted, still RUNNING) marked KILLED; %s resumes it",
-                            r.info.run_id, tracker.run_id)
+        try:
+            exp_id = client.get_run(tracker.run_id).info.experiment_id
+            found = [r for r in client.search_runs([exp_id], filter_string=f"tags.`ray.run_name` = '{ray_run}'")
+                     if r.info.run_id != tracker.run_id]
+            if found:
+                tags["resumed_from.run_id"] = ",".join(r.info.run_id for r in found)
+            for r in found:
+                client.set_tag(r.info.run_id, "resumed_by.run_id", tracker.run_id)
+                if r.info.status == "RUNNING":
+                    client.set_terminated(r.info.run_id, status="KILLED")
+                    logger.info("MLflow run %s (interrupted, still RUNNING) marked KILLED; %s resumes it",
+                                r.info.run_id, tracker.run_id)
+        except Exception as err:  # noqa: BLE001 - classified below
+            if not is_transient(err):
+                raise
+            logger.warning("the interrupted MLflow run of %s is not linked (the tracking server does not answer: "
+                           "%s: %s); this run is tagged with the checkpoint", path, type(err).__name__, str(err)[:200])
     tracker.tags(tags)
 
 
@@ -575,11 +578,14 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
     seed_all(int(cfg["seed"]))
 
     tracker = _setup_tracking(experiment, cfg)  # fail fast, before Ray
-    if cfg["resume_from"]:
-        link_interrupted(tracker, cfg)
     started_ray = False
-    monitor = _system_metrics(tracker, cfg["tracking"]["system_metrics_s"])
+    t = cfg["tracking"]
+    # a sample being sent when the server stops answering takes at most the MLflow HTTP budget
+    monitor = start_system_metrics(tracker, t["system_metrics_s"],
+                                   finish_timeout_s=(t["http_retries"] + 1) * t["http_timeout_s"] + 5)
     try:
+        if cfg["resume_from"]:
+            link_interrupted(tracker, cfg)
         started_ray = connect_ray(cfg)
         world = cfg["ray"]["num_workers"]
         resources = _worker_resources(cfg)
@@ -602,6 +608,8 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
             best_model = checkpoint.read_best_model(d)
 
         final = _final_metrics(state.history, state.best or {}, fit_s)
+        if monitor is not None:
+            monitor.finish()  # its last sample before the outbox is drained and the run ended
         drained = tracker.drain()  # the epochs the callback buffered go first
         _log_results(experiment, cfg, tracker, state, best_model, final, splits.context)
         tracker.end("FINISHED")
@@ -617,6 +625,8 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
                          context=splits.context)
     except BaseException:
         try:
+            if monitor is not None:
+                monitor.finish()
             if not tracker.ended:
                 tracker.end("FAILED")
         except Exception:  # noqa: BLE001

@@ -2,6 +2,7 @@
 training worker.
 
 * :mod:`pipelines.data.sources`: generic file sources read in Ray Data tasks (lines);
+* :mod:`pipelines.data.skips`: the skip report (what was left out, counted and named);
 * :mod:`pipelines.data.splits`: a split as blocks of rows ``pos``, ``rec``;
 * :mod:`pipelines.data.positions`: which record lands in which step on which rank (numpy);
 * :mod:`pipelines.data.step`: the step record and :func:`pipelines.data.step.build_step`;

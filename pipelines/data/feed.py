@@ -28,6 +28,7 @@ from .assembly import (SORTED_BLOCK_ROWS, assemble_steps, assign_eval, assign_tr
 from .background import (build_eval_in_background, build_head_in_background, read_cached_eval, read_head,
                          trace_in_background)
 from .positions import EVAL_SPLITS, eval_group_rows, eval_groups, head_steps, train_step_rows, train_steps_per_epoch
+from .skips import SKIP_REPORT_ARTIFACT
 from .splits import StreamSplits, block_starts
 from .step import Step, trace_block
 
@@ -239,10 +240,11 @@ def declare_feed(experiment: Experiment, cfg: dict, splits: StreamSplits, world:
     train = splits.sources["train"]
     steps = train_steps_per_epoch(train.n, bs, world, cfg["max_steps_per_epoch"])
     if steps < 1 and train.n == 0:
-        skipped = {k: v for k, v in (splits.skipped or {}).items() if v}
+        skipped = {k: v for k, v in splits.skipped.counts.items() if v}
         raise ConfigError("the training split has no records" + (
-            f": every record was skipped as bad (skipped {skipped}; the log names the first ones). Fix the data or "
-            "point the config at other files" if skipped else ": the file(s) hold no data rows"), "data")
+            f": every record was skipped as bad (skipped {skipped}; the log names the first ones, the run's "
+            f"{SKIP_REPORT_ARTIFACT} each one). Fix the data or point the config at other files"
+            if skipped else ": the file(s) hold no data rows"), "data")
     if steps < 1:
         raise ConfigError(f"{train.n} training records cannot make one step of {world} worker(s) "
                           f"(each step needs at least one record per worker)", "batch_size")

@@ -4,9 +4,9 @@
   index), ``line`` (1-based line number), ``text`` (bytes); plain files are read in byte ranges
   in parallel, ``.gz`` files streamed by one task.
 * :func:`finish_parsed`: a parsed dataset (rows ``idx``, ``line``, ``rec``, ``error``) ->
-  :class:`ParsedData`: the good records kept as blocks; counts, the first malformed records
-  (``file:line`` and reason) and the good records' indices brought to the driver
-  (:class:`ReadSummary`).
+  :class:`ParsedData`: the good records kept as blocks; counts, the malformed records (line and
+  reason; the first ``max_named`` by line: the driver's memory does not grow with them) and the
+  good records' indices brought to the driver (:class:`ReadSummary`).
 
 Which record is which is a pure function of the file (``idx`` counts every line or data row,
 bad ones included), never of task scheduling.  The formats live with their domains
@@ -22,6 +22,8 @@ import pickle
 from typing import Any, Iterable, Optional
 
 import numpy as np
+
+from .skips import DEFAULT_MAX_NAMED, SkippedRecord
 
 __all__ = ["LineSource", "Corrupt", "corrupt_ends", "ReadSummary", "ParsedData", "read_lines", "content_sha256",
            "finish_parsed", "add_counts", "datasource_base"]
@@ -181,21 +183,28 @@ def read_lines(path: str, chunk_bytes: int = CHUNK_BYTES, rows_per_block: int = 
 
 @dataclasses.dataclass
 class ReadSummary:
-    """What reading one file gave: counts and the first malformed records (``(line, reason)``)."""
+    """What reading one file gave: counts and the malformed records (``(line, reason)``)."""
 
     path: str
     n_rows: int = 0                 #: lines (text) / data rows (CSV) read
     n_ok: int = 0                   #: records kept
     n_bad: int = 0                  #: malformed records
-    first_bad: list = dataclasses.field(default_factory=list)   #: up to 3 ``(line, reason)``, by line
+    #: the first ``max_named`` malformed records ``(line, reason)`` by line (all when ``n_bad`` is
+    #: at most that)
+    bad: list = dataclasses.field(default_factory=list)
     sha256: str = ""                #: of the (uncompressed) content
     #: SST files: word -> occurrences over the good trees' leaves (counted in the parse tasks)
     word_counts: Optional[dict] = None
 
     def error(self) -> str:
         """``path:line: reason`` of the first malformed record."""
-        line, reason = self.first_bad[0]
+        line, reason = self.bad[0]
         return f"{self.path}:{line}: {reason}"
+
+    def skipped(self, key: str) -> list[SkippedRecord]:
+        """The named malformed records as :class:`~pipelines.data.skips.SkippedRecord` s of
+        ``key``, each ``where`` = ``path:line``."""
+        return [SkippedRecord(key, f"{self.path}:{line}", reason, order=int(line)) for line, reason in self.bad]
 
 
 @dataclasses.dataclass
@@ -217,15 +226,15 @@ def add_counts(total: dict, counts: dict) -> dict:
     return total
 
 
-def _summarize_block(table):
-    """One row per block: counts and the block's first 3 errors."""
+def _summarize_block(table, max_named: int):
+    """One row per block: counts and the block's first ``max_named`` errors ``(line, reason)``."""
     import pyarrow as pa
 
     err = table.column("error").to_pylist()
     lines = table.column("line").to_pylist()
     bad = [(ln, e) for ln, e in zip(lines, err) if e is not None]
     out = {"n": pa.array([len(err)], pa.int64()), "n_bad": pa.array([len(bad)], pa.int64()),
-           "first": pa.array([pickle.dumps(bad[:3])], pa.binary())}
+           "first": pa.array([pickle.dumps(bad[:max_named])], pa.binary())}
     if "words" in table.column_names:   # the parse tasks' word counts (one blob per parse block)
         counts: dict = {}
         for blob in table.column("words").to_pylist():
@@ -241,20 +250,23 @@ def _good_rows(table):
     return table.filter(pc.is_null(table.column("error"))).select(["idx", "line", "rec"])
 
 
-def finish_parsed(parsed, path: str, sha256: str) -> ParsedData:
+def finish_parsed(parsed, path: str, sha256: str, max_named: int = DEFAULT_MAX_NAMED) -> ParsedData:
     """The :class:`ParsedData` of ``parsed`` (a dataset of rows ``idx``, ``line``, ``rec`` (pickled
     record, null when bad), ``error`` (null when good) and optionally ``words`` (pickled word
-    counts)): materialised; the counts, first errors and good indices brought to the driver."""
+    counts)): materialised; the counts, the first ``max_named`` errors (by line) and the good
+    indices brought to the driver (one block's errors at a time, at most ``max_named`` kept)."""
     parsed = parsed.materialize()
     summary = ReadSummary(path, sha256=sha256)
-    firsts: list = []
-    for row in parsed.map_batches(_summarize_block, batch_format="pyarrow", batch_size=None).iter_rows():
+    keep = max(1, int(max_named))    # the first error is always kept: it is raised without data.skip_bad
+    bad: list = []
+    for row in parsed.map_batches(_summarize_block, batch_format="pyarrow", batch_size=None,
+                                  fn_kwargs={"max_named": keep}).iter_rows():
         summary.n_rows += int(row["n"])
         summary.n_bad += int(row["n_bad"])
-        firsts += pickle.loads(row["first"])
+        bad = sorted(bad + pickle.loads(row["first"]))[:keep]
         if row.get("words") is not None:
             summary.word_counts = add_counts(summary.word_counts or {}, pickle.loads(row["words"]))
-    summary.first_bad = sorted(firsts)[:3]
+    summary.bad = bad
     summary.n_ok = summary.n_rows - summary.n_bad
     good = parsed.map_batches(_good_rows, batch_format="pyarrow", batch_size=None).materialize()
     # only the idx column travels to the driver (projected in the tasks, not after fetching blocks)

@@ -3,7 +3,7 @@ bad records left out) and ``rec`` (the pickled record), and the splits an experi
 ``read_splits`` returns.
 
 * :class:`SplitSource`: one split (``dataset``, ``n``); :class:`StreamSplits`: all of them, with
-  skip counts, the experiment's context and params.
+  the skip report (:class:`pipelines.data.skips.SkipReport`), the experiment's context and params.
 * :func:`with_positions`: :class:`pipelines.data.sources.ParsedData` (a file parsed in Ray Data
   tasks) -> :class:`SplitSource`, ``pos`` = rank among the file's good records.
 * :func:`splits_from_records`: records held in memory -> :class:`StreamSplits` through the same
@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Union
 
 import numpy as np
 
 from .cache import cached
+from .skips import SkipReport
 
 __all__ = ["SplitSource", "StreamSplits", "with_positions", "splits_from_records", "block_starts"]
 
@@ -33,14 +34,23 @@ class SplitSource:
 
 @dataclasses.dataclass
 class StreamSplits:
-    """What ``Experiment.read_splits`` returns: one :class:`SplitSource` per split, skip counts
-    (logged as ``skipped/<key>``), the experiment's loaded context (shipped to every Ray Data task
-    and Ray Train worker: keep it small) and params (strings, logged as MLflow params)."""
+    """What ``Experiment.read_splits`` returns: one :class:`SplitSource` per split, the skip report
+    (counts logged as ``skipped/<key>``, the named records as the run's ``data/skipped.csv``; a
+    plain ``{key: count}`` given here becomes a report of counts without names), the
+    experiment's loaded context (shipped to every Ray Data task and Ray Train worker: keep it
+    small) and params (strings, logged as MLflow params)."""
 
     sources: dict            #: split -> SplitSource ("train" required)
-    skipped: dict = dataclasses.field(default_factory=dict)
+    skipped: SkipReport = dataclasses.field(default_factory=SkipReport)
     context: Any = None
     params: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if isinstance(self.skipped, Mapping):
+            self.skipped = SkipReport.of_counts(self.skipped)
+        elif not isinstance(self.skipped, SkipReport):
+            raise TypeError(f"StreamSplits.skipped: expected a SkipReport or a dict of counts, got "
+                            f"{type(self.skipped).__name__}")
 
 
 def _positions_block(table, good_ref, limit):
@@ -66,7 +76,7 @@ def with_positions(data, limit: Optional[int] = None) -> SplitSource:
     return SplitSource(ds, n)
 
 
-def splits_from_records(records: dict, skipped: Optional[dict] = None, context: Any = None,
+def splits_from_records(records: dict, skipped: Union[SkipReport, Mapping, None] = None, context: Any = None,
                         params: Optional[dict] = None, rows_per_block: int = 1024) -> StreamSplits:
     """:class:`StreamSplits` of records held in memory (``{split: [record, ...]}``, ``train``
     required): each split a Ray Data dataset of rows ``pos`` (the list index) and ``rec`` (the
@@ -84,7 +94,7 @@ def splits_from_records(records: dict, skipped: Optional[dict] = None, context: 
         if not tables:
             tables = [pa.table({"pos": pa.array([], pa.int64()), "rec": pa.array([], pa.binary())})]
         sources[split] = SplitSource(ray.data.from_arrow(tables), len(blobs))
-    return StreamSplits(sources, dict(skipped or {}), context, dict(params or {}))
+    return StreamSplits(sources, skipped if skipped is not None else SkipReport(), context, dict(params or {}))
 
 
 def block_starts(block_refs: list, n: int) -> np.ndarray:

@@ -6,7 +6,7 @@ Where things run (see ``pipelines/experiment.py``):
 * driver (``read_splits``, reads in Ray Data tasks): read the CSV (Tox21, ESOL, or the user's own: ``molecules.dataset:
   csv`` with ``molecules.csv``, ``.smiles_column``, ``.task_columns``, ``.task_type``; the file,
   its SHA-256 and whether it is a known release are logged as MLflow params ``data.csv.*``), parse every SMILES with RDKit (unparsable ones are
-  skipped and counted with ``data.skip_bad``, else raise), split (random with a fixed seed, or
+  skipped, counted and named in the skip report with ``data.skip_bad``, else raise), split (random with a fixed seed, or
   scaffold).  Records are :class:`MolRecord` ``(id, smiles, labels)``: small to ship.  The
   loaded context is the regression target standardisation (:class:`TargetScaling`, from the
   training split; identity for Tox21).
@@ -82,8 +82,9 @@ SCHEMA: dict[str, Field] = {
     "molecules.split_seed": F(int, 0, min=0, doc="seed of the random split"),
     "molecules.fractions": F(list, [0.8, 0.1, 0.1], doc="train/valid/test fractions"),
     "molecules.limit": F(int, None, min=3, nullable=True, doc="use the first N molecules (tests)"),
-    "molecules.max_atoms": F(int, 150, min=1, doc="molecules with more (heavy) atoms are skipped, each named in the "
-                                                  "log and counted as skipped/all/over_max_atoms: a weave layer's "
+    "molecules.max_atoms": F(int, 150, min=1, doc="molecules with more (heavy) atoms are skipped, counted as "
+                                                  "skipped/all/over_max_atoms and each named in the run's "
+                                                  "data/skipped.csv (the first ones in the log): a weave layer's "
                                                   "pairs, and tracing's time and memory, grow with atoms squared "
                                                   "(Tox21's largest has 132)"),
     "molecules.atom_hidden": F(int, 50, min=1),
@@ -124,8 +125,9 @@ def featurize_cached(smiles: str):
 def _check_block(table, good_ref, limit, scaffold, max_atoms):
     """Ray Data task: parsed CSV rows -> ``rank`` (among the good CSV rows), ``ok`` (RDKit parses
     the SMILES and the molecule has at most ``max_atoms`` atoms), ``atoms`` (its atom count, 0
-    when unparsable), ``scaffold`` (its Murcko scaffold, with ``scaffold``), ``rec`` (only where
-    not ``ok``: for the error); rows of rank >= ``limit`` left out."""
+    when unparsable), ``scaffold`` (its Murcko scaffold, with ``scaffold``), ``rec`` and
+    ``reason`` (only where not ``ok``: which record and why it is skipped); rows of rank >=
+    ``limit`` left out."""
     import pyarrow as pa
 
     import ray
@@ -139,7 +141,7 @@ def _check_block(table, good_ref, limit, scaffold, max_atoms):
     rank = np.searchsorted(good, np.asarray(table.column("idx")))
     keep = rank < limit
     table = table.filter(pa.array(keep))
-    ok, keys, atoms = [], [], []
+    ok, keys, atoms, reasons = [], [], [], []
     for blob in table.column("rec").to_pylist():
         rec = pickle.loads(blob)
         try:
@@ -147,15 +149,18 @@ def _check_block(table, good_ref, limit, scaffold, max_atoms):
             atoms.append(n_atoms)
             ok.append(n_atoms <= max_atoms)
             keys.append(murcko_scaffold(rec.smiles) if scaffold and n_atoms <= max_atoms else "")
-        except SmilesError:
+            reasons.append(None if n_atoms <= max_atoms else f"{n_atoms} atoms > molecules.max_atoms={max_atoms}")
+        except SmilesError as err:
             ok.append(False)
             atoms.append(0)
             keys.append("")
+            reasons.append(f"cannot parse SMILES {err.smiles!r}" + (f": {err.reason}" if err.reason else ""))
     recs = table.column("rec").to_pylist()   # only the skipped records go to the driver
     return pa.table({"rank": pa.array(rank[keep], pa.int64()), "ok": pa.array(ok, pa.bool_()),
                      "atoms": pa.array(atoms, pa.int32()),
                      "scaffold": pa.array(keys, pa.string()),
-                     "rec": pa.array([None if g else r for g, r in zip(ok, recs)], pa.binary())})
+                     "rec": pa.array([None if g else r for g, r in zip(ok, recs)], pa.binary()),
+                     "reason": pa.array(reasons, pa.string())})
 
 
 def _split_block(table, good_ref, assign_ref, split):
@@ -256,14 +261,17 @@ class MoleculeExperiment(Experiment):
         The driver holds per-record arrays of a few bytes (which rows are kept, which split and
         position each goes to; the scaffold keys for a scaffold split), never the records.
         Records are :class:`MolRecord` ``(id, smiles, labels)`` with ``id`` = the position in the
-        split; skip counts ``all/bad_rows``, ``all/unparsable_smiles``; without
-        ``data.skip_bad`` the first bad row raises (``file:line``); params ``data.csv.*``.  The
+        split; the skip report (``all/bad_rows``, ``all/unparsable_smiles``, ``all/over_max_atoms``,
+        ``<split>/unlabeled_tasks``: each record named ``file:line`` with its id and reason, up to
+        ``data.skip_report_max`` per key); without ``data.skip_bad`` the first bad row raises
+        (``file:line``); params ``data.csv.*``.  The
         same records, splits and errors as the in-process readers
         (:func:`pipelines.molecules.data.load_tox21` etc., then RDKit and
         :mod:`pipelines.molecules.splits`)."""
         import ray
 
-        from .reading import label_stats, read_molecule_csv_ds
+        from .reading import read_molecule_csv_ds
+        from pipelines.data.skips import DEFAULT_MAX_NAMED, SkippedRecord, SkipReport
         from pipelines.data.splits import SplitSource, StreamSplits
 
         from . import data as D
@@ -289,7 +297,8 @@ class MoleculeExperiment(Experiment):
             cols = dict(id_column=D.ESOL_ID_COLUMN, smiles_column=D.ESOL_SMILES_COLUMN,
                         label_columns=D.ESOL_TASKS, parse_label=D.parse_real_label)
             expected = D.ESOL_SHA256
-        data = read_molecule_csv_ds(path, check_rdkit=False, **cols)
+        skipped = SkipReport(config["data"].get("skip_report_max", DEFAULT_MAX_NAMED))
+        data = read_molecule_csv_ds(path, check_rdkit=False, max_named=skipped.max_named, **cols)
         s = data.summary
         if s.n_bad and not skip_bad:
             raise D.DataFormatError(s.error())
@@ -299,9 +308,9 @@ class MoleculeExperiment(Experiment):
                 "another version of the dataset (see data README). Pass verify=False to load it anyway.")
         params = {"data.csv.file": path, "data.csv.sha256": s.sha256,
                   "data.csv.canonical": "true" if s.sha256 in (D.TOX21_CSV_SHA256, D.ESOL_SHA256) else "false"}
-        skipped = {"all/bad_rows": int(s.n_bad)}
+        skipped.count("all/bad_rows", int(s.n_bad), s.skipped("all/bad_rows"))
         if s.n_bad:
-            log.warning("%s: skipped %d bad row(s), first: %s", path, s.n_bad, s.first_bad)
+            log.warning("%s: skipped %s", path, skipped.summary("all/bad_rows"))
         n_rows = len(data.good_idx) if not mc["limit"] else min(mc["limit"], len(data.good_idx))
         good_ref = [ray.put(data.good_idx)]
         scaffold = mc["split"] == "scaffold"
@@ -310,7 +319,7 @@ class MoleculeExperiment(Experiment):
         keys = [None] * n_rows if scaffold else None
         first_bad = None
         max_atoms = int(mc["max_atoms"])
-        too_big: list = []                                   # (rank, atoms, where, mol id)
+        skipped.count("all/unparsable_smiles")
         checked = data.dataset.map_batches(_check_block, batch_format="pyarrow", batch_size=None,
                                            fn_kwargs=dict(good_ref=good_ref, limit=n_rows, scaffold=scaffold,
                                                           max_atoms=max_atoms))
@@ -322,9 +331,12 @@ class MoleculeExperiment(Experiment):
                 for r, k in zip(rank.tolist(), b.column("scaffold").to_pylist()):
                     keys[r] = k
             n_atoms = np.asarray(b.column("atoms"))
-            for k in np.flatnonzero(n_atoms > max_atoms):
+            reasons = b.column("reason")
+            for k in np.flatnonzero(~good):              # named in the skip report (it keeps the first ones)
                 rec = pickle.loads(b.column("rec")[int(k)].as_py())
-                too_big.append((int(rank[k]), int(n_atoms[k]), rec.where, rec.mol_id))
+                key = "all/over_max_atoms" if n_atoms[k] > max_atoms else "all/unparsable_smiles"
+                skipped.add(SkippedRecord(key, f"{path}:{rec.line}", reasons[int(k)].as_py(), id=str(rec.mol_id),
+                                          order=int(rec.line)))
             good = good | (n_atoms > max_atoms)          # below: the unparsable ones only
             bad = np.flatnonzero(~good)
             if len(bad):
@@ -334,12 +346,9 @@ class MoleculeExperiment(Experiment):
         if first_bad is not None and not skip_bad:   # parse_smiles' error for the first bad row
             rec = pickle.loads(first_bad[1])
             parse_smiles(rec.smiles, mol_id=rec.mol_id, where=rec.where)
-        skipped["all/unparsable_smiles"] = int((~ok).sum()) - len(too_big)
-        if too_big:
-            skipped["all/over_max_atoms"] = len(too_big)
-            for _, n_at, where, mol_id in sorted(too_big):
-                log.warning("%s: molecule %s has %d atoms > molecules.max_atoms=%d: skipped", where, mol_id, n_at,
-                            max_atoms)
+        for key in ("all/unparsable_smiles", "all/over_max_atoms"):
+            if skipped.counts.get(key):
+                log.warning("%s: skipped %s", path, skipped.summary(key))
         kept_rank = np.flatnonzero(ok)                       # kept[k] = good row kept_rank[k]
         fr = tuple(float(x) for x in mc["fractions"])
         if mc["split"] == "random":
@@ -369,12 +378,16 @@ class MoleculeExperiment(Experiment):
                 scaling = TargetScaling(tuple(float(x) for x in mean), tuple(float(x) for x in std))
         return StreamSplits(sources, skipped, scaling, params)
 
-    def _check_labels(self, sources: Mapping, path: str, skipped: dict, params: dict):
+    def _check_labels(self, sources: Mapping, path: str, skipped, params: dict):
         """Labels per task in each non-empty split (a Ray Data aggregation per split); returns the
         training split's ``label_stats``.  A split where no task has a label raises
         ``DataFormatError`` naming the file, split and tasks (nothing to learn from or score);
         tasks without labels in a split where others have some are named in a warning, counted
-        as ``skipped/<split>/unlabeled_tasks`` and listed in the param ``data.unlabeled.<split>``."""
+        in ``skipped`` (a :class:`~pipelines.data.skips.SkipReport`) as
+        ``<split>/unlabeled_tasks`` (each task named, its id the task) and listed in the param
+        ``data.unlabeled.<split>``."""
+        from pipelines.data.skips import SkippedRecord
+
         from . import data as D
         from .reading import label_stats
 
@@ -392,7 +405,10 @@ class MoleculeExperiment(Experiment):
                                         f"{list(self.tasks)}: every value is empty; check molecules.task_columns "
                                         "and the file's label columns")
             if missing:
-                skipped[f"{split}/unlabeled_tasks"] = len(missing)
+                key = f"{split}/unlabeled_tasks"
+                skipped.count(key, len(missing), [SkippedRecord(key, path, f"the task has no label in the {split} "
+                                                                f"split: its {split} metrics are missing", id=t,
+                                                                order=self.tasks.index(t)) for t in missing])
                 params[f"data.unlabeled.{split}"] = ",".join(missing)
                 log.warning("%s: the %s split has no labels for task(s) %s (their %s metrics are missing)",
                             path, split, missing, split)

@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
+from pipelines.data.skips import DEFAULT_MAX_NAMED
 from pipelines.data.sources import (ROWS_PER_BLOCK, Corrupt, ParsedData, content_sha256, corrupt_ends,
                                    datasource_base, finish_parsed)
 
@@ -123,12 +124,14 @@ def _parse_smiles_block(table, where_name: str, check_rdkit: bool):
 
 def read_molecule_csv_ds(path: str, *, id_column: Optional[str], smiles_column: str,
                          label_columns: Sequence[str], parse_label: Callable[[str], float],
-                         check_rdkit: bool = True, rows_per_block: int = ROWS_PER_BLOCK) -> ParsedData:
+                         check_rdkit: bool = True, rows_per_block: int = ROWS_PER_BLOCK,
+                         max_named: int = DEFAULT_MAX_NAMED) -> ParsedData:
     """A molecule CSV read and parsed in Ray Data tasks: rows as
     :func:`pipelines.molecules.data.read_molecule_csv` (same ``MoleculeRecord`` s, same errors:
     header problems raise :class:`~pipelines.molecules.data.DataFormatError` here), SMILES checked
-    with RDKit in the tasks (``check_rdkit``).  ``summary.first_bad`` reasons of RDKit failures
-    start with ``"SMILES: "``; the caller decides whether to raise (``data.skip_bad``)."""
+    with RDKit in the tasks (``check_rdkit``).  ``summary.bad`` (the first ``max_named`` bad rows)
+    reasons of RDKit failures start with ``"SMILES: "``; the caller decides whether to raise
+    (``data.skip_bad``)."""
     from pipelines.molecules.data import CsvLayout
 
     import ray.data
@@ -143,7 +146,7 @@ def read_molecule_csv_ds(path: str, *, id_column: Optional[str], smiles_column: 
         .repartition(target_num_rows_per_block=rows_per_block)
     parsed = ds.map_batches(_parse_smiles_block, batch_format="pyarrow", batch_size=None,
                             fn_kwargs={"where_name": os.path.basename(path), "check_rdkit": check_rdkit})
-    return finish_parsed(parsed, path, content_sha256(path))
+    return finish_parsed(parsed, path, content_sha256(path), max_named)
 
 
 def _label_sums_block(table, n_tasks: int):

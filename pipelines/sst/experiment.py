@@ -121,14 +121,16 @@ class SSTExperiment(Experiment):
         parsed in Ray Data tasks (:func:`pipelines.sst.reading.read_sst_file`; trees as Ray Data
         blocks, never on the driver), the first ``sst.limit_<split>`` of each; the vocabulary
         (``sst.vocab_splits``) counted in the parse tasks
-        (:func:`pipelines.sst.reading.vocab_from_counts`), the embeddings, skip counts
-        (``<split>/malformed``) and params (``data.<split>.file`` / ``.sha256`` / ``.canonical``).
+        (:func:`pipelines.sst.reading.vocab_from_counts`), the embeddings, the skip report
+        (``<split>/malformed``, each line named ``file:line`` with its reason) and params
+        (``data.<split>.file`` / ``.sha256`` / ``.canonical``).
         The same trees, in file order, as :func:`pipelines.sst.data.load_split_source`."""
         import os
 
         import ray
 
         from .reading import read_sst_file, vocab_from_counts
+        from pipelines.data.skips import DEFAULT_MAX_NAMED, SkipReport
         from pipelines.data.splits import StreamSplits, with_positions
 
         from .data import SPLITS, SST_SHA256, resolve_split_path
@@ -138,7 +140,8 @@ class SSTExperiment(Experiment):
         for split in sc["vocab_splits"]:
             if split not in SPLITS:
                 raise ValueError(f"sst.vocab_splits: unknown split {split!r}")
-        parsed, skipped, params = {}, {}, {}
+        parsed, params = {}, {}
+        skipped = SkipReport(config["data"].get("skip_report_max", DEFAULT_MAX_NAMED))
         for split in SPLITS:
             path = sc[f"{split}_file"]
             if path == "":
@@ -152,12 +155,14 @@ class SSTExperiment(Experiment):
                 path, expected = os.path.abspath(os.path.expanduser(str(path))), None
                 if not os.path.isfile(path):
                     raise FileNotFoundError(f"sst.{split}_file: no such file {path}")
-            data = read_sst_file(path, skip_bad=skip_bad, expected_sha256=expected)
+            data = read_sst_file(path, skip_bad=skip_bad, expected_sha256=expected,
+                                 max_named=skipped.max_named)
             s = data.summary
             canonical = s.sha256 == SST_SHA256[split]
-            skipped[f"{split}/malformed"] = int(s.n_bad)
+            key = f"{split}/malformed"
+            skipped.count(key, int(s.n_bad), s.skipped(key))
             if s.n_bad:
-                log.warning("%s: skipped %d malformed line(s), first: %s", path, s.n_bad, s.first_bad)
+                log.warning("%s: skipped %s", path, skipped.summary(key))
             if not canonical:
                 log.info("%s: %s split from a non-canonical file (%d trees, sha256 %s)", path, split, s.n_ok, s.sha256)
             params.update({f"data.{split}.file": path, f"data.{split}.sha256": s.sha256,

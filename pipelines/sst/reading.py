@@ -14,8 +14,9 @@ import os
 import pickle
 from typing import Optional, Sequence
 
+from pipelines.data.skips import DEFAULT_MAX_NAMED
 from pipelines.data.sources import (CHUNK_BYTES, ROWS_PER_BLOCK, ParsedData, add_counts, content_sha256, finish_parsed,
-                               read_lines)
+                                   read_lines)
 
 __all__ = ["read_sst_file", "vocab_from_counts"]
 
@@ -56,8 +57,10 @@ def _parse_sst_block(table, first_line_bom: bool = True):
 
 
 def read_sst_file(path: str, skip_bad: bool = False, expected_sha256: Optional[str] = None,
-                  chunk_bytes: int = CHUNK_BYTES, rows_per_block: int = ROWS_PER_BLOCK) -> ParsedData:
-    """Trees of a PTB-format file, parsed in Ray Data tasks (see the module docstring).
+                  chunk_bytes: int = CHUNK_BYTES, rows_per_block: int = ROWS_PER_BLOCK,
+                  max_named: int = DEFAULT_MAX_NAMED) -> ParsedData:
+    """Trees of a PTB-format file, parsed in Ray Data tasks (see the module docstring); the
+    summary names the first ``max_named`` malformed lines.
 
     Errors as :func:`pipelines.sst.data.load_file`: :class:`~pipelines.sst.data.SSTChecksumError`
     when ``expected_sha256`` differs; :class:`~pipelines.sst.data.SSTFormatError` for an empty
@@ -75,13 +78,13 @@ def read_sst_file(path: str, skip_bad: bool = False, expected_sha256: Optional[s
         raise SSTFormatError(f"{path}: file is empty (expected one tree per line)")
     parsed = read_lines(path, chunk_bytes, rows_per_block).map_batches(
         _parse_sst_block, batch_format="pyarrow", batch_size=None)
-    data = finish_parsed(parsed, path, sha)
+    data = finish_parsed(parsed, path, sha, max_named)
     s = data.summary
     if s.n_bad and not skip_bad:
         raise SSTFormatError(s.error())
     if not s.n_ok:
         raise SSTFormatError(f"{path}: no valid tree in {s.n_rows} line(s) "
-                             f"({s.n_bad} malformed, first: {s.first_bad[:1]})")
+                             f"({s.n_bad} malformed, first: {s.bad[:1]})")
     return data
 
 

@@ -5,10 +5,11 @@
 
 ``--embeddings PATH`` is ``sst.embeddings=PATH`` (a GloVe-format text file; default GloVe 6B 50d
 from the installed package).  ``--skip-bad`` skips malformed SST lines (counted as MLflow metrics
-``skipped/<split>/malformed``).  After :func:`pipelines.train.run` this adds to the same MLflow
-run: embedding coverage (``embeddings/*``), training throughput in trees per second
-(``time/trees_per_s``: the glue's records per second) and the results table beside the paper's
-Table 2 (logged by the glue as ``results.json``; printed here).
+``skipped/<split>/malformed``, each named in the run's ``data/skipped.csv``).  After
+:func:`pipelines.train.run` this adds to the same MLflow run: embedding coverage (``embeddings/*``),
+training throughput in trees per second (``time/trees_per_s``: the glue's records per second) and
+the results table beside the paper's Table 2 (logged by the glue as ``results.json``; printed
+here).
 """
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ import json
 
 from mlflow import MlflowClient
 
+from pipelines import tracking as trk
 from pipelines.dataset_inputs import DataFile, dataset_inputs, log_dataset_inputs
 
 
@@ -22,18 +23,20 @@ def test_data_params_become_one_input_per_file():
 
 
 def test_inputs_are_logged_and_own_data_renames_the_run(tmp_path):
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    exp = client.create_experiment("e")
-    run = client.create_run(exp, run_name="sst-tai2015-coalesce-seed0")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    tracker = trk.Tracker.start(uri, "e", run_name="sst-tai2015-coalesce-seed0")
     own = [DataFile("train", str(tmp_path / "mine.txt"), "12" * 32, False, 3),
            DataFile("test", "/d/test.txt", "34" * 32, True, 5)]
-    name = log_dataset_inputs(client, run.info.run_id, own, "sst-tai2015-coalesce-seed0")
-    assert name.startswith("sst-tai2015-coalesce-seed0-data") and len(name) == len("sst-tai2015-coalesce-seed0-data") + 6
-    got = client.get_run(run.info.run_id)
-    assert got.info.run_name == name
+    suffix = log_dataset_inputs(tracker, own)
+    assert suffix.startswith("-data") and len(suffix) == len("-data") + 6
+    log_dataset_inputs(tracker, own)  # sent again (a replayed outbox): nothing changes
+    got = client.get_run(tracker.run_id)
+    assert got.info.run_name == "sst-tai2015-coalesce-seed0" + suffix
     inputs = {i.tags[0].value: i.dataset for i in got.inputs.dataset_inputs}
+    assert len(got.inputs.dataset_inputs) == 2
     assert set(inputs) == {"train", "test"} and inputs["train"].name == "mine.txt"
     assert inputs["train"].digest == "12121212" and json.loads(inputs["test"].profile) == {"num_rows": 5}
-    canonical = client.create_run(exp, run_name="canon")
-    assert log_dataset_inputs(client, canonical.info.run_id, own[1:], "canon") is None
-    assert client.get_run(canonical.info.run_id).info.run_name == "canon"
+    canonical = trk.Tracker.start(uri, "e", run_name="canon")
+    assert log_dataset_inputs(canonical, own[1:]) is None
+    assert client.get_run(canonical.run_id).info.run_name == "canon"

@@ -74,7 +74,7 @@ def test_sst_read_splits_from_own_files(tmp_path, trees, ray_data_ordered):
     splits, records = read_records(SSTExperiment(), cfg)
     assert set(records) == {"train", "dev"}          # '' = no test split
     assert len(records["train"]) == 12 and len(records["dev"]) == 2
-    assert splits.skipped == {"train/malformed": 1, "dev/malformed": 0}
+    assert splits.skipped.counts == {"train/malformed": 1, "dev/malformed": 0}
     p = splits.params
     assert p["data.train.file"] == train and p["data.train.canonical"] == "false"
     assert p["data.dev.canonical"] == "false" and p["data.test.file"] == "none"
@@ -154,7 +154,7 @@ def test_custom_regression_with_missing_labels(tmp_path, smiles, ray_data_ordere
                    "molecules.n_weave=1")
     exp = MoleculeExperiment.from_config(cfg)
     splits, records = read_records(exp, cfg)
-    assert splits.skipped == {"all/bad_rows": 0, "all/unparsable_smiles": 1}
+    assert splits.skipped.counts == {"all/bad_rows": 0, "all/unparsable_smiles": 1}
     assert sum(len(v) for v in records.values()) == 24
     assert splits.params["data.csv.canonical"] == "false" and splits.params["data.csv.file"] == path
     s = splits.context
@@ -208,7 +208,7 @@ def test_a_task_without_labels_in_a_split_is_named(tmp_path, smiles, ray_data_or
     path = _write(tmp_path / "half.csv", rows)
     cfg = _mol_cfg(f"molecules.csv={path}", "molecules.task_columns=[active,toxic]")
     splits = MoleculeExperiment.from_config(cfg).read_splits(cfg)
-    assert splits.skipped["train/unlabeled_tasks"] == 1 and splits.params["data.unlabeled.train"] == "toxic"
+    assert splits.skipped.counts["train/unlabeled_tasks"] == 1 and splits.params["data.unlabeled.train"] == "toxic"
     none = _write(tmp_path / "none.csv", ["smiles,active"] + [f"{s}," for s in smiles * 2])
     cfg = _mol_cfg(f"molecules.csv={none}", "molecules.task_columns=[active]", "molecules.task_type=regression")
     with pytest.raises(MD.DataFormatError, match=f"{none}: the train split .* has no label for any task"):
@@ -227,8 +227,11 @@ def test_molecules_over_max_atoms_are_skipped_and_named(tmp_path, smiles, ray_da
     cfg = _mol_cfg(f"molecules.csv={path}", "molecules.task_columns=[y]", f"molecules.max_atoms={limit}")
     with caplog.at_level("WARNING"):
         splits = MoleculeExperiment.from_config(cfg).read_splits(cfg)
-    assert splits.skipped["all/over_max_atoms"] == len(big) and splits.skipped["all/unparsable_smiles"] == 0
+    assert splits.skipped.counts["all/over_max_atoms"] == len(big)
+    assert splits.skipped.counts["all/unparsable_smiles"] == 0
     assert sum(s.n for s in splits.sources.values()) == len(atoms) - len(big)
-    for i in big:  # each named: file:line, id, its size
-        assert f"sizes.csv:{i + 2}: molecule row{i + 2} has {atoms[i]} atoms > molecules.max_atoms={limit}" \
-            in caplog.text
+    # each named in the skip report: file:line, id, its size; the first ones in the log
+    assert [(r.where, r.id, r.reason) for r in splits.skipped.named("all/over_max_atoms")] == [
+        (f"{path}:{i + 2}", f"row{i + 2}", f"{atoms[i]} atoms > molecules.max_atoms={limit}") for i in big]
+    first = splits.skipped.named("all/over_max_atoms")[0]
+    assert f"{first.where} ({first.id}): {first.reason}" in caplog.text

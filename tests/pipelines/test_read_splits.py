@@ -52,7 +52,9 @@ def test_sst_read_splits_equal_the_reference(tmp_path, data_dir):
     assert set(new.sources) == set(old.records) == {"train", "dev"}
     for split in old.records:
         assert source_records(new.sources[split]) == old.records[split], split
-    assert new.skipped == old.skipped == {"train/malformed": 2, "dev/malformed": 0}
+    assert new.skipped.counts == old.skipped == {"train/malformed": 2, "dev/malformed": 0}
+    named = new.skipped.named()   # each malformed line named with its reason
+    assert [r.where for r in named] == [f"{bad}:11", f"{bad}:32"] and "label '9'" in named[0].reason
     assert new.params == old.params
     assert new.context.vocab == old.context.vocab and new.context.emb_dim == old.context.emb_dim
     assert np.array_equal(new.context.matrix(), old.context.matrix())
@@ -74,7 +76,7 @@ def test_molecule_read_splits_equal_the_reference(dataset, extra):
     new = exp.read_splits(cfg)
     for split in ("train", "dev", "test"):
         _same_mol(source_records(new.sources[split]), old.records[split])
-    assert new.skipped == old.skipped and new.params == old.params
+    assert new.skipped.counts == old.skipped and new.params == old.params
     if dataset == "esol":
         assert new.context.mean == pytest.approx(old.context.mean, abs=1e-12)
         assert new.context.std == pytest.approx(old.context.std, abs=1e-12)
@@ -99,7 +101,10 @@ def test_molecule_csv_bad_rows_and_smiles(tmp_path, data_dir):
     cfg = load_config(None, over + ["data.skip_bad=true"], merged_schema(MOL_SCHEMA))
     exp = MoleculeExperiment.from_config(cfg)
     old, new = molecule_splits(exp, cfg), exp.read_splits(cfg)
-    assert new.skipped == old.skipped == {"all/bad_rows": 1, "all/unparsable_smiles": 1}
+    assert new.skipped.counts == old.skipped == {"all/bad_rows": 1, "all/unparsable_smiles": 1}
+    named = {r.key: r for r in new.skipped.named()}
+    assert named["all/unparsable_smiles"].where == f"{path}:22" and "C1CC" in named["all/unparsable_smiles"].reason
+    assert named["all/bad_rows"].where == f"{path}:43" and "notanumber" in named["all/bad_rows"].reason
     for split in ("train", "dev", "test"):
         _same_mol(source_records(new.sources[split]), old.records[split])
     strict = load_config(None, over, merged_schema(MOL_SCHEMA))
@@ -123,4 +128,5 @@ def test_toy_read_splits_equal_the_reference():
     old, new = toy_splits(cfg), exp.read_splits(cfg)
     for split in ("train", "dev", "test"):
         assert source_records(new.sources[split]) == old.records[split]
-    assert new.skipped == old.skipped
+    assert new.skipped.counts == old.skipped
+    assert [r.id for r in new.skipped.named()] == [str(i) for i in range(6, 50, 7)]

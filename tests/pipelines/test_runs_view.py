@@ -17,7 +17,7 @@ import pytest
 from mlflow.entities import Metric, Param
 
 from pipelines.runs_view import MODEL_TRAINING, columns_for, run_url, runs_view_url, save_runs_view
-from pipelines.tracking import EXPERIMENT_KIND_TAG
+from pipelines.tracking import EXPERIMENT_KIND_TAG, Tracker
 
 from .mlflow_server import MlflowServer
 
@@ -56,10 +56,10 @@ def ui(tmp_path_factory):
 
 @pytest.mark.timeout(400)
 def test_the_saved_view_opens_the_runs_table_with_the_key_metrics_as_columns(ui):
-    server, client, exp_id, _ = ui
+    server, client, exp_id, ids = ui
     plain = _page_text(f"{server.uri}/#/experiments/{exp_id}/runs?{MODEL_TRAINING}")
     assert "seed0" in plain and "best/test/auc" not in plain      # MLflow's default columns lack them
-    save_runs_view(client, exp_id, columns_for(("auc",), ["seed"]))
+    save_runs_view(Tracker(server.uri, ids[0]), columns_for(("auc",), ["seed"]))   # on the run's experiment
     text = _page_text(runs_view_url(server.uri, exp_id))
     for column in ("best/test/auc", "best/dev/auc", "best/epoch", "time/mean_epoch_s", "time/mean_records_per_s"):
         assert column in text, column

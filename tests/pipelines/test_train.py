@@ -12,6 +12,7 @@ import time
 import pytest
 import ray
 import torch
+import yaml
 from mlflow.tracking import MlflowClient
 
 from pipelines.config import load_config, merged_schema
@@ -74,7 +75,14 @@ def test_mlflow_run_is_complete(baseline):
     assert m["best/epoch"] == res.metrics["best/epoch"]
 
     top = {a.path for a in client.list_artifacts(res.run_id)}
-    assert {"results.json", "plots", "weights", "config.json"} <= top
+    assert {"results.json", "plots", "weights", "config.json", "data"} <= top
+    # every skipped record named in the skip report; the runs-table view saved on the experiment
+    import pandas as pd
+
+    report = pd.read_csv(client.download_artifacts(res.run_id, "data/skipped.csv", str(tmp / "dl")))
+    assert list(report["where"]) == [f"toy train record {i}" for i in (49, 99, 149, 199)]
+    assert set(report["skipped"]) == {"skipped/train/unparsable"} and set(report["count"]) == {1}
+    assert "mlflow.sharedViewState.foldengine" in client.get_experiment(r.info.experiment_id).tags
     plots = [a.path for a in client.list_artifacts(res.run_id, "plots")]
     assert plots and all(x.endswith(".png") for x in plots)
     table = client.load_table(r.info.experiment_id, "results.json", run_ids=[res.run_id])
@@ -151,3 +159,65 @@ def test_worker_killed_mid_epoch_restarts_from_checkpoint(baseline, tmp_path):
     assert client.get_run(res.run_id).info.status == "FINISHED"
     steps = [x.step for x in client.get_metric_history(res.run_id, "dev/accuracy")]
     assert sorted(steps) == [1, 2, 3]  # epochs logged once even though they ran before the crash
+
+
+_DRIVER = """
+import sys
+
+from pipelines.config import load_config, merged_schema
+from pipelines.train import run
+from tests.pipelines.toy_experiment import ToyExperiment
+
+exp = ToyExperiment()
+run(exp, load_config(sys.argv[1], sys.argv[2:], merged_schema(exp.config_schema)))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_driver_killed_then_resumed_matches_uninterrupted(baseline, tmp_path):
+    """A driver (its own process, on this cluster) SIGKILLed in epoch 2: its Ray job ends with it;
+    resuming from its epoch-1 checkpoint reproduces the uninterrupted run, and the killed MLflow
+    run (left RUNNING) is marked KILLED and linked to the one that resumed it."""
+    import subprocess
+    import sys
+
+    ref, _ = baseline
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    marker = tmp_path / "paused"
+    # each rank's call 13 is epoch 2's first step (12 steps per epoch): one rank waits there
+    same = ["toy.pause_at_call=13", f"toy.pause_marker={marker}", "toy.pause_s=300", "tracking.system_metrics_s=0"]
+    _, cfg = _config(tmp_path, *same)
+    conf = tmp_path / "driver.yaml"
+    conf.write_text(yaml.safe_dump(cfg))
+    log = open(tmp_path / "driver.log", "w")
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER, str(conf), "ray.run_name=killed-driver",
+                               f"ray.address={ray.get_runtime_context().gcs_address}"],
+                              cwd=repo, env={**os.environ, "PYTHONPATH": repo}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            assert driver.poll() is None, \
+                f"the driver ended before epoch 2:\n{(tmp_path / 'driver.log').read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "epoch 2 never started"
+            time.sleep(0.2)
+        driver.kill()   # SIGKILL: no handler runs, the MLflow run stays RUNNING
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        log.close()
+    [ckpt] = glob.glob(f"{tmp_path}/ray_results/killed-driver/checkpoint_*/{STATE_FILE}")
+    assert torch.load(ckpt, map_location="cpu", weights_only=True)["epoch"] == 1
+    exp, cfg = _config(tmp_path, *same, f"resume_from={os.path.dirname(ckpt)}")
+    t0 = time.perf_counter()
+    res = run(exp, cfg)
+    print(f"resumed after the driver was killed (2 epochs): {time.perf_counter() - t0:.1f}s")
+    assert res.resumed_after == [1]
+    assert _comparable(res.history) == _comparable(ref.history)
+    assert res.param_hashes == ref.param_hashes
+    client = MlflowClient(cfg["tracking"]["uri"])
+    resumed = client.get_run(res.run_id)
+    [killed] = [r for r in client.search_runs([resumed.info.experiment_id]) if r.info.run_id != res.run_id]
+    assert killed.info.status == "KILLED" and killed.data.tags["resumed_by.run_id"] == res.run_id
+    assert resumed.data.tags["resumed_from.run_id"] == killed.info.run_id
+    assert sorted(m.step for m in client.get_metric_history(res.run_id, "dev/accuracy")) == [1, 2, 3]

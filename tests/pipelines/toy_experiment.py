@@ -109,6 +109,7 @@ class ToyExperiment(Experiment):
         no record): the same as ``tests/pipelines/reference_splits.toy_splits``."""
         import ray.data
 
+        from pipelines.data.skips import SkippedRecord, SkipReport
         from pipelines.data.splits import SplitSource, StreamSplits
 
         t = config["toy"]
@@ -123,7 +124,11 @@ class ToyExperiment(Experiment):
             ds = ray.data.range(n, override_num_blocks=min(max(n, 1), 4)).map_batches(
                 _toy_rows, batch_format="pyarrow", batch_size=None, fn_kwargs=dict(n=n, seed=s, bad_every=be))
             sources[split] = SplitSource(ds, n - (n // be if be else 0))
-        return StreamSplits(sources, {"train/unparsable": bad})
+        skipped = SkipReport(config["data"]["skip_report_max"])
+        skipped.count("train/unparsable", bad, [
+            SkippedRecord("train/unparsable", f"toy train record {i}", "x is missing", id=str(i), order=i)
+            for i in range(bad_every - 1, t["n_train"], bad_every)] if bad else [])
+        return StreamSplits(sources, skipped)
 
     def build_model(self, config, context):
         self._fail = (config["toy"]["fail_at_call"], config["toy"]["fail_marker"])

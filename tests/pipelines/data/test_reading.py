@@ -68,7 +68,7 @@ def test_sst_malformed_lines_reported_as_load_file(tmp_path, gz, mixed):
     assert parsed_records(data) == trees
     s = data.summary
     assert (s.n_rows, s.n_ok, s.n_bad) == (len(mixed), report.n_read, report.n_skipped)
-    assert s.first_bad == report.skipped_lines[:3]
+    assert s.bad == report.skipped_lines  # every malformed line, up to the report's cap
     assert list(data.good_idx) == [0, 2, 5, 7]
     assert s.sha256 == report.sha256
     with pytest.raises(SD.SSTFormatError) as want:
@@ -134,7 +134,7 @@ def test_tox21_gz_unparsable_smiles_counted_with_file_line(data_dir):
             bad.append((r.line, "SMILES: " + str(e)))
     s = data.summary
     assert s.n_rows == 7831 and s.n_bad == len(bad) == 8 and s.n_ok == 7823
-    assert s.first_bad == bad[:3] and "tox21.csv.gz:" in s.first_bad[0][1]
+    assert s.bad == bad and "tox21.csv.gz:" in s.bad[0][1]
     assert s.sha256 == MD.TOX21_CSV_SHA256
     n, mean, _ = MR.label_stats(data.dataset, 12)
     assert n.sum() == 72_084 + 5_862 - sum(int(np.sum(~np.isnan(r.labels))) for r in want
@@ -151,7 +151,7 @@ def test_csv_bad_rows_and_header(tmp_path):
     data = MR.read_molecule_csv_ds(str(path), id_column="mol_id", smiles_column="smiles",
                                   label_columns=MD.TOX21_TASKS, parse_label=MD.parse_binary_label, rows_per_block=2)
     assert [r.mol_id for r in parsed_records(data)] == [r.mol_id for r in want] == ["A", "D"]
-    assert data.summary.first_bad == [(x.line, x.reason) for x in report.skipped][:3]
+    assert data.summary.bad == [(x.line, x.reason) for x in report.skipped]
     assert data.summary.n_bad == len(report.skipped) == 4
     n, mean, std = MR.label_stats(data.dataset, 12)
     assert list(n) == [1] * 12 and math.isclose(std[0], 1.0)
@@ -172,7 +172,7 @@ def test_a_truncated_gz_is_named_with_its_path(tmp_path, mixed):
                                    label_columns=MD.TOX21_TASKS, parse_label=MD.parse_binary_label, rows_per_block=50)
     s = data.summary
     assert s.n_bad == 1 and 0 < s.n_ok < 400
-    assert s.first_bad[0][0] == s.n_ok + 2  # the header is line 1
+    assert s.bad[0][0] == s.n_ok + 2  # the header is line 1
     assert s.error().startswith(f"{path}:{s.n_ok + 2}: truncated or corrupt compressed file (EOFError")
     text = ("\n".join(mixed * 200) + "\n").encode()
     cut = tmp_path / "cut.txt.gz"
