@@ -506,10 +506,7 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
     except SweepInterrupted:
         raise  # the parent stays RUNNING: --resume completes it
     except BaseException:
-        try:
-            tracker.end("FAILED")
-        except Exception:  # noqa: BLE001
-            pass
+        tracker.fail()
         raise
     return SweepResult(parent_run_id=plan.parent_run_id, directory=plan.directory, trials=trials, summary=summary,
                        ensemble=dict(ensemble), table=table, tracking_uri=plan.config["tracking"]["uri"])

@@ -195,15 +195,6 @@ def metric_items(metrics: Mapping[str, Any], step: int = 0, timestamp_ms: Option
     return [[_safe_key(k), v, ts, int(step)] for k, v in finite_metrics(metrics).items()]
 
 
-def log_metrics(client, run_id: str, metrics: Mapping[str, Any], step: int = 0) -> None:
-    """Batch-log numeric metrics at ``step`` via an ``MlflowClient``."""
-    outbox.apply(client, {"op": "metrics", "run_id": run_id, "step": step, "items": metric_items(metrics, step)}, "")
-
-
-def log_params(client, run_id: str, params: Mapping[str, str]) -> None:
-    outbox.apply(client, {"op": "params", "run_id": run_id, "items": _params(params)}, "")
-
-
 def _params(params: Mapping[str, Any]) -> dict[str, str]:
     return {_safe_key(k): str(v) for k, v in params.items()}
 
@@ -230,23 +221,6 @@ def _write_state_dict(state_dict: Mapping[str, Any], meta: Mapping[str, Any], di
     torch.save(dict(state_dict), os.path.join(directory, "state_dict.pt"))
     with open(os.path.join(directory, "meta.json"), "w") as f:
         json.dump(dict(meta), f, indent=2, default=str)
-
-
-def log_table(client, run_id: str, df, name: str = "results.json") -> None:
-    """A ``pandas.DataFrame`` as an MLflow table artifact (viewable in the UI) plus a CSV."""
-    client.log_table(run_id, data=df, artifact_file=name)
-    with tempfile.TemporaryDirectory() as d:
-        _write_csv(df, d, name)
-        client.log_artifacts(run_id, d, artifact_path="tables")
-
-
-def log_figures(client, run_id: str, figures: Iterable[tuple[str, Any]], artifact_path: str = "plots"
-                ) -> list[str]:
-    """Save each matplotlib figure as ``<artifact_path>/<name>.png``; closes the figures."""
-    with tempfile.TemporaryDirectory() as d:
-        names = _write_figures(figures, d, artifact_path)
-        client.log_artifacts(run_id, d, artifact_path=artifact_path)
-    return names
 
 
 def log_state_dict(client, run_id: str, state_dict: Mapping[str, Any], meta: Mapping[str, Any],
@@ -610,6 +584,15 @@ class Tracker:
         if self.enabled and self.run_id:
             self._send({"op": "end", "status": status})
             self.ended = True
+
+    def fail(self) -> None:
+        """End the run as FAILED unless it has ended; never raises (for use while another error
+        propagates, which is the one to report)."""
+        try:
+            if not self.ended:
+                self.end("FAILED")
+        except Exception as e:  # noqa: BLE001
+            logger.warning("could not mark MLflow run %s FAILED: %s", self.run_id, e)
 
 
 def replay_main(argv: Optional[list[str]] = None) -> int:

@@ -624,17 +624,11 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
                          tracking_uri=tracker.uri if tracker.enabled else None,
                          context=splits.context)
     except BaseException:
-        try:
-            if monitor is not None:
-                monitor.finish()
-            if not tracker.ended:
-                tracker.end("FAILED")
-        except Exception:  # noqa: BLE001
-            pass
-        raise
-    finally:
         if monitor is not None:
             monitor.finish()
+        tracker.fail()
+        raise
+    finally:
         if started_ray:
             ray.shutdown()
 

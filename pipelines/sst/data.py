@@ -41,7 +41,7 @@ from pipelines import datadir
 
 __all__ = [
     "SPLITS", "SST_URL", "SST_SHA256", "LABELS",
-    "SSTFormatError", "SSTChecksumError", "LoadReport", "TreeStats",
+    "SSTFormatError", "SSTChecksumError", "check_sha256", "LoadReport", "TreeStats",
     "parse_line", "parse_line_checked", "load_file", "load_split", "load_split_source", "resolve_split_path",
     "is_leaf", "leaves", "iter_nodes", "to_string", "tree_depth",
     "binary_label", "binary_trees", "tree_stats", "normalize_token",
@@ -70,6 +70,13 @@ class SSTFormatError(ValueError):
 
 class SSTChecksumError(ValueError):
     """An SST split file does not match its published SHA-256."""
+
+
+def check_sha256(path: str, sha: str, expected: Optional[str]) -> None:
+    """Raise :class:`SSTChecksumError` naming ``path`` when ``expected`` is given and differs from ``sha``."""
+    if expected is not None and sha != expected:
+        raise SSTChecksumError(f"{path}: sha256 {sha} != expected {expected}; the file is "
+                               "not the canonical SST split (pass verify=False to load it anyway)")
 
 
 @dataclasses.dataclass
@@ -298,9 +305,7 @@ def load_file(path: Union[str, os.PathLike], skip_bad: bool = False,
     path = str(path)
     data = pathlib.Path(path).read_bytes()
     sha = hashlib.sha256(data).hexdigest()
-    if expected_sha256 is not None and sha != expected_sha256:
-        raise SSTChecksumError(f"{path}: sha256 {sha} != expected {expected_sha256}; the file is "
-                               "not the canonical SST split (pass verify=False to load it anyway)")
+    check_sha256(path, sha, expected_sha256)
     cache = _tree_cache_path(sha) if use_cache else None
     trees = _read_tree_cache(cache) if cache is not None else None
     if trees is not None:

@@ -67,13 +67,11 @@ def read_sst_file(path: str, skip_bad: bool = False, expected_sha256: Optional[s
     file, a file with no valid tree, or (unless ``skip_bad``) the first malformed line
     (``path:line: reason``).
     """
-    from pipelines.sst.data import SSTChecksumError, SSTFormatError
+    from pipelines.sst.data import SSTFormatError, check_sha256
 
     path = os.path.abspath(str(path))
     sha = content_sha256(path)
-    if expected_sha256 is not None and sha != expected_sha256:
-        raise SSTChecksumError(f"{path}: sha256 {sha} != expected {expected_sha256}; the file is "
-                               "not the canonical SST split (pass verify=False to load it anyway)")
+    check_sha256(path, sha, expected_sha256)
     if os.path.getsize(path) == 0:
         raise SSTFormatError(f"{path}: file is empty (expected one tree per line)")
     parsed = read_lines(path, chunk_bytes, rows_per_block).map_batches(
