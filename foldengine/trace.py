@@ -351,20 +351,12 @@ class GraphTracer:
         tracing the block again on an input of that structure."""
         h0, e0 = len(self.h_depth), len(self.edges)
         i64 = np.int64
-        edges = template.edges.astype(i64)
-        ext = edges < 0
-        if ext.any():
-            edges = np.where(ext, inputs[np.where(ext, -1 - edges, 0)], edges + h0)
-        else:
-            edges += h0
-        _append(self.edges, edges)
+        _append(self.edges, _decode(template.edges, inputs, h0))
         _append(self.node_op, template.node_op.astype(i64))
         _append(self.node_ptr, template.node_end.astype(i64) + e0)
         _append(self.node_out, template.node_out.astype(i64) + h0)
         _append(self.h_depth, template.h_depth.astype(i64))
-        out = template.output
-        handles = np.where(out < 0, inputs[np.where(out < 0, -1 - out, 0)], out + h0).tolist() if len(out) else []
-        return _rebuild(template.skeleton, iter(handles))
+        return _rebuild(template.skeleton, iter(_decode(template.output, inputs, h0).tolist()))
 
     def finish(self) -> Trace:
         """The numpy trace of everything recorded so far."""
@@ -466,6 +458,16 @@ def _rebuild(skeleton, handles):
         return hs
     items = [_rebuild(s, handles) for s in skeleton[1]]
     return items if kind == "l" else tuple(items)
+
+
+def _decode(enc: np.ndarray, inputs: np.ndarray, h0: int) -> np.ndarray:
+    """Template handles ``enc`` (offsets from the block's first handle, ``-(slot + 1)`` for
+    inputs) as handles of a tracer whose block starts at ``h0`` and reads ``inputs``: int64."""
+    out = enc.astype(np.int64) + h0
+    ext = enc < 0
+    if ext.any():
+        out[ext] = inputs[-1 - enc[ext].astype(np.int64)]
+    return out
 
 
 def _append(buf: array, values: np.ndarray) -> None:
