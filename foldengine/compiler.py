@@ -22,12 +22,10 @@ A Compiler pickles (``pickle``, ``torch.save``) when the user's own callables do
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import re
 import sys
 import time
-import uuid
 import warnings
 from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -38,8 +36,10 @@ from torch import nn
 
 from schedulers import OpInfo, get_scheduler
 from .batch import Batch, SequenceOutput
-from .blocks import Block, BlockTypeError, Pending, where
+from .blocks import Block, BlockTypeError, convert_to_block
+from .blocks.base import bind, where
 from .closures import compile_tracer
+from .compile_context import CompileContext
 from .executor import execute
 from .deferred import batch_weight_grads
 from .plan.rows import row_plan
@@ -47,10 +47,10 @@ from .tables import execute_tables
 from .plan import LAYOUTS, lower
 from .plan.concat import concat_plans, input_plan, trace_graph
 from .plan.traces import InputTrace, MergedTraces, merge_traces, split_traces
-from .ops import Operation, OperationError, unflatten_value
+from .ops import Operation, OperationError
 from .trace import BlockInputError, EagerContext, GraphTracer
 from .types import (BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType,
-                    as_type, canonical_dtype, flatten_tensor_types, numpy_dtype, torch_dtype)
+                    as_type, canonical_dtype, numpy_dtype, torch_dtype)
 
 __all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext", "evaluate_block", "ROW_LAYOUTS", "EXECUTORS",
            "RECURSION_LIMIT"]
@@ -112,384 +112,6 @@ class InputError(ValueError):
         self.block = cause.block
         self.message = cause.message
         super().__init__(f"input {index}: {cause.block!r}{where(cause.block)}: {cause.message}")
-
-
-class _Described:
-    """A value shown as a description in an error message."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def __repr__(self):
-        return self.text
-
-
-def _dtype_hint(params, in_type: Type) -> str:
-    """When the parameters' floating-point dtype differs from the input's: what to do."""
-    have = {str(p.dtype).replace("torch.", "") for p in params if p.is_floating_point()}
-    want = {t.dtype for t in flatten_tensor_types(in_type) if torch_dtype(t.dtype).is_floating_point}
-    if len(have) != 1 or not want or have == want:
-        return ""
-    (p_dtype,) = have
-    return (f"; its parameters are {p_dtype} and its input {', '.join(sorted(want))}: declare the inputs in {p_dtype} "
-            f"(e.g. Vector(n, {p_dtype!r})), or build the modules in {sorted(want)[0]}, compile, then call "
-            f"compiler.to(torch.{p_dtype}), which casts the parameters and every floating-point value")
-
-
-def _type_of_value(v, block, in_type) -> Type:
-    """The type of what a Function returned for a batch of 1 (checked: one row per input)."""
-    if isinstance(v, torch.Tensor):
-        if v.dim() == 0 or v.shape[0] != 1:
-            got = "a 0-d tensor" if v.dim() == 0 else f"a tensor of shape {list(v.shape)}"
-            raise BlockTypeError(block, "(output) one row per input row (a leading batch dimension)",
-                                 _Described(got), f"called on zeros of {in_type!r} (a batch of 1); a loss "
-                                 "such as F.cross_entropy needs reduction='none'")
-        return TensorType(tuple(v.shape[1:]), v.dtype)
-    if isinstance(v, (tuple, list)):
-        return TupleType([_type_of_value(x, block, in_type) for x in v])
-    raise BlockTypeError(block, "(output) tensors or tuples of tensors", _Described(f"a {type(v).__name__}"),
-                         f"called on zeros of {in_type!r}")
-
-
-def _new_compile_id() -> int:
-    """A compile id unique across processes (blocks keep the id of their last compilation;
-    unpickled blocks must not match a new compiler's id)."""
-    return uuid.uuid4().int
-
-
-_MODULE_METHODS = frozenset(nn.Module.__dict__)
-
-
-def _module_label(m: nn.Module) -> str:
-    from .blocks import _snake
-    return _snake(type(m).__name__)
-
-
-def _find_modules(fn) -> Tuple[List[Tuple[Optional[str], nn.Module]], List[str]]:
-    """The modules (and loose parameters) a callable uses: ``(found, unresolved)``.
-
-    ``found``: ``(label, module or nn.Parameter)`` pairs safe to register: the callable
-    itself, a bound ``forward``'s module, modules held by a ``functools.partial`` or a
-    callable object, and what a function reaches through its closure or globals: when the
-    code only calls a module, the module; when it reads a module's attributes
-    (``self.proj``, ``self.w``, also inside the module's methods it calls), those submodules
-    and parameters (the module itself may be the parent that will hold the compiler:
-    registering it would make a cycle).  ``unresolved``: names of buffers reached that way,
-    which cannot be registered alone, for a warning.
-    """
-    found: List[Tuple[Optional[str], nn.Module]] = []
-    unresolved: List[str] = []
-
-    def add(label, m):
-        if all(m is not x for _, x in found):
-            found.append((label, m))
-
-    def add_value(label, v):
-        if isinstance(v, (nn.Module, nn.Parameter)):
-            add(label, v)
-
-    def attributes_used(m, names, seen, depth=0):
-        """(submodule attrs, parameter/buffer attrs, methods) of ``m`` among ``names``,
-        following the methods of ``m``'s class."""
-        subs, params = [], []
-        for a in names:
-            if a in m._modules:
-                subs.append(a)
-            elif a in m._parameters or a in m._buffers:
-                params.append(a)
-            elif a not in m.__dict__ and a not in _MODULE_METHODS:
-                meth = getattr(type(m), a, None)
-                code = getattr(meth, "__code__", None)
-                if code is not None and (a not in seen) and depth < 4:
-                    seen.add(a)
-                    s2, p2 = attributes_used(m, code.co_names, seen, depth + 1)
-                    subs += s2
-                    params += p2
-        return subs, params
-
-    def code_modules(code, values):
-        for name, v in values.items():
-            if isinstance(v, nn.Module):
-                names = set(code.co_names)
-                touched = [a for a in names if a in v._modules or a in v._parameters or a in v._buffers
-                           or a in v.__dict__ or (hasattr(type(v), a) and a not in _MODULE_METHODS)]
-                if not touched:
-                    add(name, v)    # only called
-                    continue
-                subs, params = attributes_used(v, names, set())
-                for a in subs:
-                    add(a, v._modules[a])
-                for a in params:
-                    if a in v._parameters:
-                        add(a, v._parameters[a])
-                    else:
-                        unresolved.append(f"{name}.{a}")
-            elif isinstance(v, nn.Parameter):
-                add(name, v)
-            elif isinstance(v, (list, tuple)) and v and all(isinstance(i, nn.Module) for i in v):
-                for i, m in enumerate(v):
-                    add(f"{name}_{i}", m)
-
-    def visit(obj, label, depth):
-        if depth > 4:
-            return
-        if isinstance(obj, nn.Module):
-            add(label, obj)
-            return
-        if isinstance(obj, functools.partial):
-            visit(obj.func, label, depth + 1)
-            for i, a in enumerate(obj.args):
-                add_value(f"arg{i}", a)
-            for k, v in obj.keywords.items():
-                add_value(k, v)
-            return
-        owner, func = getattr(obj, "__self__", None), getattr(obj, "__func__", None)
-        if isinstance(owner, nn.Module) and func is not None:   # a bound method of a module
-            if getattr(obj, "__name__", "") in ("forward", "__call__"):
-                add(label, owner)
-            else:
-                code_modules(func.__code__, {"self": owner})
-            return
-        code = getattr(obj, "__code__", None)
-        if code is not None:
-            values = {}
-            for name, cell in zip(code.co_freevars, getattr(obj, "__closure__", None) or ()):
-                try:
-                    values[name] = cell.cell_contents
-                except ValueError:   # an empty cell
-                    pass
-            g = getattr(obj, "__globals__", {})
-            for name in code.co_names:
-                if name in g and name not in values:
-                    values[name] = g[name]
-            code_modules(code, values)
-            return
-        if callable(obj) and hasattr(obj, "__dict__") and not isinstance(obj, type):   # a callable object
-            for k, v in vars(obj).items():
-                add_value(k, v)
-    visit(fn, None, 0)
-    return found, unresolved
-
-
-class CompileContext:
-    """State shared by blocks while type-checking: type ids, the operation table, the
-    registered modules and metrics, and recursion bookkeeping."""
-
-    _next_id = 0
-
-    def __init__(self, owner: "Compiler"):
-        self.compile_id = _new_compile_id()
-        self.owner = owner
-        self.types: List[TensorType] = []
-        self._tids: Dict[TensorType, int] = {}
-        self.ops: List[Operation] = []
-        self._op_keys: Dict[Any, Operation] = {}
-        self.metric_types: Dict[str, TensorType] = {}
-        self._decl_state: Dict[Any, str] = {}
-        self._decl_input: Dict[Any, Type] = {}
-        self.inferred: List[Block] = []
-        self.pending = 0
-        self.module_names: Dict[int, str] = {}
-        self._module_refs: Dict[int, tuple] = {}   # id -> (module or parameter, name)
-        self._registered: set = set()          # ids of registered modules and their submodules
-        self._fn_modules: Dict[int, tuple] = {}
-        self._fn_out: Dict[tuple, Type] = {}   # (id(fn), input type) -> inferred output type
-        self._fn_inplace: Dict[tuple, bool] = {}   # (id(fn), input type) -> modified its inputs in place
-        self._warned: set = set()
-        #: parameter prefixes of default-named Functions numbered to avoid a clash
-        self.numbered: List[str] = []
-
-    # Tables keyed by object ids are rebuilt after unpickling (ids change between processes).
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_fn_modules"], state["_fn_out"], state["_warned"], state["_registered"] = {}, {}, set(), set()
-        state["_fn_inplace"] = {}
-        state["module_names"] = list(self._module_refs.values())
-        state["_op_keys"] = [(k, op) for k, op in self._op_keys.items()]
-        return state
-
-    def __setstate__(self, state):
-        refs = state.pop("module_names")
-        op_keys = state.pop("_op_keys")
-        self.__dict__.update(state)
-        self._module_refs = {id(m): (m, name) for m, name in refs}
-        self.module_names = {id(m): name for m, name in refs}
-        self._registered = {id(sub) for m, _ in refs if isinstance(m, nn.Module) for sub in m.modules()}
-        self._op_keys = {(("fn", id(op.fn)) + tuple(k[2:]) if k[0] == "fn" else k): op for k, op in op_keys}
-
-    def restart(self) -> None:
-        """A new compilation pass with the same tables (``Compiler`` rebinding its blocks)."""
-        self.compile_id = _new_compile_id()
-        self._decl_state, self._decl_input = {}, {}
-        self.inferred, self.pending = [], 0
-
-    # -- types and operations ------------------------------------------------------------
-    def tid(self, t: TensorType) -> int:
-        tid = self._tids.get(t)
-        if tid is None:
-            tid = self._tids[t] = len(self.types)
-            self.types.append(t)
-        return tid
-
-    def _new_op(self, key, kind, name, in_type, out_type, fn, block) -> Operation:
-        op = self._op_keys.get(key)
-        if op is None:
-            op = Operation(len(self.ops), kind, name, in_type, out_type,
-                           [self.tid(t) for t in flatten_tensor_types(in_type)],
-                           [self.tid(t) for t in flatten_tensor_types(out_type)], fn, block)
-            self.ops.append(op)
-            self._op_keys[key] = op
-        return op
-
-    def builtin_op(self, key, kind, name, in_type, out_type, fn, block) -> Operation:
-        return self._new_op(key, kind, name, in_type, out_type, fn, block)
-
-    def function_op(self, block, in_type, out_type) -> Operation:
-        if not flatten_tensor_types(in_type):
-            raise BlockTypeError(block, "at least one tensor", in_type)
-        fn = block.fn
-        path = block._scope  # names of the enclosing named blocks, ending with the Function's
-        name = ".".join(path)
-        op = self._new_op(("fn", id(fn), in_type, out_type), "call", name, in_type, out_type, fn, block)
-        if getattr(self, "_fn_inplace", {}).get((id(fn), in_type)):
-            op.copies_inputs = True    # it modifies its inputs in place: give it copies
-        self._register_modules(block)
-        return op
-
-    def function_modules(self, block) -> Tuple[list, list]:
-        """``(found, unresolved)`` modules of a Function block's callable (see
-        :func:`_find_modules`); ``Function(modules=...)`` overrides the search."""
-        key = id(block)
-        got = self._fn_modules.get(key)
-        if got is None:
-            fn = block.fn
-            explicit = getattr(block, "modules", None)
-            if isinstance(fn, nn.Module):
-                found, unresolved = [(None, fn)], []
-            elif explicit is not None:
-                found, unresolved = [], []
-            else:
-                found, unresolved = _find_modules(fn)
-            if explicit is not None:
-                found = found + [(None if len(explicit) == 1 else _module_label(m), m) for m in explicit]
-            got = self._fn_modules[key] = (found, unresolved)
-        return got
-
-    def _register_modules(self, block) -> None:
-        found, unresolved = self.function_modules(block)
-        path = block._scope
-        auto = getattr(block, "_auto_name", False)
-        for label, m in found:
-            if id(m) in self.module_names or id(m) in self._registered or (
-                    isinstance(m, nn.Parameter) and any(m is p for p in self.owner.parameters())):
-                continue
-            if label is None or (len(found) == 1 and not auto):
-                p = path
-            elif auto:
-                p = path[:-1] + (label,)
-            else:
-                p = path + (label,)
-            self.module_names[id(m)] = full = self.owner._register_module(p, m)
-            self._module_refs[id(m)] = (m, full)
-            if auto and full.rsplit(".", 1)[-1] != re.sub(r"\W", "_", p[-1]):
-                self.__dict__.setdefault("numbered", []).append(f"{full} ({block!r}{where(block)})")
-            if isinstance(m, nn.Module):
-                self._registered.update(id(sub) for sub in m.modules())
-        if unresolved and id(block) not in self._warned:   # once per block
-            self._warned.add(id(block))
-            warnings.warn(
-                f"{block!r}{where(block)} uses {', '.join(sorted(set(unresolved)))} through a module "
-                "attribute: these are not registered with the compiler (absent from its state_dict()) "
-                "unless a parent module holds them.  Pass the module itself (Function(module)), or list "
-                "the modules to register: Function(fn, modules=[...]) (modules=() silences this).",
-                UserWarning, stacklevel=2)
-
-    def register_metric(self, name: str, t: TensorType, block):
-        old = self.metric_types.setdefault(name, t)
-        if old != t:
-            raise BlockTypeError(block, f"{old!r} like the other Metric({name!r}) blocks", t)
-
-    def infer_function_output(self, block, in_type: Type) -> Type:
-        """Call the function once on zeros (batch of 1, eval mode, no grad) to learn its
-        output type (once per callable and input type), and whether it modifies its inputs
-        in place (their version counters moved): then its operation gets copies
-        (``Operation.copies_inputs``)."""
-        fn = block.fn
-        key = (id(fn), in_type)
-        out = self._fn_out.get(key)
-        if out is not None:
-            return out
-        device = torch.device("cpu")
-        modules = [m for _, m in self.function_modules(block)[0] if isinstance(m, nn.Module)]
-        params = [p for m in modules for p in m.parameters()]
-        if params:
-            device = params[0].device
-        modes = [(m, m.training) for mod in modules for m in mod.modules()]
-        for mod in modules:
-            mod.eval()
-        flat = [torch.zeros((1,) + t.shape, dtype=torch_dtype(t.dtype), device=device)
-                for t in flatten_tensor_types(in_type)]
-        try:   # in the declared dtypes, even when compiled inside torch.autocast
-            with torch.no_grad(), torch.autocast(device.type, enabled=False):
-                if isinstance(in_type, TensorType):
-                    value = fn(flat[0])
-                else:
-                    value = fn(*unflatten_value(in_type, flat)[0])
-        except Exception as err:
-            raise BlockTypeError(block, repr(in_type), in_type,
-                                 f"it raised {err!r}; fix the function or pass output_type="
-                                 + _dtype_hint(params, in_type),
-                                 summary=f"failed on zeros of its input type {in_type!r} (called once at compile "
-                                         f"time to infer its output type)") from err
-        finally:
-            for m, mode in modes:
-                m.training = mode
-        out = self._fn_out[key] = _type_of_value(value, block, in_type)
-        if any(x._version for x in flat):
-            self.__dict__.setdefault("_fn_inplace", {})[key] = True
-        return out
-
-    # -- recursion -------------------------------------------------------------------------
-    def note_inferred(self, block):
-        self.inferred.append(block)
-
-    def note_pending(self):
-        self.pending += 1
-
-    def infer_declaration(self, decl, in_type: Type, ref) -> Type:
-        state = self._decl_state.get(decl)
-        if state is not None:
-            if self._decl_input[decl] != in_type:
-                raise BlockTypeError(ref, repr(self._decl_input[decl]), in_type,
-                                     f"all references to {decl!r} must get the same input type")
-            if decl.output_type is not None:
-                return decl.output_type
-            raise Pending()
-        self._decl_state[decl] = "active"
-        self._decl_input[decl] = in_type
-        mark, pending0 = len(self.inferred), self.pending
-        scope = (decl.name,) if decl.name and decl.name != "forward" else ()
-        path = decl.name or "forward"
-        try:
-            out = decl.block.infer(in_type, self, path, scope)
-        except Pending:
-            raise BlockTypeError(ref, repr(in_type), in_type,
-                                 f"cannot infer the output type of recursive {decl!r}: give "
-                                 "ForwardDeclaration(output_type=...)") from None
-        if decl.output_type is not None and out != decl.output_type:
-            raise BlockTypeError(decl.block, f"(output) {decl.output_type!r} as declared by {decl!r}", out)
-        if decl.output_type is None and self.pending > pending0:
-            # Some recursive cases were skipped: now that the type is known, infer again.
-            decl.output_type = out
-            for b in self.inferred[mark:]:
-                b._reset_types()
-            del self.inferred[mark:]
-            out2 = decl.block.infer(in_type, self, path, scope)
-            if out2 != out:
-                raise BlockTypeError(decl.block, f"(output) {out!r}", out2, "inconsistent recursive type")
-        decl.output_type = out
-        self._decl_state[decl] = "done"
-        return out
 
 
 def _input_nesting(x, max_nodes: int = 10_000_000) -> Tuple[int, bool]:
@@ -684,8 +306,7 @@ class Compiler(nn.Module):
                  max_call_rows: Optional[int] = None, row_layout: str = "readers", executor: str = "auto",
                  defer_weight_grads: bool = True):
         super().__init__()
-        from .blocks import _as_block
-        block = _as_block(block)
+        block = convert_to_block(block)
         self.root = block
         self.scheduler = get_scheduler(scheduler)
         self.max_call_rows = _checked_max_call_rows(max_call_rows)
@@ -1190,3 +811,6 @@ def evaluate_block(block: Block, inp, tolist: bool = False, input_type: Optional
         return result
     metrics = {name: (v.tolist() if tolist else v) for name, v in compiler.metrics.items()}
     return result, metrics
+
+
+bind(evaluate=evaluate_block)

@@ -10,6 +10,9 @@
   to the driver unless ``verbose`` (the epoch lines come from the driver; a worker's failure
   reaches it as Ray Train's error, with the worker's traceback).
 * :func:`epoch_line`: one line per epoch from the reported metrics (``dict[str, float]``).
+* :class:`Heartbeat`: a context manager for a phase without steps to count (e.g. reading the
+  splits): where the output is no terminal, one line ``<what> (45s)`` every ``interval_s``
+  seconds while the phase runs (on a terminal Ray Data's own bars show it).
 * :class:`ProgressBoard` (a Ray actor) and :class:`ProgressPrinter` (a driver thread): rank 0
   posts ``(epoch, step, steps)``; the driver shows it as a bar on a terminal, otherwise as one
   line every ``interval_s`` seconds per epoch that runs longer than that.
@@ -24,8 +27,8 @@ import time
 import warnings
 from typing import Mapping, Optional, Sequence
 
-__all__ = ["HARMLESS_WARNINGS", "configure", "ray_init_kwargs", "private_local_token", "epoch_line", "ProgressBoard",
-           "ProgressPrinter"]
+__all__ = ["HARMLESS_WARNINGS", "configure", "ray_init_kwargs", "private_local_token", "epoch_line", "Heartbeat",
+           "ProgressBoard", "ProgressPrinter"]
 
 #: ``(category, message regex)`` of warnings known to be harmless in these pipelines.
 HARMLESS_WARNINGS: tuple[tuple[type, str], ...] = (
@@ -126,6 +129,36 @@ def epoch_line(metrics: Mapping[str, float], epochs: int, key_metrics: Sequence[
     if "time/build_share" in metrics:
         parts.append(f"build {100 * metrics['time/build_share']:.0f}%")
     return "  ".join(parts)
+
+
+class Heartbeat:
+    """``with Heartbeat("reading the splits", 30):`` logs ``reading the splits (30s)``,
+    ``(60s)``, ... while the block runs, when ``stream`` is no terminal and ``interval_s`` > 0;
+    nothing otherwise.  The lines come from a daemon thread, stopped when the block ends."""
+
+    def __init__(self, what: str, interval_s: float, stream=None, log: Optional[logging.Logger] = None):
+        self.what, self.interval_s = what, float(interval_s)
+        stream = stream or sys.stderr
+        self.log = log or logging.getLogger("pipelines.train")
+        self.active = self.interval_s > 0 and not (hasattr(stream, "isatty") and stream.isatty())
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def _loop(self) -> None:
+        t0 = time.monotonic()
+        while not self._stop.wait(self.interval_s):
+            self.log.info("%s (%.0fs)", self.what, time.monotonic() - t0)
+
+    def __enter__(self) -> "Heartbeat":
+        if self.active:
+            self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
 
 
 class ProgressBoard:

@@ -75,10 +75,17 @@ class RunResult:
 
 # ---------------------------------------------------------------------------- driver helpers
 
+LEARNING_CURVES = ("train/", "dev/", "test/")
+
+
 def epoch_series(metrics: Mapping[str, float]) -> dict[str, float]:
     """An epoch's metrics as logged per step: all but ``best/*``, which are logged once, at the
-    end (as per-epoch series they filled the charts ahead of the learning curves)."""
-    return {k: v for k, v in metrics.items() if not k.startswith("best/")}
+    end; the learning curves (``train/*``, ``dev/*``, ``test/*``, in that order) first, then the
+    rest (``time/*``, ...) as given.  MLflow's run page lists a run's metrics in the order they
+    were first logged."""
+    kept = {k: v for k, v in metrics.items() if not k.startswith("best/")}
+    curves = [k for prefix in LEARNING_CURVES for k in kept if k.startswith(prefix)]
+    return {**{k: kept[k] for k in curves}, **{k: v for k, v in kept.items() if k not in curves}}
 
 
 def _mlflow_callback_cls():
@@ -355,7 +362,8 @@ def _read_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> Str
     read, as MLflow params)."""
     t0 = time.perf_counter()
     seed_all(int(cfg["seed"]))
-    splits = experiment.read_splits(cfg)
+    with console.Heartbeat("reading and parsing the splits in Ray Data", cfg["progress_every_s"]):
+        splits = experiment.read_splits(cfg)
     if not isinstance(splits, StreamSplits):
         raise TypeError(f"{type(experiment).__name__}.read_splits returned {type(splits).__name__}, "
                         "expected pipelines.data.splits.StreamSplits")

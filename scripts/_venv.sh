@@ -8,6 +8,19 @@ say() { printf '[%s] %s\n' "${SCRIPT_NAME:-foldengine}" "$*" >&2; }
 quiet_pip() {  # pip, minus this machine's notes about missing local index dirs
   "$@" 2>&1 | { grep -v "^WARNING: Location 'file://" || true; }
 }
+# heartbeat LABEL CMD...: run CMD; while it runs, say "LABEL (Ns)" every FOLD_HEARTBEAT_S
+# seconds (default 20); return CMD's exit status.
+heartbeat() {
+  local label=$1 every=${FOLD_HEARTBEAT_S:-20} t0=$SECONDS rc=0 hb
+  shift
+  ( n=0; while sleep "$every"; do n=$((n + every)); say "$label (${n}s)"; done ) &
+  hb=$!
+  "$@" || rc=$?
+  kill "$hb" 2>/dev/null || true
+  wait "$hb" 2>/dev/null || true
+  say "$label: done in $((SECONDS - t0))s"
+  return "$rc"
+}
 
 install_venv() {
   local py
@@ -21,10 +34,10 @@ install_venv() {
     say "creating .venv with $py"
     "$py" -m venv .venv
   fi
-  say "installing torch==2.13.0 (CPU build) into .venv"
-  quiet_pip .venv/bin/python -m pip install -q torch==2.13.0
-  say "installing foldengine with its test extra (pip install -e '.[test]')"
-  quiet_pip .venv/bin/python -m pip install -q -e '.[test]'
+  heartbeat "installing torch==2.13.0 (CPU build) into .venv" \
+    quiet_pip .venv/bin/python -m pip install -q torch==2.13.0
+  heartbeat "installing foldengine with Ray, MLflow, RDKit and its test tools (pip install -e '.[test]')" \
+    quiet_pip .venv/bin/python -m pip install -q -e '.[test]'
   sha256sum pyproject.toml >.venv/.foldengine-installed
   say "install took $((SECONDS - t0))s"
 }

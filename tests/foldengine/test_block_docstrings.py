@@ -72,10 +72,22 @@ def constructor_args(cls) -> set:
     return {p.name for p in params}
 
 
+class _PackageFinder(doctest.DocTestFinder):
+    """Also takes what a package's submodules define: ``foldengine.blocks`` re-exports its
+    submodules' names (``fb.Scalar`` reports ``foldengine.blocks`` as its module, its methods
+    ``foldengine.blocks.values``)."""
+
+    def _from_module(self, module, object):
+        mod = inspect.getmodule(object)
+        if mod is not None and mod.__name__.startswith(module.__name__ + "."):
+            return True
+        return super()._from_module(module, object)
+
+
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
 def test_docstring_examples_run(module):
     globs = {"fe": fe, "fb": fb, "torch": torch, "np": np}
-    finder = doctest.DocTestFinder()
+    finder = _PackageFinder() if module is fb else doctest.DocTestFinder()
     runner = doctest.DocTestRunner(optionflags=FLAGS)
     report = []
     for test in finder.find(module, module.__name__, globs=globs):

@@ -51,6 +51,25 @@ def test_progress_printer_shows_lines_once_and_periodic_progress(ray_cluster, ca
     assert not any("step 20/20" in m for m in msgs)
 
 
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_heartbeat_logs_a_periodic_line_off_a_terminal_and_stops_with_its_block(caplog):
+    log = logging.getLogger("test.heartbeat")
+    with caplog.at_level(logging.INFO, logger="test.heartbeat"):
+        with console.Heartbeat("reading the splits", 0.2, stream=io.StringIO(), log=log):
+            time.sleep(0.7)
+        time.sleep(0.5)                                       # stopped: no line after the block
+        with console.Heartbeat("on a terminal", 0.2, stream=_Terminal(), log=log):
+            time.sleep(0.5)
+        with console.Heartbeat("interval 0", 0, stream=io.StringIO(), log=log):
+            time.sleep(0.3)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert 2 <= len(msgs) <= 4 and all(m.startswith("reading the splits (") and m.endswith("s)") for m in msgs), msgs
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_entry_point_prints_an_epoch_line_per_epoch_and_little_else(tmp_path, data_dir):

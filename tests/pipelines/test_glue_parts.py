@@ -119,3 +119,12 @@ def test_placement_keys_are_checked_before_any_work():
         with pytest.raises(ConfigError, match=key):
             run(ToyExperiment(), cfg)
         assert ray.is_initialized() == was_running  # failed before connecting to Ray
+
+
+def test_epoch_series_logs_the_learning_curves_first_and_best_only_at_the_end():
+    from pipelines.train import epoch_series
+
+    m = {"epoch": 2, "time/epoch_s": 3.0, "best/dev/auc": 0.7, "test/auc": 0.6, "params/consistent": 1.0,
+         "dev/auc": 0.65, "train/objective": 0.3, "dev/loss": 1.2, "train/auc": 0.8}
+    assert list(epoch_series(m)) == ["train/objective", "train/auc", "dev/auc", "dev/loss", "test/auc",
+                                     "epoch", "time/epoch_s", "params/consistent"]

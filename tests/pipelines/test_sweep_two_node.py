@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 import ray
@@ -17,7 +16,7 @@ from pipelines.config import load_config, merged_schema
 from pipelines.sweep import plan_sweep, run_sweep
 from pipelines.sweep_report import FINISHED
 from tests.pipelines.toy_experiment import ToyExperiment
-from tests.pipelines.two_node import RayNode
+from tests.pipelines.two_node import start_two_nodes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,16 +30,7 @@ def test_seed_sweep_places_trials_on_both_nodes(nodes, tmp_path, monkeypatch):
     # the trials import the toy experiment (tests.pipelines...) by name on the nodes' workers,
     # which start from the nodes' environment: the checkout on their path, as a user's package
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
-    head = RayNode("head", 2, {SLOT: 1})
-    nodes.append(head)
-    head.start()
-    second = RayNode("second", 2, {SLOT: 1}, head_address=head.address)
-    nodes.append(second)
-    second.start()
-    ray.init(address=head.address, log_to_driver=False)
-    deadline = time.monotonic() + 120
-    while sum(n["Alive"] for n in ray.nodes()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.5)
+    head, _ = start_two_nodes(nodes, 2, {SLOT: 1})
     node_ids = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert len(node_ids) == 2
 

@@ -36,7 +36,7 @@ from mlflow.tracking import MlflowClient
 from pipelines.config import load_config, merged_schema
 from pipelines.train import run
 from tests.pipelines.toy_experiment import ToyExperiment
-from tests.pipelines.two_node import RayNode
+from tests.pipelines.two_node import RayNode, start_two_nodes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -120,18 +120,8 @@ def _check_gather_across_nodes(node_id: str) -> None:
 @pytest.mark.timeout(900)
 def test_run_survives_losing_a_node(nodes, tmp_path):
     t_start = time.monotonic()
-    head = RayNode("head", 2, {SLOT: 1})
-    nodes.append(head)
-    head.start()
-    second = RayNode("second", 2, {SLOT: 1}, head_address=head.address)
-    nodes.append(second)
-    second.start()
+    head, second = start_two_nodes(nodes, 2, {SLOT: 1})
     print(f"two nodes up after {time.monotonic() - t_start:.1f}s")
-    # The driver (this process) attaches to the head: Ray prefers the head among nodes on one host.
-    ray.init(address=head.address, log_to_driver=False)
-    deadline = time.monotonic() + 120
-    while len(_node_ids_by_port()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.5)
     ids = _node_ids_by_port()
     head_id, second_id = ids[head.node_manager_port], ids[second.node_manager_port]
     assert ray.get_runtime_context().get_node_id() == head_id

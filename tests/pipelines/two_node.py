@@ -212,3 +212,26 @@ class RayNode:
                 pass
         if remove_temp_dir:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def start_two_nodes(started: list, num_cpus: int, resources: dict,
+                    timeout: float = 120.0) -> tuple["RayNode", "RayNode"]:
+    """Start a head and a second node (``num_cpus`` and ``resources`` each), append both to
+    ``started`` (the ``nodes`` fixture stops them), connect this process to the head (the driver
+    attaches to the head: Ray prefers it among nodes on one host) and wait until ``ray.nodes()``
+    lists both alive.  Returns ``(head, second)``.  The nodes' environment is this process's at
+    the call (e.g. a ``PYTHONPATH`` set before it)."""
+    import ray
+    head = RayNode("head", num_cpus, resources)
+    started.append(head)
+    head.start()
+    second = RayNode("second", num_cpus, resources, head_address=head.address)
+    started.append(second)
+    second.start()
+    ray.init(address=head.address, log_to_driver=False)
+    deadline = time.monotonic() + timeout
+    while sum(n["Alive"] for n in ray.nodes()) < 2:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the second node did not join within {timeout:.0f}s; log:\n{second.tail()}")
+        time.sleep(0.5)
+    return head, second

@@ -1,0 +1,76 @@
+"""The runs-table view in a real browser: a real ``mlflow server`` on loopback, headless Chromium
+rendering the UI.  With the saved view (:func:`pipelines.runs_view.save_runs_view`) the runs
+table shows the key metrics and timing as columns; without it they are absent (so the check can
+fail); the compare view of two runs shows both runs' figures.  Skipped where no Chromium is
+installed (``apt-get install chromium``; ``.ci/run`` installs it where it can)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import urllib.parse
+
+import mlflow
+import pytest
+from mlflow.entities import Metric, Param
+
+from pipelines.runs_view import MODEL_TRAINING, columns_for, run_url, runs_view_url, save_runs_view
+from pipelines.tracking import EXPERIMENT_KIND_TAG
+
+from .mlflow_server import MlflowServer
+
+CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install chromium)")]
+
+RUNS = {"seed0": 0.8123, "seed1": 0.7987}
+
+
+def _page_text(url: str) -> str:
+    """The text of ``url`` as the browser renders it (25 s of virtual page time), tags removed."""
+    res = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=2400,1000",
+                          "--virtual-time-budget=25000", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return re.sub(r"<[^>]+>", " ", res.stdout)
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory):
+    server = MlflowServer(tmp_path_factory.mktemp("ui")).start()
+    client = mlflow.MlflowClient(server.uri)
+    exp_id = client.create_experiment("view-test", tags={EXPERIMENT_KIND_TAG: "custom_model_development"})
+    ids = []
+    for name, auc in RUNS.items():
+        run = client.create_run(exp_id, run_name=name)
+        client.log_batch(run.info.run_id, metrics=[Metric(k, v, 0, 0) for k, v in {
+            "best/test/auc": auc, "best/dev/auc": auc - 0.01, "best/epoch": 3, "time/mean_epoch_s": 9.5,
+            "time/mean_records_per_s": 222.0, "dev/auc": auc}.items()], params=[Param("seed", name[-1])])
+        client.set_terminated(run.info.run_id)
+        ids.append(run.info.run_id)
+    yield server, client, exp_id, ids
+    server.kill()
+
+
+@pytest.mark.timeout(400)
+def test_the_saved_view_opens_the_runs_table_with_the_key_metrics_as_columns(ui):
+    server, client, exp_id, _ = ui
+    plain = _page_text(f"{server.uri}/#/experiments/{exp_id}/runs?{MODEL_TRAINING}")
+    assert "seed0" in plain and "best/test/auc" not in plain      # MLflow's default columns lack them
+    save_runs_view(client, exp_id, columns_for(("auc",), ["seed"]))
+    text = _page_text(runs_view_url(server.uri, exp_id))
+    for column in ("best/test/auc", "best/dev/auc", "best/epoch", "time/mean_epoch_s", "time/mean_records_per_s"):
+        assert column in text, column
+    assert "0.812" in text and "0.798" in text and "seed1" in text
+
+
+@pytest.mark.timeout(400)
+def test_the_compare_view_and_the_run_page_show_the_figures(ui):
+    server, _, exp_id, ids = ui
+    compare = _page_text(f"{server.uri}/#/compare-runs?runs={urllib.parse.quote(json.dumps(ids))}"
+                         f"&experiments={urllib.parse.quote(json.dumps([exp_id]))}&{MODEL_TRAINING}")
+    assert "best/test/auc" in compare and "0.812" in compare and "0.798" in compare
+    run_page = _page_text(run_url(server.uri, exp_id, ids[0]))
+    assert "best/test/auc" in run_page and "0.812" in run_page and "time/mean_epoch_s" in run_page
