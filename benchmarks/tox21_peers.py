@@ -10,9 +10,9 @@ background pass does).  One *epoch* is one timed call: per batch of ``batch`` mo
 
 Besides the epoch, the one-time cost per molecule of ``one_time_molecules`` molecules is measured
 in interleaved rounds: ``featurise`` (RDKit, :func:`pipelines.molecules.featurize.featurize_dataset`),
-``trace`` (``Compiler.trace`` with its trace templates and plan memo emptied first, so each
-structure of the sample is traced and planned once block by block) and ``trace_blockwise`` (both
-turned off: every molecule traced and planned block by block), wall and process CPU time;
+``trace`` (``Compiler.trace`` with its trace templates emptied first, so each structure of the
+sample is traced and planned once block by block) and ``trace_blockwise`` (templates turned off:
+every molecule traced and planned block by block), wall and process CPU time;
 ``trace_vs_featurise`` is the ratio of the first two (median over rounds).
 
 ``dgllife/weave``: dgllife's ``WeavePredictor`` on the same molecules, when ``dgllife`` (and
@@ -109,22 +109,21 @@ def run(molecules: int = 1000, batch: int = 100, gather: str = "sum", repeats: i
                               mol_hidden=mc["mol_hidden"])
 
     # one-time costs per molecule, interleaved: featurise (RDKit) and trace, the trace with the
-    # compiler's templates and plan memo emptied before each call (every structure of the sample
-    # is traced and planned block by block once) and with both turned off
+    # compiler's trace templates emptied before each call (every structure of the sample is traced
+    # and planned block by block once) and turned off
     sample = picked[:one_time_molecules]
     sample_mols = [g.model_input() for g in featurize_dataset(sample).graphs]
 
     def trace_cold():
         compiler.trace_templates.clear()
-        compiler.plan_memo.clear()
         return compiler.trace(sample_mols)
 
     def trace_blockwise():
-        compiler.trace_templates.enabled = compiler.plan_memo.enabled = False
+        compiler.trace_templates.enabled = False
         try:
             return compiler.trace(sample_mols)
         finally:
-            compiler.trace_templates.enabled = compiler.plan_memo.enabled = True
+            compiler.trace_templates.enabled = True
     cpu: Dict[str, List[float]] = {}
     t = interleaved({"featurise": lambda: featurize_dataset(sample), "trace": trace_cold,
                      "trace_blockwise": trace_blockwise}, one_time_rounds, 1, cpu_times=cpu)
@@ -141,7 +140,7 @@ def run(molecules: int = 1000, batch: int = 100, gather: str = "sum", repeats: i
     log(f"one-time per molecule ({n_s} molecules): featurise {metrics['featurise_ms']:.2f} ms "
         f"(cpu {metrics['featurise_cpu_ms']:.2f}), trace {metrics['trace_ms']:.2f} ms (cpu {metrics['trace_cpu_ms']:.2f}): "
         f"trace/featurise {metrics['trace_vs_featurise']:.2f}x wall, {metrics['trace_vs_featurise_cpu']:.2f}x cpu; "
-        f"block by block (no templates, no plan memo) {metrics['trace_blockwise_ms']:.2f} ms "
+        f"block by block (no templates) {metrics['trace_blockwise_ms']:.2f} ms "
         f"(cpu {metrics['trace_blockwise_cpu_ms']:.2f}, {metrics['trace_blockwise_vs_trace_cpu']:.2f}x the trace)")
 
     traces = compiler.trace(mols)

@@ -30,6 +30,7 @@ inputs: the same records, handle for handle, without Python work per node.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import OrderedDict
 from typing import Callable, Dict, Optional
@@ -142,13 +143,20 @@ class TraceTemplates:
     structure (module docstring), least recently used first out past ``max_bytes``.
 
     Args:
-        max_bytes: the most bytes of template arrays kept (a template larger than a quarter
-            of it is not kept).
+        max_bytes: the most bytes of templates kept, and of whole-input traces (a template or
+            trace larger than a sixteenth of it is not kept).
         enabled: use templates (False: every input is traced block by block).
 
+    Besides templates, whole-input traces (:meth:`input_key`, :meth:`get_input`,
+    :meth:`put_input`): a Compiler makes the :class:`~foldengine.plan.InputTrace` of an
+    input whose key it has seen from the kept trace and the input's own constants, with no
+    tracing, merging or planning.
+
     Attributes:
-        hits / misses: inputs replayed from a template / traced (and memoised).
-        nbytes: bytes of the templates kept.
+        hits / misses: inputs replayed from a template / traced block by block.
+        input_hits / input_misses: :meth:`get_input` lookups that found a trace / did not.
+        nbytes / input_nbytes: bytes of the templates / whole-input traces kept (each up to
+            ``max_bytes``).
 
     Pickles empty (the templates are rebuilt as inputs are traced).
     """
@@ -156,18 +164,20 @@ class TraceTemplates:
     #: a structure whose records cannot be replayed (kept, so it is not tried again)
     FAILED = object()
 
-    def __init__(self, max_bytes: int = 64 << 20, enabled: bool = True):
+    def __init__(self, max_bytes: int = 32 << 20, enabled: bool = True):
         self.max_bytes = int(max_bytes)
         self.enabled = bool(enabled)
         self.clear()
 
     def clear(self) -> None:
-        """Forget every template (and the split of the root)."""
+        """Forget every template and whole-input trace (and the split of the root)."""
         self._memo: "OrderedDict[tuple, object]" = OrderedDict()
+        self._inputs: "OrderedDict[tuple, object]" = OrderedDict()
+        self._input_bytes: Dict[tuple, int] = {}
         self._split_for = None
         self._split = None
-        self.nbytes = 0
-        self.hits = self.misses = 0
+        self.nbytes = self.input_nbytes = 0
+        self.hits = self.misses = self.input_hits = self.input_misses = 0
 
     def __getstate__(self):
         return {"max_bytes": self.max_bytes, "enabled": self.enabled}
@@ -182,17 +192,62 @@ class TraceTemplates:
         to ``chunks``."""
         key = (id(root), root._compile_id)
         if self._split_for != key:
-            self._memo.clear()
-            self.nbytes = 0
+            hits, misses, input_hits, input_misses = self.hits, self.misses, self.input_hits, self.input_misses
+            self.clear()
+            self.hits, self.misses, self.input_hits, self.input_misses = hits, misses, input_hits, input_misses
             self._split_for, self._split = key, _split_root(root)
         return self._split
+
+    def input_key(self, x, tracer: GraphTracer) -> Optional[tuple]:
+        """Trace the prefix of the last :meth:`split` root on the input ``x`` into ``tracer`` (a
+        new one); when it recorded constants only, the key of the input's whole trace, else
+        None.  Inputs of one key have the same trace but for the constants' values (the prefix
+        recorded the same constant layout and gave the suffix the same handles in the same
+        structure; the suffix traces by structure).  Raises what the prefix's blocks raise."""
+        prefix_blocks, _, read = self._split
+        b = TracerBuilder(tracer)
+        v = _chain([b.get(c) for c in prefix_blocks])(x)
+        layout = tracer.const_layout()
+        if layout is None:
+            return None
+        chunks: list = []
+        try:
+            structure = read(v, chunks)
+            handles = np.fromiter(itertools.chain.from_iterable(chunks), np.int64)
+        except (TypeError, ValueError):
+            return None
+        return (structure, handles.tobytes(), layout)
+
+    def get_input(self, key):
+        """The whole-input trace kept for an :meth:`input_key`, or None."""
+        t = self._inputs.get(key)
+        if t is None:
+            self.input_misses += 1
+            return None
+        self._inputs.move_to_end(key)
+        self.input_hits += 1
+        return t
+
+    def put_input(self, key, trace) -> None:
+        """Keep the :class:`~foldengine.plan.InputTrace` ``trace`` of an :meth:`input_key`
+        (without its constants' values, which each input brings)."""
+        t = _without_consts(trace)
+        n = t.nbytes + sum(len(k) if isinstance(k, bytes) else 64 for k in key)
+        if n > self.max_bytes // 16 or key in self._inputs:
+            return
+        self._inputs[key] = t
+        self._input_bytes[key] = n
+        self.input_nbytes += n
+        while self.input_nbytes > self.max_bytes:
+            k, _ = self._inputs.popitem(last=False)
+            self.input_nbytes -= self._input_bytes.pop(k)
 
     def get(self, key):
         """The template of ``key``, :attr:`FAILED`, or None (not traced yet)."""
         t = self._memo.get(key)
-        if t is None:
+        if t is None or t is self.FAILED:
             self.misses += 1
-            return None
+            return t
         self._memo.move_to_end(key)
         self.hits += 1
         return t
@@ -203,7 +258,7 @@ class TraceTemplates:
             self._memo[key] = self.FAILED
             return
         n = template.nbytes
-        if n > self.max_bytes // 4:
+        if n > self.max_bytes // 16:
             return
         self._memo[key] = template
         self.nbytes += n
@@ -276,3 +331,8 @@ def _structure_reader(t: Type):
             return tuple([r(x, chunks) for r, x in zip(readers, v)])
         return read_tuple
     return None
+
+
+def _without_consts(trace):
+    """``trace`` (an InputTrace) with empty constant arrays."""
+    return dataclasses.replace(trace, consts=tuple(c[:0] for c in trace.consts))

@@ -291,6 +291,19 @@ class GraphTracer:
         return (len(self.h_depth), len(self.node_op), len(self.edges),
                 tuple(map(len, self.const_h)), sum(map(len, self.metrics.values())))
 
+    def const_layout(self) -> "bytes | None":
+        """When only constants were recorded (no node, no metric value), bytes that tell
+        constant layouts apart (each handle's type id, and which handles are the shared zeros
+        of :meth:`zeros`); else None."""
+        if len(self.node_op) or any(self.metrics.values()):
+            return None
+        types = np.zeros(len(self.h_depth), np.int32)
+        for tid, hs in enumerate(self.const_h):
+            if hs:
+                types[hs] = tid
+        zeros = np.array(sorted(self._zeros.items()), np.int64).reshape(-1)
+        return np.array([len(types), len(zeros)], np.int64).tobytes() + types.tobytes() + zeros.tobytes()
+
     def input_depths(self, inputs: np.ndarray) -> np.ndarray:
         """The depths (int64) of the handles ``inputs`` (an int64 array)."""
         return np.frombuffer(self.h_depth, np.int64)[inputs]
