@@ -8,10 +8,12 @@ the preset's lr.  Traces are made once, before timing (``Compiler.trace``, as th
 background pass does).  One *epoch* is one timed call: per batch of ``batch`` molecules,
 ``build_batch_from_traces`` then zero_grad, forward, loss, backward, optimizer step.
 
-Besides the epoch, the one-time cost per molecule is measured in interleaved rounds:
-``featurise`` (RDKit, :func:`pipelines.molecules.featurize.featurize_dataset`) and ``trace``
-(``Compiler.trace``), wall and process CPU time; ``trace_vs_featurise`` is their ratio (median
-over rounds).
+Besides the epoch, the one-time cost per molecule of ``one_time_molecules`` molecules is measured
+in interleaved rounds: ``featurise`` (RDKit, :func:`pipelines.molecules.featurize.featurize_dataset`),
+``trace`` (``Compiler.trace`` with its trace templates emptied first, so each structure of the
+sample is traced and planned once block by block) and ``trace_blockwise`` (templates turned off:
+every molecule traced and planned block by block), wall and process CPU time;
+``trace_vs_featurise`` is the ratio of the first two (median over rounds).
 
 ``dgllife/weave``: dgllife's ``WeavePredictor`` on the same molecules, when ``dgllife`` (and
 ``dgl``) import; otherwise the run logs why it was skipped and reports foldengine alone.
@@ -79,7 +81,7 @@ class WeaveEpoch:
 
 
 def run(molecules: int = 1000, batch: int = 100, gather: str = "sum", repeats: int = 3, warmup: int = 1,
-        one_time_rounds: int = 3, seed: int = 0, data_dir: Optional[str] = None, mlflow: bool = True,
+        one_time_rounds: int = 3, seed: int = 0, one_time_molecules: int = 200, data_dir: Optional[str] = None, mlflow: bool = True,
         log: Callable[[str], None] = echo) -> Dict[str, float]:
     """Measure, print, log to MLflow unless ``mlflow=False``; returns the metrics
     (``fold.molecules_per_s``, ``featurise_ms``, ``trace_ms``, ``trace_vs_featurise``...)."""
@@ -106,22 +108,40 @@ def run(molecules: int = 1000, batch: int = 100, gather: str = "sum", repeats: i
                               pair_hidden=mc["pair_hidden"], n_weave=mc["n_weave"], gather=gather,
                               mol_hidden=mc["mol_hidden"])
 
-    # one-time costs per molecule, interleaved: featurise (RDKit) and trace
-    sample = picked[:200]
+    # one-time costs per molecule, interleaved: featurise (RDKit) and trace, the trace with the
+    # compiler's trace templates emptied before each call (every structure of the sample is traced
+    # and planned block by block once) and turned off
+    sample = picked[:one_time_molecules]
     sample_mols = [g.model_input() for g in featurize_dataset(sample).graphs]
+
+    def trace_cold():
+        compiler.trace_templates.clear()
+        return compiler.trace(sample_mols)
+
+    def trace_blockwise():
+        compiler.trace_templates.enabled = False
+        try:
+            return compiler.trace(sample_mols)
+        finally:
+            compiler.trace_templates.enabled = True
     cpu: Dict[str, List[float]] = {}
-    t = interleaved({"featurise": lambda: featurize_dataset(sample), "trace": lambda: compiler.trace(sample_mols)},
-                    one_time_rounds, 1, cpu_times=cpu)
+    t = interleaved({"featurise": lambda: featurize_dataset(sample), "trace": trace_cold,
+                     "trace_blockwise": trace_blockwise}, one_time_rounds, 1, cpu_times=cpu)
     n_s = len(sample_mols)
     metrics = {"featurise_ms": 1e3 * statistics.median(t["featurise"]) / n_s,
                "featurise_cpu_ms": 1e3 * statistics.median(cpu["featurise"]) / n_s,
                "trace_ms": 1e3 * statistics.median(t["trace"]) / n_s,
                "trace_cpu_ms": 1e3 * statistics.median(cpu["trace"]) / n_s,
+               "trace_blockwise_ms": 1e3 * statistics.median(t["trace_blockwise"]) / n_s,
+               "trace_blockwise_cpu_ms": 1e3 * statistics.median(cpu["trace_blockwise"]) / n_s,
                "trace_vs_featurise": median_ratio(t["trace"], t["featurise"]),
-               "trace_vs_featurise_cpu": median_ratio(cpu["trace"], cpu["featurise"])}
-    log(f"one-time per molecule: featurise {metrics['featurise_ms']:.2f} ms (cpu {metrics['featurise_cpu_ms']:.2f}), "
-        f"trace {metrics['trace_ms']:.2f} ms (cpu {metrics['trace_cpu_ms']:.2f}): trace/featurise "
-        f"{metrics['trace_vs_featurise']:.2f}x wall, {metrics['trace_vs_featurise_cpu']:.2f}x cpu")
+               "trace_vs_featurise_cpu": median_ratio(cpu["trace"], cpu["featurise"]),
+               "trace_blockwise_vs_trace_cpu": median_ratio(cpu["trace_blockwise"], cpu["trace"])}
+    log(f"one-time per molecule ({n_s} molecules): featurise {metrics['featurise_ms']:.2f} ms "
+        f"(cpu {metrics['featurise_cpu_ms']:.2f}), trace {metrics['trace_ms']:.2f} ms (cpu {metrics['trace_cpu_ms']:.2f}): "
+        f"trace/featurise {metrics['trace_vs_featurise']:.2f}x wall, {metrics['trace_vs_featurise_cpu']:.2f}x cpu; "
+        f"block by block (no templates) {metrics['trace_blockwise_ms']:.2f} ms "
+        f"(cpu {metrics['trace_blockwise_cpu_ms']:.2f}, {metrics['trace_blockwise_vs_trace_cpu']:.2f}x the trace)")
 
     traces = compiler.trace(mols)
     columns = {"foldengine": WeaveEpoch(compiler, traces, labels, batch, cfg["optimizer"]["lr"]).epoch}

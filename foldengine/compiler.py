@@ -38,7 +38,7 @@ from schedulers import OpInfo, get_scheduler
 from .batch import Batch, SequenceOutput
 from .blocks import Block, BlockTypeError, convert_to_block
 from .blocks.base import bind, where
-from .closures import compile_tracer
+from .closures import TraceTemplates, compile_tracer
 from .compile_context import CompileContext
 from .executor import execute
 from .deferred import batch_weight_grads
@@ -276,6 +276,14 @@ class Compiler(nn.Module):
             input that goes past it, or contains itself, is an :class:`InputError`.
         executor: ``"auto"``, ``"tables"`` or ``"chunks"`` (see ``Args``).
         defer_weight_grads: see ``Args``.
+        trace_templates: a :class:`~foldengine.closures.TraceTemplates`.  When the root is a
+            ``Pipe`` whose blocks from some block on trace by the structure of their input
+            alone (the weave model after its ``Record`` of ``Tensor`` blocks), :meth:`trace`
+            and ``build_batch`` trace and plan one input per input structure and give the
+            others that trace with their own constants, and ``build_batch`` in the readers
+            layout replays the recorded nodes: the same traces, plans and batches as tracing
+            every input block by block (``trace_templates.enabled = False``).  Bounded by
+            ``trace_templates.max_bytes``; a Compiler pickles with it empty.
 
     Raises:
         BlockTypeError: the block tree does not type-check (names the blocks and both types).
@@ -361,6 +369,10 @@ class Compiler(nn.Module):
         self.random_blocks = [b for b in self._blocks if getattr(b, "deterministic", True) is False]
         self.metrics: Dict[str, torch.Tensor] = {}
         self._metric_lengths: Dict[str, Any] = {}   # numpy until read (no copy per forward)
+        #: the records of the part of the block tree that traces by structure alone, per input
+        #: structure, replayed for the inputs of a structure seen before (the same records;
+        #: ``trace_templates.enabled = False`` traces every input block by block)
+        self.trace_templates = TraceTemplates()
 
     @property
     def metric_lengths(self) -> Dict[str, torch.Tensor]:
@@ -469,7 +481,7 @@ class Compiler(nn.Module):
         old = sys.getrecursionlimit()
         sys.setrecursionlimit(max(old, self.recursion_limit))
         try:
-            trace_fn = compile_tracer(self.root, tracer)
+            trace_fn = compile_tracer(self.root, tracer, getattr(self, "trace_templates", None))
             for i, x in enumerate(inputs):
                 try:
                     roots.append(trace_fn(x))
@@ -540,6 +552,74 @@ class Compiler(nn.Module):
         return self._traces(inputs)
 
     def _traces(self, inputs: Iterable, method: str = "trace") -> List[InputTrace]:
+        templates = getattr(self, "trace_templates", None)
+        if templates is not None and templates.enabled:
+            self._bind()
+            if templates.split(self.root) is not None:
+                return self._traces_memoised(list(_checked_inputs(inputs, method)), method, templates)
+        return self._traces_of(inputs, method)
+
+    def _traces_memoised(self, inputs: list, method: str, templates: TraceTemplates) -> List[InputTrace]:
+        """:meth:`_traces_of`, but an input whose whole trace is kept (by
+        :meth:`TraceTemplates.input_key`) gets that trace with its own constants, without
+        tracing, merging or planning; the others are traced together, then kept."""
+        out: List[Optional[InputTrace]] = [None] * len(inputs)
+        exec_types = self.exec_types
+
+        def consts_of(tracer):
+            return tuple(tracer.const_values(tid, numpy_dtype(t.dtype), t.shape) for tid, t in enumerate(exec_types))
+        first: Dict[tuple, int] = {}         # key -> the first input of this call with it, traced below
+        prefix_consts: Dict[int, tuple] = {}     # ... and how many constants of each type its prefix made
+        later: List[Tuple[int, int, GraphTracer]] = []   # (input, that first input, its prefix's tracer)
+        todo: List[int] = []
+        for i, x in enumerate(inputs):
+            tracer = GraphTracer(len(self.types), self.op_info.out_tids)
+            try:
+                key = templates.input_key(x, tracer)
+            except (BlockInputError, RecursionError):
+                key = None   # traced below, which raises the error with the input's index
+            if key is not None:
+                key = (self.row_layout,) + key
+                j = first.get(key)
+                if j is not None:
+                    later.append((i, j, tracer))
+                    continue
+                kept = templates.get_input(key)
+                if kept is not None:
+                    out[i] = dataclasses.replace(kept, consts=consts_of(tracer))
+                    continue
+                first[key] = i
+                prefix_consts[i] = tracer.mark()[3]
+            todo.append(i)
+        self._trace_into(out, inputs, todo, method)
+        # a trace is kept only when all its constants come from the prefix (a structural part
+        # that makes constants, e.g. Zeros, makes them again for each input: traced each time)
+        reusable = {i: tuple(len(c) for c in out[i].consts) == prefix_consts[i] for i in first.values()}
+        for key, i in first.items():
+            if reusable[i]:
+                templates.put_input(key, out[i])
+        redo = []
+        for i, j, tracer in later:
+            if reusable[j]:
+                out[i] = dataclasses.replace(out[j], consts=consts_of(tracer))
+            else:
+                redo.append(i)
+        self._trace_into(out, inputs, redo, method)
+        return out
+
+    def _trace_into(self, out: list, inputs: list, which: List[int], method: str) -> None:
+        """``out[i]`` = the trace of ``inputs[i]`` for each ``i`` of ``which``, traced together
+        (an InputError names the input's index in ``inputs``)."""
+        if not which:
+            return
+        try:
+            traced = self._traces_of([inputs[i] for i in which], method)
+        except InputError as err:
+            raise InputError(which[err.index], BlockInputError(err.block, err.message)) from err
+        for i, t in zip(which, traced):
+            out[i] = t
+
+    def _traces_of(self, inputs: Iterable, method: str = "trace") -> List[InputTrace]:
         tracer, roots = self._trace_together(inputs, method)
         merged = self._merged(tracer, roots)
         is_handle = self._output_is_handle

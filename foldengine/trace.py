@@ -22,7 +22,7 @@ import torch
 from schedulers.base import Trace, ranges
 from .types import numpy_dtype, torch_dtype
 
-__all__ = ["GraphTracer", "EagerContext", "BlockInputError"]
+__all__ = ["GraphTracer", "EagerContext", "BlockInputError", "TraceTemplate"]
 
 
 class BlockInputError(ValueError):
@@ -285,6 +285,92 @@ class GraphTracer:
             m = self.metrics[name] = []
         m.append(handle)
 
+    # -- templates: the records of a block whose trace depends only on its input's structure --
+    def mark(self) -> tuple:
+        """The counts of everything recorded so far, for :meth:`template`."""
+        return (len(self.h_depth), len(self.node_op), len(self.edges),
+                tuple(map(len, self.const_h)), sum(map(len, self.metrics.values())))
+
+    def const_layout(self) -> "bytes | None":
+        """When only constants were recorded (no node, no metric value), bytes that tell
+        constant layouts apart (each handle's type id, and which handles are the shared zeros
+        of :meth:`zeros`); else None."""
+        if len(self.node_op) or any(self.metrics.values()):
+            return None
+        types = np.zeros(len(self.h_depth), np.int32)
+        for tid, hs in enumerate(self.const_h):
+            if hs:
+                types[hs] = tid
+        zeros = np.array(sorted(self._zeros.items()), np.int64).reshape(-1)
+        return np.array([len(types), len(zeros)], np.int64).tobytes() + types.tobytes() + zeros.tobytes()
+
+    def input_depths(self, inputs: np.ndarray) -> np.ndarray:
+        """The depths (int64) of the handles ``inputs`` (an int64 array)."""
+        return np.frombuffer(self.h_depth, np.int64)[inputs]
+
+    def template(self, mark: tuple, inputs: np.ndarray, output) -> "TraceTemplate | None":
+        """What was recorded since ``mark``, as a :class:`TraceTemplate` to :meth:`replay`.
+
+        Args:
+            mark: :meth:`mark` before the block was traced.
+            inputs: int64 ``[k]``, the distinct handles the block's input held (in the order
+                of the block's structure reader); the records may read no other earlier handle.
+            output: the block's output value (handles in tuples, lists and ranges).
+
+        Returns:
+            The template, or None when the records cannot be replayed on other handles: they
+            hold constants or metric values, read an earlier handle that is not in ``inputs``,
+            or the output holds something else than handles.
+        """
+        h0, n0, e0, n_consts, n_metrics = mark
+        if tuple(map(len, self.const_h)) != n_consts or sum(map(len, self.metrics.values())) != n_metrics:
+            return None
+        edges = np.frombuffer(self.edges[e0:], np.int64)
+        order = np.argsort(inputs, kind="stable")
+        sorted_inputs = inputs[order]
+
+        def encode(hs: np.ndarray):
+            """Handles as offsets from ``h0`` (new) or ``-(slot + 1)`` (inputs); None if neither."""
+            old = hs < h0
+            if not old.any():
+                return hs - h0
+            pos = np.searchsorted(sorted_inputs, hs[old])
+            pos = np.minimum(pos, max(len(inputs) - 1, 0))
+            if not len(inputs) or not np.array_equal(sorted_inputs[pos], hs[old]):
+                return None
+            out = hs - h0
+            out[old] = -1 - order[pos]
+            return out
+
+        enc = encode(edges)
+        flat: list = []
+        skeleton = _skeleton(output, flat)
+        if enc is None or skeleton is None:
+            return None
+        out_enc = encode(np.asarray(flat, np.int64))
+        if out_enc is None:
+            return None
+        i32 = np.int32
+        return TraceTemplate(node_op=np.frombuffer(self.node_op[n0:], np.int64).astype(i32),
+                             node_end=(np.frombuffer(self.node_ptr[n0 + 1:], np.int64) - e0).astype(i32),
+                             edges=enc.astype(i32), node_out=(np.frombuffer(self.node_out[n0:], np.int64) - h0).astype(i32),
+                             h_depth=np.frombuffer(self.h_depth[h0:], np.int64).astype(i32),
+                             skeleton=skeleton, output=out_enc, n_inputs=len(inputs))
+
+    def replay(self, template: "TraceTemplate", inputs: np.ndarray):
+        """Record ``template``'s records again, reading the handles ``inputs`` (int64 ``[k]``,
+        in the template's slot order, of the depths the template's inputs had); returns the
+        output value with this tracer's handles.  The same records, handle for handle, as
+        tracing the block again on an input of that structure."""
+        h0, e0 = len(self.h_depth), len(self.edges)
+        i64 = np.int64
+        _append(self.edges, _decode(template.edges, inputs, h0))
+        _append(self.node_op, template.node_op.astype(i64))
+        _append(self.node_ptr, template.node_end.astype(i64) + e0)
+        _append(self.node_out, template.node_out.astype(i64) + h0)
+        _append(self.h_depth, template.h_depth.astype(i64))
+        return _rebuild(template.skeleton, iter(_decode(template.output, inputs, h0).tolist()))
+
     def finish(self) -> Trace:
         """The numpy trace of everything recorded so far."""
         i64 = np.int64
@@ -319,6 +405,88 @@ class GraphTracer:
                      handle_type=handle_type, handle_node=handle_node, handle_index=handle_index,
                      node_depth=node_depth,
                      n_consts=np.asarray([len(c) + k for c, k in zip(self.consts, self.n_block_rows)], i64))
+
+
+class TraceTemplate:
+    """The records of one traced block, replayable on other input handles
+    (:meth:`GraphTracer.template`, :meth:`GraphTracer.replay`).
+
+    Attributes:
+        node_op: int32 ``[n]``, each node's operation id.
+        node_end: int32 ``[n]``, each node's end in ``edges`` (CSR, from 0).
+        edges: int32 ``[e]``, each node input: ``h >= 0`` the ``h``-th handle recorded by the
+            block, ``-(s + 1)`` the block's input slot ``s``.
+        node_out: int32 ``[n]``, each node's first output, as a handle recorded by the block.
+        h_depth: int32 ``[m]``, the depth of each handle recorded by the block.
+        skeleton: the output value with its handles left out (see :func:`_skeleton`).
+        output: int64, the output's handles in ``skeleton`` order, encoded as ``edges``.
+        n_inputs: the number of input slots.
+        nbytes: the bytes of the arrays.
+    """
+
+    __slots__ = ("node_op", "node_end", "edges", "node_out", "h_depth", "skeleton", "output", "n_inputs")
+
+    def __init__(self, *, node_op, node_end, edges, node_out, h_depth, skeleton, output, n_inputs):
+        self.node_op, self.node_end, self.edges, self.node_out = node_op, node_end, edges, node_out
+        self.h_depth, self.skeleton, self.output, self.n_inputs = h_depth, skeleton, output, n_inputs
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in (self.node_op, self.node_end, self.edges, self.node_out, self.h_depth,
+                                           self.output)))
+
+
+def _skeleton(value, flat: list):
+    """``value`` (handles: ints in tuples, lists and ranges) without its handles, which are
+    appended to ``flat``: a handle becomes ``("h",)``, a list ``("l", items)``, a tuple
+    ``("t", items)``, a range ``("r", length)``.  None if ``value`` holds anything else."""
+    if type(value) is int:
+        flat.append(value)
+        return ("h",)
+    if type(value) is range:
+        flat.extend(value)
+        return ("r", len(value))
+    if type(value) in (list, tuple):
+        items = []
+        for v in value:
+            s = _skeleton(v, flat)
+            if s is None:
+                return None
+            items.append(s)
+        return ("l" if type(value) is list else "t", items)
+    return None
+
+
+def _rebuild(skeleton, handles):
+    """The value of ``skeleton`` with its handles taken in order from the iterator ``handles``."""
+    kind = skeleton[0]
+    if kind == "h":
+        return next(handles)
+    if kind == "r":
+        hs = [next(handles) for _ in range(skeleton[1])]
+        if not hs:
+            return range(0)
+        if hs[-1] - hs[0] == len(hs) - 1 and hs == list(range(hs[0], hs[-1] + 1)):
+            return range(hs[0], hs[-1] + 1)
+        return hs
+    items = [_rebuild(s, handles) for s in skeleton[1]]
+    return items if kind == "l" else tuple(items)
+
+
+def _decode(enc: np.ndarray, inputs: np.ndarray, h0: int) -> np.ndarray:
+    """Template handles ``enc`` (offsets from the block's first handle, ``-(slot + 1)`` for
+    inputs) as handles of a tracer whose block starts at ``h0`` and reads ``inputs``: int64."""
+    out = enc.astype(np.int64) + h0
+    ext = enc < 0
+    if ext.any():
+        out[ext] = inputs[-1 - enc[ext].astype(np.int64)]
+    return out
+
+
+def _append(buf: array, values: np.ndarray) -> None:
+    """Append the int64 array ``values`` to the int64 buffer ``buf``."""
+    if len(values):
+        buf.frombytes(memoryview(np.ascontiguousarray(values, np.int64)).cast("B"))
 
 
 def _numpy(buf: array, dtype) -> np.ndarray:

@@ -26,6 +26,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--one-time-rounds", type=int, default=3, help="rounds of the featurise / trace comparison")
+    ap.add_argument("--one-time-molecules", type=int, default=200, help="molecules of the featurise / trace comparison")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")

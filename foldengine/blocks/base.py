@@ -167,6 +167,11 @@ class Block:
           Sum()  :: SequenceType(TensorType([], float32)) -> TensorType([], float32)
     """
 
+    #: whether the block's records depend on the structure of its input value alone (sequence
+    #: lengths), never on Python values: then a Compiler replays them for inputs of one
+    #: structure (foldengine.closures.TraceTemplates); blocks that say so set it
+    _traces_by_structure = False
+
     def __init__(self, name: Optional[str] = None):
         self.name = name
         self.input_type: Optional[Type] = None

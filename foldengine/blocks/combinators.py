@@ -47,6 +47,9 @@ class Pipe(Block):
         Length(): Scalar() outputs TensorType([], float32)
     """
 
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
+
     def __init__(self, *blocks, name=None):
         super().__init__(name)
         flat = []
@@ -186,6 +189,9 @@ class Record(Block):
         root: missing field 'b' in a dict input
     """
 
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
+
     def __init__(self, fields, name=None):
         super().__init__(name)
         self.fields = _fields(fields)
@@ -262,6 +268,9 @@ class AllOf(Block):
         >>> (fb.Scalar() >> fb.AllOf(fb.Identity(), fb.Function(torch.neg))).eval(2)
         (tensor(2.), tensor(-2.))
     """
+
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
 
     def __init__(self, *blocks, name=None):
         super().__init__(name)

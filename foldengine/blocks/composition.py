@@ -87,6 +87,9 @@ class Composition(Block):
         (tensor(5.), tensor(2.))
     """
 
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
+
     def __init__(self, name=None):
         super().__init__(name)
         self.input = _CompositionInput(self)

@@ -94,6 +94,9 @@ class Function(Block):
         ['proj.weight', 'proj.bias']
     """
 
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
+
     def __init__(self, fn: Callable, input_type: Optional[Type] = None,
                  output_type: Optional[Type] = None, name: Optional[str] = None, modules=None):
         if isinstance(fn, Block):
@@ -485,6 +488,9 @@ class Concat(Block):
         [[1.0, 3.0], [2.0, 4.0]]
     """
 
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
+
     def __init__(self, concat_dim: int = 0, flatten: bool = False, name=None):
         super().__init__(name)
         self.concat_dim = concat_dim
@@ -539,6 +545,9 @@ class _CatFn:
 
 
 class _Reduction(Block):
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
+
     mode = "sum"
 
     def _infer(self, t, cc):

@@ -142,6 +142,9 @@ class Identity(Block):
         (tensor(2.), tensor(-2.))
     """
 
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
+
     def _infer(self, t, cc):
         return t
 
@@ -274,6 +277,9 @@ class GetItem(Block):
         foldengine.compiler.InputError: input 0: GetItem('a') at root/0: cannot get item 'a' of
         a dict: KeyError('a')
     """
+
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
 
     def __init__(self, key, name=None):
         super().__init__(name)
@@ -433,6 +439,9 @@ class Metric(Block):
         >>> (fb.Scalar() >> fb.Metric('x')).eval(2.0)
         (None, {'x': tensor([2.])})
     """
+
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
 
     def __init__(self, metric_name: str, name=None):
         super().__init__(name)

@@ -81,6 +81,9 @@ class ForwardDeclaration:
 class _Reference(Block):
     """A block that runs its ForwardDeclaration's resolved block."""
 
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
+
     def __init__(self, decl: ForwardDeclaration):
         super().__init__(None)
         self.decl = decl

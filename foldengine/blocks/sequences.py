@@ -11,10 +11,12 @@ from __future__ import annotations
 import itertools
 from typing import List, Optional
 
+import numpy as np
+
 from ..types import BroadcastSequenceType, PyObjectType, SequenceType, TupleType, Type, VoidType
 from .base import Block, BlockTypeError, BroadcastValue, as_block, as_input_list
 from .combinators import Pipe
-from .values import Zeros
+from .values import Tensor, Zeros
 
 __all__ = ["Map", "Fold", "Reduce", "Broadcast", "ZipWith", "Zip", "NGrams", "RNN"]
 
@@ -62,6 +64,9 @@ class Map(Block):
         SequenceOutput(values=tensor([-1., -2., -3.]), lengths=tensor([2, 1]))
     """
 
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
+
     def __init__(self, fn, name=None):
         super().__init__(name)
         self.fn = as_block(fn)
@@ -77,6 +82,18 @@ class Map(Block):
         if isinstance(x, BroadcastValue):
             return BroadcastValue(self.fn._trace(x.value, ctx))
         return self.fn._trace_many(as_input_list(self, x), ctx)
+
+    def _trace_many(self, xs, ctx):
+        """Each of ``xs``; a Map of a :class:`~foldengine.blocks.values.Tensor` over an array
+        ``[n, m, *shape]`` records its ``n * m`` constants as one block (the same handles and
+        values as row by row)."""
+        fn = self.fn
+        if type(fn) is Tensor and isinstance(xs, np.ndarray) and xs.ndim == len(fn.type.shape) + 2 \
+                and xs.shape[2:] == fn.type.shape:
+            n, m = xs.shape[:2]
+            hs = fn._trace_many(xs.reshape((n * m,) + fn.type.shape), ctx)
+            return [hs[i * m:(i + 1) * m] for i in range(n)]
+        return Block._trace_many(self, xs, ctx)
 
 
 class Fold(Block):
@@ -236,6 +253,9 @@ class Broadcast(Block):
         [-2.0, -1.0, 3.0]
     """
 
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
+
     def _infer(self, t, cc):
         return BroadcastSequenceType(t)
 
@@ -282,6 +302,9 @@ class ZipWith(Block):
         [4.0, 10.0]
     """
 
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
+
     def __init__(self, fn, name=None):
         super().__init__(name)
         self.fn = as_block(fn)
@@ -319,6 +342,9 @@ class Zip(Block):
         >>> block.eval(([1, 2, 3], [4, 5]), tolist=True)
         [(1.0, 4.0), (2.0, 5.0)]
     """
+
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
 
     def _infer(self, t, cc):
         out = TupleType(_zip_types(self, t))

@@ -418,6 +418,9 @@ class Zeros(Block):
         (tensor([0., 0.]), tensor([0., 0.]))
     """
 
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
+
     def __init__(self, output_type, name=None):
         super().__init__(name)
         if isinstance(output_type, tuple) and output_type and all(isinstance(t, Type) for t in output_type):

@@ -200,15 +200,46 @@ _ACCEPTOR_SMARTS = Chem.MolFromSmarts(
     "[$([O,S;H1;v2;!$(*-*=[O,N,P,S])]),$([O,S;H0;v2]),$([O,S;-]),$([N;v3;!$(N-*=[O,N,P,S])]),"
     "n&H0&+0,$([o,s;+0;!$([o,s]:n);!$([o,s]:c:n)])]")
 
+_FAMILY_PATTERNS: Any = None
 
-def _donor_acceptor(mol) -> tuple[set[int], set[int]]:
-    fac = _feature_factory()
-    if fac is not None:
-        donors = {i for f in fac.GetFeaturesForMol(mol, includeOnly="Donor") for i in f.GetAtomIds()}
-        accs = {i for f in fac.GetFeaturesForMol(mol, includeOnly="Acceptor") for i in f.GetAtomIds()}
-        return donors, accs
-    return ({m[0] for m in mol.GetSubstructMatches(_DONOR_SMARTS)},  # pragma: no cover
-            {m[0] for m in mol.GetSubstructMatches(_ACCEPTOR_SMARTS)})
+
+def _family_patterns() -> tuple[list, list]:
+    """The compiled SMARTS of the fdef's ``Donor`` and ``Acceptor`` feature definitions (cached),
+    or the fallback patterns without the fdef file.
+
+    A feature of the factory is a match of one definition's pattern and covers the matched
+    atoms, so the union of the atoms of every match of a family's patterns is the union of the
+    atoms of that family's features (the factory's ``GetFeaturesForMol``, which re-matches per
+    feature, is several times slower).
+    """
+    global _FAMILY_PATTERNS
+    if _FAMILY_PATTERNS is None:
+        fac = _feature_factory()
+        if fac is None:  # pragma: no cover - depends on the RDKit install
+            _FAMILY_PATTERNS = ([_DONOR_SMARTS], [_ACCEPTOR_SMARTS])
+        else:
+            fams: dict = {"Donor": [], "Acceptor": []}
+            for key, smarts in fac.GetFeatureDefs().items():
+                family = key.split(".", 1)[0]
+                if family in fams:
+                    fams[family].append(Chem.MolFromSmarts(smarts))
+            _FAMILY_PATTERNS = (fams["Donor"], fams["Acceptor"])
+    return _FAMILY_PATTERNS
+
+
+def _matched_atoms(mol, patterns) -> list[int]:
+    """Sorted indices of the atoms in any match of any of ``patterns``."""
+    atoms: set = set()
+    for pattern in patterns:
+        for match in mol.GetSubstructMatches(pattern, uniquify=False, maxMatches=1 << 30):
+            atoms.update(match)
+    return sorted(atoms)
+
+
+def _donor_acceptor(mol) -> tuple[list[int], list[int]]:
+    """Sorted indices of the hydrogen-bond donor and acceptor atoms (the fdef's families)."""
+    donors, acceptors = _family_patterns()
+    return _matched_atoms(mol, donors), _matched_atoms(mol, acceptors)
 
 
 def _gasteiger(mol, atoms) -> np.ndarray:
@@ -257,62 +288,97 @@ def _failure_reason(s: str) -> str:
 
 
 # ----------------------------------------------------------------------------- features
+# per RDKit hybridization: its column offset among the hybridization one-hots
+_HYB_OFFSET = {h: c - _A["hybridization=sp"] for h, c in _HYB_COL.items()}
+_HYB_OTHER = _A["hybridization=other"] - _A["hybridization=sp"]
+# per atomic number: its element column (other: ``element=other``); symbols of atomic numbers
+_ELEMENT_OF_Z = np.full(256, _A["element=other"], np.int64)
+for _e in ELEMENTS:
+    _ELEMENT_OF_Z[Chem.GetPeriodicTable().GetAtomicNumber(_e)] = _ELEMENT_COL[_e]
+
+
 def atom_features(mol) -> np.ndarray:
-    """float32 [N, N_ATOM_FEATURES] for an RDKit molecule (see module docstring)."""
+    """float32 [N, N_ATOM_FEATURES] for an RDKit molecule (see module docstring).
+
+    One pass over the atoms reads their properties; the one-hot columns are then set with
+    numpy (one fancy-index assignment per group).
+    """
     n = mol.GetNumAtoms()
     x = np.zeros((n, N_ATOM_FEATURES), np.float32)
     atoms = [mol.GetAtomWithIdx(i) for i in range(n)]  # faster than the GetAtoms() wrapper
+    hyb, other = _HYB_OFFSET, _HYB_OTHER
+    props = np.array([(a.GetAtomicNum(), a.GetDegree(), a.GetFormalCharge(), hyb.get(a.GetHybridization(), other),
+                       a.GetIsAromatic(), a.GetTotalNumHs()) for a in atoms], np.int64).reshape(n, 6)
     rows = np.arange(n)
-    c_other = _A["element=other"]
-    x[rows, [_ELEMENT_COL.get(a.GetSymbol(), c_other) for a in atoms]] = 1.0
-    x[rows, [_A["degree=0"] + min(a.GetDegree(), MAX_DEGREE) for a in atoms]] = 1.0
-    x[:, _A["formal_charge"]] = [a.GetFormalCharge() for a in atoms]
-    c_hyb_other = _A["hybridization=other"]
-    x[rows, [_HYB_COL.get(a.GetHybridization(), c_hyb_other) for a in atoms]] = 1.0
-    x[:, _A["aromatic"]] = [a.GetIsAromatic() for a in atoms]
-    x[rows, [_A["num_hs=0"] + min(a.GetTotalNumHs(), MAX_HS) for a in atoms]] = 1.0
-    ring_info = mol.GetRingInfo()
-    for ring in ring_info.AtomRings():
-        x[list(ring), _A["in_ring"]] = 1.0
-        size = len(ring)
-        if RING_SIZES[0] <= size <= RING_SIZES[-1]:
-            x[list(ring), _A[f"ring_size={size}"]] += 1.0
+    x[rows, _ELEMENT_OF_Z[props[:, 0]]] = 1.0
+    x[rows, _A["degree=0"] + np.minimum(props[:, 1], MAX_DEGREE)] = 1.0
+    x[:, _A["formal_charge"]] = props[:, 2]
+    x[rows, _A["hybridization=sp"] + props[:, 3]] = 1.0
+    x[:, _A["aromatic"]] = props[:, 4]
+    x[rows, _A["num_hs=0"] + np.minimum(props[:, 5], MAX_HS)] = 1.0
+    rings = mol.GetRingInfo().AtomRings()
+    if rings:
+        members = np.fromiter((i for ring in rings for i in ring), np.int64)
+        sizes = np.repeat(np.fromiter(map(len, rings), np.int64, len(rings)), list(map(len, rings)))
+        x[members, _A["in_ring"]] = 1.0
+        counted = (sizes >= RING_SIZES[0]) & (sizes <= RING_SIZES[-1])
+        np.add.at(x, (members[counted], _A["ring_size=3"] + sizes[counted] - RING_SIZES[0]), 1.0)
     if any(a.GetChiralTag() != Chem.ChiralType.CHI_UNSPECIFIED for a in atoms):
         for i, label in Chem.FindMolChiralCenters(mol, includeUnassigned=False):
             if label in ("R", "S"):
                 x[i, _A[f"chirality={label}"]] = 1.0
     donors, acceptors = _donor_acceptor(mol)
-    x[sorted(donors), _A["hbond_donor"]] = 1.0
-    x[sorted(acceptors), _A["hbond_acceptor"]] = 1.0
+    x[donors, _A["hbond_donor"]] = 1.0
+    x[acceptors, _A["hbond_acceptor"]] = 1.0
     x[:, _A["gasteiger_charge"]] = _gasteiger(mol, atoms)
     return x
 
 
+# Pair features as one lookup: each pair's row of _PAIR_TABLE is indexed by
+# (bond code, same ring, distance code): bond code 0..3 single/double/triple/aromatic, 4 none,
+# 5 no bond one-hot (the diagonal, other RDKit bond types); distance code 1..7, 0 none.
+_N_BOND_CODES, _N_DIST_CODES = len(BOND_TYPES) + 1, MAX_PAIR_DISTANCE + 1
+_PAIR_TABLE = np.zeros((_N_BOND_CODES, 2, _N_DIST_CODES, N_PAIR_FEATURES), np.float32)
+for _b in range(len(BOND_TYPES)):
+    _PAIR_TABLE[_b, :, :, _P["bond=" + BOND_TYPES[_b]]] = 1.0
+_PAIR_TABLE[:, 1, :, _P["same_ring"]] = 1.0
+for _d in range(1, _N_DIST_CODES):
+    _PAIR_TABLE[:, :, _d, _DIST0 + _d - 1] = 1.0
+_PAIR_TABLE = _PAIR_TABLE.reshape(-1, N_PAIR_FEATURES)
+_BOND_CODE = {t: _BOND_COL[t] - _P["bond=single"] for t in _BOND_COL}
+_BOND_NONE, _BOND_OTHER = len(BOND_TYPES) - 1, len(BOND_TYPES)
+
+
 def pair_features(mol) -> np.ndarray:
-    """float32 [N, N, N_PAIR_FEATURES], symmetric with zero diagonal (see module docstring)."""
+    """float32 [N, N, N_PAIR_FEATURES], symmetric with zero diagonal (see module docstring).
+
+    Built from whole matrices: a bond-code matrix (RDKit's bonds), a same-ring matrix (its
+    SSSR rings) and RDKit's topological distance matrix, combined into one index per pair
+    that selects that pair's feature row from a table.
+    """
     n = mol.GetNumAtoms()
-    p = np.zeros((n, n, N_PAIR_FEATURES), np.float32)
-    off_diag = ~np.eye(n, dtype=bool)
-    bonded = np.zeros((n, n), bool)
-    for b in range(mol.GetNumBonds()):
-        bond = mol.GetBondWithIdx(b)
-        i, j = bond.GetBeginAtomIdx(), bond.GetEndAtomIdx()
-        bonded[i, j] = bonded[j, i] = True
-        col = _BOND_COL.get(bond.GetBondType())
-        if col is not None:
-            p[i, j, col] = p[j, i, col] = 1.0
-    p[..., _P["bond=none"]] = off_diag & ~bonded
-    same_ring = np.zeros((n, n), bool)
-    for ring in mol.GetRingInfo().AtomRings():
-        idx = np.asarray(ring)
-        same_ring[np.ix_(idx, idx)] = True
-    p[..., _P["same_ring"]] = same_ring & off_diag
+    code = np.full((n, n), _BOND_NONE, np.int64)
+    bonds = [(b.GetBeginAtomIdx(), b.GetEndAtomIdx(), _BOND_CODE.get(b.GetBondType(), _BOND_OTHER))
+             for b in map(mol.GetBondWithIdx, range(mol.GetNumBonds()))]  # faster than GetBonds()
+    if bonds:
+        b = np.array(bonds, np.int64)
+        code[b[:, 0], b[:, 1]] = b[:, 2]
+        code[b[:, 1], b[:, 0]] = b[:, 2]
+    np.fill_diagonal(code, _BOND_OTHER)
+    same_ring = np.zeros((n, n), np.int64)
+    rings = mol.GetRingInfo().AtomRings()
+    if rings:
+        member = np.zeros((len(rings), n), np.int64)
+        member[np.repeat(np.arange(len(rings)), list(map(len, rings))),
+               np.fromiter((i for ring in rings for i in ring), np.int64)] = 1
+        same_ring = np.minimum(member.T @ member, 1)
+        np.fill_diagonal(same_ring, 0)
     if n > 1:
-        dist = Chem.GetDistanceMatrix(mol)  # 1e8 between fragments
+        dist = Chem.GetDistanceMatrix(mol)  # 1e8 between fragments, 0 on the diagonal
         d = np.where(dist <= MAX_PAIR_DISTANCE, np.rint(dist), 0).astype(np.int64)
-        i, j = np.nonzero(d)  # 0 on the diagonal and for "too far / other fragment"
-        p[i, j, _DIST0 + d[i, j] - 1] = 1.0
-    return p
+    else:
+        d = np.zeros((1, 1), np.int64)
+    return _PAIR_TABLE[(code * 2 + same_ring) * _N_DIST_CODES + d]
 
 
 def featurize_mol(mol, *, smiles: str = "", mol_id: Optional[str] = None) -> MolGraph:
