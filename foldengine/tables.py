@@ -78,12 +78,20 @@ def _read(tables: _Tables, spec: RowRead) -> list:
     return out
 
 
+def _apart(g: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``g``, copied when it shares memory with ``table`` (a gradient handed back unchanged by
+    a pass-through function is a view of a gradient table: adding it in place into that table
+    would read the rows it writes)."""
+    return g.clone() if g.untyped_storage().data_ptr() == table.untyped_storage().data_ptr() else g
+
+
 def _add_grads(tables: _Tables, spec: RowRead, grads) -> None:
     """Backward of :func:`_read`: the readers' gradients added into the gradient tables."""
     for slot, v in spec.views:
         g = grads[slot]
         if g is not None and v.length:
-            tables.grad(v.tid).narrow(0, v.start, v.length).add_(g)
+            table = tables.grad(v.tid)
+            table.narrow(0, v.start, v.length).add_(_apart(g, table))
     for ri, slots in spec.fused:
         gs = [grads[s] for s, _ in slots]
         if all(g is None for g in gs):
@@ -93,7 +101,8 @@ def _add_grads(tables: _Tables, spec: RowRead, grads) -> None:
         else:
             like = tables.values[ri.tid]
             g = torch.cat([g if g is not None else like.new_zeros((n,) + like.shape[1:]) for g, (_, n) in zip(gs, slots)])
-        tables.grad(ri.tid).index_add_(0, tables.index.narrow(0, ri.offset, ri.length), g)
+        table = tables.grad(ri.tid)
+        table.index_add_(0, tables.index.narrow(0, ri.offset, ri.length), _apart(g, table))
 
 
 class _Step(torch.autograd.Function):

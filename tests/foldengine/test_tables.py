@@ -152,3 +152,20 @@ def test_auto_executor_picks_tables_for_small_calls_only(monkeypatch):
     assert large.rows is None
     with torch.no_grad():
         assert torch.allclose(compiler(small), compiler(large), atol=1e-6)
+
+
+def test_a_gradient_passed_through_unchanged_is_added_apart_from_its_table():
+    """``Sum`` of a sequence (empty for some inputs) plus ``Zeros`` through a function whose
+    backward hands the output's gradient (a view of a gradient table) on unchanged: the tables
+    executor adds it as the chunks executor does (it raised "refer to a single memory location")."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 3)
+    elem = fb.Vector(3) >> fb.Function(lambda x: torch.tanh(lin(x)), name="elem")
+    root = fb.AllOf(fb.Map(elem) >> fb.Sum(), fb.Zeros(3)) >> fb.Function(lambda a, b: a + b, name="add")
+    compiler = fe.Compiler(root)
+    batch = compiler.build_batch([[], [[1.0, 2.0, 3.0]], [], [[0.5, -1.0, 2.0], [1.0, 1.0, 1.0]]])
+    t_vals, t_grads = _run(compiler, batch, "tables")
+    c_vals, c_grads = _run(compiler, batch, "chunks")
+    for a, b in zip(t_vals + t_grads, c_vals + c_grads):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert any(g.abs().sum() > 0 for g in t_grads)
