@@ -30,8 +30,8 @@ class TreePredictor(Predictor):
     words map to id 0, the unknown word).  It compiles them twice
     (:func:`pipelines.sst.model.build_compiler` without the gold-label metrics): with the root's
     classifier only, and, for ``nodes=True``, with every node's; ``scheduler`` and ``executor``
-    as in training; calls of more than ``max_call_rows`` rows run in row blocks (the same
-    values; blocks of about 1024 rows are the fastest on CPUs, ``docs/dynamic-batching.md``)."""
+    as in training; calls of more than ``max_call_rows`` rows run in row blocks of that many
+    (an execution setting: the same values; ``foldengine.Compiler``'s ``max_call_rows``)."""
 
     input_column = "tree"
     output_columns = COLUMNS
