@@ -13,7 +13,10 @@ SMILES; the Tox21 preset's weave model).  The models are freshly initialised: in
 does not depend on the weights.  Reported per row: inputs/s, and for the Ray Data rows the
 driver's peak RSS (``ru_maxrss``) and the largest peak RSS of any Ray process it started
 (:class:`benchmarks.input_scale.RaySampler`), plus ``dataframe_over_per_example`` and
-``ray_data_over_dataframe``.  Logged to MLflow (experiment ``bench_predict``) unless ``mlflow=False``.
+``ray_data_over_dataframe``.  ``per_example`` and ``dataframe`` run in ``rounds`` interleaved
+rounds (one of each per round); each reports its fastest round and that round's process CPU
+milliseconds per input (``cpu_ms_per_input``), and the DataFrame row every round's ratio
+(``rounds_over_per_example``).  Logged to MLflow (experiment ``bench_predict``) unless ``mlflow=False``.
 
     python scripts/bench_predict.py --workloads sst,tox21 --ks 1,20
 """
@@ -107,7 +110,7 @@ def child(model_uri: str, path: str, out: str, actors: int, tracking_uri: str) -
 
 def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_example: int = 200,
         actors: int = 1, data_dir: Optional[str] = None, limit: Optional[int] = None, mlflow: bool = True,
-        log: Callable[[str], None] = echo) -> List[Dict[str, object]]:
+        rounds: int = 3, log: Callable[[str], None] = echo) -> List[Dict[str, object]]:
     """Measure every workload three ways (module docstring); returns the rows."""
     import mlflow as mlf
     import pandas as pd
@@ -128,18 +131,29 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_e
             col = "tree" if w == "sst" else "smiles"
             first = inputs[:per_example]
             model.predict(pd.DataFrame({col: first[:8]}))                     # warm-up
-            t0 = time.perf_counter()
-            for x in first:
-                model.predict(pd.DataFrame({col: [x]}))
-            per_s = len(first) / (time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            out = model.predict(pd.DataFrame({col: inputs}))
-            df_s = len(inputs) / (time.perf_counter() - t0)
+            per, df, out = [], [], None
+            for _ in range(rounds):     # interleaved: a round measures both ways, one after the other
+                t0, c0 = time.perf_counter(), time.process_time()
+                for x in first:
+                    model.predict(pd.DataFrame({col: [x]}))
+                per.append((time.perf_counter() - t0, time.process_time() - c0))
+                t0, c0 = time.perf_counter(), time.process_time()
+                out = model.predict(pd.DataFrame({col: inputs}))
+                df.append((time.perf_counter() - t0, time.process_time() - c0))
+            # each way's fastest round (the least disturbed by other load); CPU seconds of that round
+            per_wall, per_cpu = min(per)
+            df_wall, df_cpu = min(df)
+            per_s, df_s = len(first) / per_wall, len(inputs) / df_wall
             base = {"workload": w, "inputs": len(inputs), "bad": int(out["error"].notna().sum())}
-            rows.append({**base, "way": "per_example", "k": 1, "n": len(first), "per_s": per_s})
+            rows.append({**base, "way": "per_example", "k": 1, "n": len(first), "per_s": per_s,
+                         "cpu_ms_per_input": 1000 * per_cpu / len(first)})
             rows.append({**base, "way": "dataframe", "k": 1, "n": len(inputs), "per_s": df_s,
-                         "dataframe_over_per_example": df_s / per_s})
-            log(f"{w}: per example {per_s:.0f}/s, DataFrame {df_s:.0f}/s ({df_s / per_s:.1f}x)")
+                         "cpu_ms_per_input": 1000 * df_cpu / len(inputs), "dataframe_over_per_example": df_s / per_s,
+                         "rounds_over_per_example": [round((len(inputs) / d[0]) / (len(first) / p[0]), 2)
+                                                     for p, d in zip(per, df)]})
+            log(f"{w}: per example {per_s:.0f}/s, DataFrame {df_s:.0f}/s ({df_s / per_s:.1f}x; rounds "
+                f"{rows[-1]['rounds_over_per_example']}), CPU ms per input {1000 * per_cpu / len(first):.2f} "
+                f"vs {1000 * df_cpu / len(inputs):.3f}")
             for k in ks:
                 path = os.path.join(tmp, f"{w}_k{k}.txt")
                 with open(path, "w", encoding="utf-8") as f:
@@ -157,11 +171,12 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_e
                              "ray_rss_mb": r["ray_rss_mb"], "ray_anon_mb": r["ray_anon_mb"]})
                 log(f"{w}: Ray Data k={k}: {r['rows']} rows, {rate:.0f}/s ({rate / df_s:.2f}x DataFrame), "
                     f"driver peak {r['driver_rss_mb']:.0f} MB, largest Ray process {r['ray_rss_mb']:.0f} MB")
-    log(format_table(rows, ["workload", "way", "k", "n", "per_s", "dataframe_over_per_example",
+    log(format_table(rows, ["workload", "way", "k", "n", "per_s", "cpu_ms_per_input", "dataframe_over_per_example",
                             "ray_data_over_dataframe", "driver_rss_mb", "ray_rss_mb", "ray_anon_mb"]))
     if mlflow:
         metrics = {f"{r['workload']}.{r['way']}.{key}": float(r[key]) for r in rows
-                   for key in ("per_s", "dataframe_over_per_example", "ray_data_over_dataframe", "driver_rss_mb",
+                   for key in ("per_s", "cpu_ms_per_input", "dataframe_over_per_example", "ray_data_over_dataframe",
+                               "driver_rss_mb",
                                "ray_rss_mb") if r.get(key) is not None}
         run_id = log_to_mlflow("bench_predict", {"workloads": list(workloads), "ks": list(ks), "actors": actors,
                                                  "per_example": per_example, "limit": limit},
@@ -183,10 +198,11 @@ def main(argv=None):
     ap.add_argument("--per-example", type=int, default=200)
     ap.add_argument("--actors", type=int, default=1)
     ap.add_argument("--limit", type=int, help="first N inputs of each workload (smoke runs)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of per example / DataFrame (default 3)")
     ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
     a = ap.parse_args(argv)
     return run([w for w in a.workloads.split(",") if w], [int(k) for k in a.ks.split(",") if k],
-               a.per_example, a.actors, limit=a.limit, mlflow=a.mlflow)
+               a.per_example, a.actors, limit=a.limit, mlflow=a.mlflow, rounds=a.rounds)
 
 
 if __name__ == "__main__":

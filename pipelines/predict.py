@@ -1,15 +1,21 @@
 """Batch inference on Ray Data: a logged model (:mod:`pipelines.mlflow_model`) over files of raw
-inputs, one input per line (PTB trees for SST, SMILES for molecules), written as Parquet.
+inputs, written as Parquet.
 
-    python -m pipelines.predict --model runs:/<run_id>/model --input 'data/*.txt' --output preds/
+    python -m pipelines.predict --model runs:/<run_id>/model --input 'data/*.txt' 'more/*.csv.gz' --output preds/
 
-Data flow: the files' lines are read in Ray Data tasks (:func:`pipelines.data.sources.read_lines`,
-the training pipeline's reader: rows ``line`` (1-based) and ``text``), an actor pool
-(``map_batches`` with :class:`PredictActor`, each actor holding one
+Inputs: text files, one input per line (PTB trees for SST, SMILES for molecules), and CSV files
+(``.csv``, ``.csv.gz``; a header row) whose column of the model's input name (``tree``,
+``smiles``; another with ``column``) holds the inputs, a row per input.  Data flow: the files are
+read in Ray Data tasks by the training pipeline's readers
+(:func:`pipelines.data.sources.read_lines`, :func:`pipelines.data.sources.read_csv_columns`) into
+rows ``path``, ``line``, ``text``, ``error`` (a CSV row that cannot be read), ``blank``; an actor
+pool (``map_batches`` with :class:`PredictActor`, each actor holding one
 :class:`~pipelines.prediction.Predictor` built from the model's package, shipped once through
 the object store) parses, batches with the engine and predicts, and the rows stream to Parquet in
-``--output`` (bounded memory: Ray Data's streaming executor).  Output columns: ``path``, ``line``,
-``input``, the predictor's columns and ``error`` (null for a good row; a bad row is kept, never
+``--output`` (bounded memory: Ray Data's streaming executor).  Output columns: ``path``, ``line``
+(the input's ``file:line``; for CSV the reader's line number, the header being line 1),
+``input``, the predictor's columns and ``error`` (null for a good row; for a bad row the reason:
+the predictor's, or the CSV reader's, with null predictions; a bad row is kept and counted, never
 fatal).  Blank lines are skipped and counted.  The counts (rows, bad rows, blank lines) and the
 throughput are printed and logged as an MLflow run in experiment ``predict`` (``--no-tracking``:
 none).
@@ -24,11 +30,14 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
 
 from .console import private_local_token
 
-__all__ = ["PredictResult", "PredictActor", "resolve_inputs", "load_package_bytes", "run", "main"]
+__all__ = ["PredictResult", "PredictActor", "resolve_inputs", "load_package_bytes", "predictor_from_package",
+           "input_rows", "run", "main"]
 
 PACKAGE_FILES = ("package.json", "weights.pt")
 
@@ -78,55 +87,123 @@ def load_package_bytes(model_uri: str) -> dict[str, bytes]:
         return out
 
 
+def predictor_from_package(files: Mapping[str, bytes]):
+    """The :class:`~pipelines.prediction.Predictor` of package files (``package.json``,
+    ``weights.pt`` as bytes, from :func:`load_package_bytes`)."""
+    from .mlflow_model import load_predictor
+
+    with tempfile.TemporaryDirectory(prefix="fold-predictor-") as tmp:   # read once, then removed
+        for name, data in files.items():
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(data)
+        return load_predictor(tmp)
+
+
+#: the rows every input file is read into (:func:`input_rows`)
+INPUT_SCHEMA = (("path", "string"), ("line", "int64"), ("text", "string"), ("error", "string"), ("blank", "bool_"))
+
+
+def _rows_table(path: str, lines: list, texts: list, errors: list, blanks: list):
+    import pyarrow as pa
+
+    types = {name: getattr(pa, t)() for name, t in INPUT_SCHEMA}
+    cols = {"path": [path] * len(lines), "line": lines, "text": texts, "error": errors, "blank": blanks}
+    return pa.table({name: pa.array(cols[name], types[name]) for name, _ in INPUT_SCHEMA})
+
+
+def _line_rows(table, path: str):
+    """Ray Data task: a text file's lines (:func:`~pipelines.data.sources.read_lines`) -> input rows
+    (UTF-8 decoded, undecodable bytes replaced; newline and a leading BOM removed)."""
+    texts = [t.decode("utf-8", errors="replace").rstrip("\r\n").lstrip("\ufeff")
+             for t in table.column("text").to_pylist()]
+    return _rows_table(path, table.column("line").to_pylist(), texts, [None] * len(texts),
+                       [not t.strip() for t in texts])
+
+
+def _csv_rows(table, path: str, column: str):
+    """Ray Data task: a CSV file's rows (:func:`~pipelines.data.sources.read_csv_columns` of
+    ``column``) -> input rows; a row the reader refused or an empty field is a bad row."""
+    texts, errors, blanks = [], [], []
+    for fields, err in zip(table.column("fields").to_pylist(), table.column("error").to_pylist()):
+        if err is None and fields is not None and fields and not fields[0].strip():
+            err = f"empty {column!r} field"
+        texts.append(fields[0] if err is None and fields else None)
+        errors.append(None if err is None else f"CSV: {err}")
+        blanks.append(err is None and not fields)
+    return _rows_table(path, table.column("line").to_pylist(), texts, errors, blanks)
+
+
+def input_rows(path: str, column: str):
+    """A lazy ``ray.data.Dataset`` of one input file as rows ``path``, ``line``, ``text``, ``error``,
+    ``blank`` (:data:`INPUT_SCHEMA`): a CSV file (:func:`pipelines.data.sources.is_csv`) by its
+    ``column``, any other file by lines.  Raises ``ValueError`` naming a CSV file whose header
+    lacks ``column`` or cannot be read."""
+    from .data.sources import is_csv, read_csv_columns, read_lines
+
+    if is_csv(path):
+        return read_csv_columns(path, [column]).map_batches(_csv_rows, batch_format="pyarrow",
+                                                            fn_kwargs={"path": path, "column": column})
+    return read_lines(path).map_batches(_line_rows, batch_format="pyarrow", fn_kwargs={"path": path})
+
+
 class PredictActor:
     """Ray Data actor: builds the predictor once from the package bytes (an object ref), then maps
-    blocks of lines (``path``, ``line``, ``text`` bytes) to prediction rows."""
+    blocks of input rows (:func:`input_rows`) to prediction rows."""
 
     def __init__(self, package_ref, chunk_size: int):
         import ray
 
-        from .mlflow_model import load_predictor
-
         files = package_ref if isinstance(package_ref, dict) else ray.get(package_ref)
-        with tempfile.TemporaryDirectory(prefix="fold-predictor-") as tmp:   # read once, then removed
-            for name, data in files.items():
-                with open(os.path.join(tmp, name), "wb") as f:
-                    f.write(data)
-            self.predictor = load_predictor(tmp)
+        self.predictor = predictor_from_package(files)
         self.chunk_size = chunk_size
 
     def __call__(self, batch):
         import pandas as pd
 
-        texts = [t.decode("utf-8", errors="replace").rstrip("\r\n").lstrip("\ufeff") for t in batch["text"]]
-        keep = [i for i, t in enumerate(texts) if t.strip()]
-        frame = self.predictor.predict([texts[i] for i in keep], chunk_size=self.chunk_size)
-        frame.insert(0, "input", [texts[i] for i in keep])
-        frame.insert(0, "line", [int(batch["line"][i]) for i in keep])
-        frame.insert(0, "path", [str(batch["path"][i]) for i in keep])
+        blank = batch["blank"].astype(bool)
+        keep = np.flatnonzero(~blank)
+        read_error = batch["error"][keep]
+        ok = [k for k, e in enumerate(read_error) if e is None]
+        texts = batch["text"][keep]
+        frame = self.predictor.predict([texts[k] for k in ok], chunk_size=self.chunk_size)
+        if len(ok) < len(keep):   # rows the reader refused: null predictions, the reader's error
+            frame.index = ok
+            frame = frame.reindex(range(len(keep)))
+            bad = [k for k, e in enumerate(read_error) if e is not None]
+            frame.loc[bad, "error"] = [read_error[k] for k in bad]
+        frame.insert(0, "input", [texts[k] for k in range(len(keep))])
+        frame.insert(0, "line", batch["line"][keep].astype(np.int64))
+        frame.insert(0, "path", [str(p) for p in batch["path"][keep]])
         frame["blank"] = 0
-        if len(keep) < len(texts):   # one marker row per block carries its blank-line count
-            marker = frame.iloc[:0].reindex([0])
-            marker[["path", "line", "input", "blank"]] = ["", -1, "", len(texts) - len(keep)]
+        if len(keep) < len(blank):   # one marker row per block carries its blank-line count
+            marker = frame.iloc[:0].reindex([len(frame)])
+            marker[["path", "line", "input", "blank"]] = ["", -1, "", int(blank.sum())]
             frame = pd.concat([frame, marker], ignore_index=True)
         return frame
 
 
 def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int = 256, actors: int = 1,
         cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, tracking_uri: Optional[str] = None,
-        tracking: bool = True, log=print) -> PredictResult:
-    """Predict every line of ``inputs`` with ``model_uri``; Parquet into ``output``. Needs Ray
-    (connects to ``$RAY_ADDRESS`` or starts a local instance when none is initialised)."""
+        tracking: bool = True, column: Optional[str] = None, log=print) -> PredictResult:
+    """Predict every input of ``inputs`` (text files' lines, CSV files' ``column``: by default the
+    model's input column) with ``model_uri``; Parquet into ``output``. Needs Ray (connects to
+    ``$RAY_ADDRESS`` or starts a local instance when none is initialised)."""
     import mlflow
     import ray
     import ray.data
 
-    from .data.sources import read_lines
+    from .data.sources import csv_header, is_csv
 
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
     files = resolve_inputs(inputs)
     package = load_package_bytes(model_uri)
+    if any(is_csv(f) for f in files):
+        column = column or predictor_from_package(package).input_column
+        for f in filter(is_csv, files):   # before Ray starts: a file without the column is named at once
+            header = csv_header(f)
+            if column not in header:
+                raise ValueError(f"{f}: no column {column!r} (header: {header}); name the input column with --column")
     started = False
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS") or None)
@@ -136,10 +213,7 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
         ctx.execution_options.preserve_order = True
         t0 = time.perf_counter()
         ref = ray.put(package)
-        parts = []
-        for path in files:
-            ds = read_lines(path)
-            parts.append(ds.map_batches(lambda b, p=path: {**b, "path": [p] * len(b["line"])}, batch_format="numpy"))
+        parts = [input_rows(path, column) for path in files]
         ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
         preds = ds.map_batches(PredictActor, fn_constructor_args=(ref, chunk_size), batch_size=4 * chunk_size,
                                batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=actors),
@@ -181,9 +255,11 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
 
 def main(argv: Optional[Sequence[str]] = None) -> PredictResult:
     ap = argparse.ArgumentParser(description="Batch inference with a logged foldengine model on Ray Data "
-                                             "(one raw input per line; Parquet out).")
+                                             "(raw inputs: text lines or a CSV column; Parquet out).")
     ap.add_argument("--model", required=True, help="runs:/<run_id>/model, models:/<name>/<version>, or a path")
-    ap.add_argument("--input", required=True, nargs="+", help="files or globs, one tree / SMILES per line")
+    ap.add_argument("--input", required=True, nargs="+",
+                    help="files or globs: text (one tree / SMILES per line) or CSV (.csv, .csv.gz; a header row)")
+    ap.add_argument("--column", help="the input column of CSV files (default: the model's, tree / smiles)")
     ap.add_argument("--output", required=True, help="directory for the Parquet files")
     ap.add_argument("--chunk-size", type=int, default=256, help="inputs per engine batch (default 256)")
     ap.add_argument("--actors", type=int, default=1, help="predictor actors (default 1)")
@@ -197,7 +273,7 @@ def main(argv: Optional[Sequence[str]] = None) -> PredictResult:
     try:
         return run(a.model, a.input, a.output, chunk_size=a.chunk_size, actors=a.actors,
                    cpus_per_actor=a.cpus_per_actor, gpus_per_actor=a.gpus_per_actor, tracking_uri=uri,
-                   tracking=a.tracking)
+                   tracking=a.tracking, column=a.column)
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"pipelines.predict: {err}")
 

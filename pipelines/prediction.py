@@ -39,22 +39,27 @@ class Predictor(abc.ABC):
 
 
 def predict_in_chunks(inputs: Sequence[Any], parse: Callable[[Any], Any],
-                      run: Callable[[list], list], columns: Sequence[str], chunk_size: int = 256,
+                      run: Callable[[list], Any], columns: Sequence[str], chunk_size: int = 256,
                       int_columns: Sequence[str] = ()):
     """The shared loop: ``parse(raw)`` each input (an exception marks the row bad, its message the
-    row's ``error``), ``run(parsed_chunk) -> one dict of columns per input`` over chunks of the
-    good rows, and the frame assembled in input order with nulls for bad rows.  Column dtypes do
-    not depend on which rows were bad: ``int_columns`` are pandas ``Int64`` (nullable), the other
-    columns of numbers ``float64`` (NaN when bad), ``error`` a pandas ``string``.
+    row's ``error``), ``run(parsed_chunk)`` over chunks of the good rows, and the frame assembled
+    in input order with nulls for bad rows.
 
-    Raises ``ValueError`` for ``chunk_size < 1``.
+    ``run`` returns the chunk's predictions, one per input, in order: a ``pandas.DataFrame`` with
+    ``columns`` (assembled column by column, with no Python work per row), or a list of one dict
+    of ``columns`` per input.  Column dtypes do not depend on which rows were bad:
+    ``int_columns`` are pandas ``Int64`` (nullable), the other columns of numbers ``float64``
+    (NaN when bad), other columns ``object`` (None when bad), ``error`` a pandas ``string``.
+
+    Raises ``ValueError`` for ``chunk_size < 1``, and when ``run`` returns another number of
+    predictions than the inputs it was given (naming the chunk).
     """
     import pandas as pd
 
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    rows: list = [None] * len(inputs)
-    errors: list = [None] * len(inputs)
+    n = len(inputs)
+    errors: list = [None] * n
     good_idx, good = [], []
     for i, raw in enumerate(inputs):
         try:
@@ -62,17 +67,38 @@ def predict_in_chunks(inputs: Sequence[Any], parse: Callable[[Any], Any],
             good_idx.append(i)
         except Exception as err:  # noqa: BLE001 - a bad row is reported, never fatal
             errors[i] = f"{type(err).__name__}: {err}"
+    parts: list = []
     for a in range(0, len(good), chunk_size):
-        for i, out in zip(good_idx[a:a + chunk_size], run(good[a:a + chunk_size])):
-            rows[i] = out
-    data = {c: [None if r is None else r[c] for r in rows] for c in columns}
-    data["error"] = errors
-    frame = pd.DataFrame(data, columns=[*columns, "error"])
-    for c in columns:
-        vals = [v for v in data[c] if v is not None]
-        if c in int_columns:
-            frame[c] = frame[c].astype("Int64")
-        elif all(isinstance(v, (float, int, np.floating, np.integer)) for v in vals):
-            frame[c] = frame[c].astype("float64")   # NaN for bad rows, also when every row is bad
-    frame["error"] = frame["error"].astype("string")
-    return frame
+        chunk = good[a:a + chunk_size]
+        out = run(chunk)
+        if not isinstance(out, pd.DataFrame):
+            out = pd.DataFrame.from_records(out, columns=list(columns))
+        if len(out) != len(chunk):
+            raise ValueError(f"the predictions of inputs {good_idx[a]}..{good_idx[a + len(chunk) - 1]}: "
+                             f"{len(out)} rows for {len(chunk)} inputs")
+        parts.append(out)
+    rows = np.asarray(good_idx, dtype=np.int64)
+    data = {c: _column([p[c].to_numpy() for p in parts], rows, n, c in int_columns) for c in columns}
+    data["error"] = pd.array(errors, dtype="string")
+    return pd.DataFrame(data, columns=[*columns, "error"])
+
+
+def _column(pieces: list, rows: np.ndarray, n: int, is_int: bool):
+    """One output column of ``n`` rows: the values of ``pieces`` (concatenated) at ``rows``,
+    nulls elsewhere, typed as :func:`predict_in_chunks` says."""
+    import pandas as pd
+
+    values = np.concatenate(pieces) if pieces else np.empty(0, dtype=object)
+    if is_int:
+        data, mask = np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool)
+        data[rows], mask[rows] = values.astype(np.int64), False
+        return pd.arrays.IntegerArray(data, mask)
+    if values.dtype.kind in "biuf" or (values.dtype == object and all(
+            isinstance(v, (float, int, np.floating, np.integer)) for v in values)):
+        out = np.full(n, np.nan)
+        out[rows] = values.astype(np.float64)
+        return out
+    out = np.empty(n, dtype=object)
+    for i, v in zip(rows.tolist(), values.tolist() if values.dtype != object else values):
+        out[i] = v
+    return out

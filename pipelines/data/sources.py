@@ -3,6 +3,10 @@
 * :class:`LineSource` / :func:`read_lines`: a text file's lines as rows ``idx`` (0-based line
   index), ``line`` (1-based line number), ``text`` (bytes); plain files are read in byte ranges
   in parallel, ``.gz`` files streamed by one task.
+* :class:`CsvSource` / :func:`read_csv_columns`: a CSV file's data rows (plain or ``.gz``, with a
+  header row; :func:`csv_header`) as rows ``idx`` (0-based data row), ``line`` (the reader's line
+  number), ``fields`` (the named columns' values), ``error``; streamed by one task, since a
+  quoted field may span lines.
 * :func:`finish_parsed`: a parsed dataset (rows ``idx``, ``line``, ``rec``, ``error``) ->
   :class:`ParsedData`: the good records kept as blocks; counts, the malformed records (line and
   reason; the first ``max_named`` by line: the driver's memory does not grow with them) and the
@@ -14,19 +18,20 @@ bad ones included), never of task scheduling.  The formats live with their domai
 """
 from __future__ import annotations
 
+import csv
 import dataclasses
 import gzip
 import hashlib
 import os
 import pickle
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
 from .skips import DEFAULT_MAX_NAMED, SkippedRecord
 
 __all__ = ["LineSource", "Corrupt", "corrupt_ends", "ReadSummary", "ParsedData", "read_lines", "content_sha256",
-           "finish_parsed", "add_counts", "datasource_base"]
+           "finish_parsed", "add_counts", "datasource_base", "is_csv", "csv_header", "CsvSource", "read_csv_columns"]
 
 ROWS_PER_BLOCK = 2000
 CHUNK_BYTES = 4 << 20
@@ -177,6 +182,119 @@ def read_lines(path: str, chunk_bytes: int = CHUNK_BYTES, rows_per_block: int = 
     import ray.data
 
     return ray.data.read_datasource(LineSource(path, chunk_bytes, rows_per_block))
+
+
+# ----------------------------------------------------------------------------- CSV source
+
+def is_csv(path: str) -> bool:
+    """Whether ``path`` names a CSV file by its suffix (``.csv`` or ``.csv.gz``, any case)."""
+    return str(path).lower().endswith((".csv", ".csv.gz"))
+
+
+def csv_header(path: str) -> list:
+    """The header row of a CSV file (plain, or gzip for ``.gz``), its names stripped; raises
+    ``ValueError`` naming ``path`` for an empty file (no header), a ``.gz`` that is not gzip, or
+    text that is not UTF-8."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
+            header = next(csv.reader(f), None)
+    except (OSError, EOFError) as err:
+        raise ValueError(f"{path}: not a valid gzip file: {err}") from err
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8/ASCII text: {err}") from err
+    if header is None or not any(h.strip() for h in header):
+        raise ValueError(f"{path}: file is empty (no header row)")
+    return [h.strip() for h in header]
+
+
+def _csv_table(rows: list):
+    import pyarrow as pa
+
+    return pa.table({"idx": pa.array([r[0] for r in rows], pa.int64()),
+                     "line": pa.array([r[1] for r in rows], pa.int64()),
+                     "fields": pa.array([r[2] for r in rows], pa.list_(pa.string())),
+                     "error": pa.array([r[3] for r in rows], pa.string())})
+
+
+def _read_csv(path: str, indices: tuple, n_fields: int, rows_per_block: int) -> Iterable:
+    """Read task: the data rows of ``path`` (after the header) in blocks (see :class:`CsvSource`)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f)
+        next(reader)                                   # the header (read by the driver)
+        rows: list = []
+        for i, row in enumerate(corrupt_ends(_csv_records(reader))):
+            line = reader.line_num
+            if isinstance(row, Corrupt):   # the file ends unreadable: one bad row says why
+                rows.append((i, line + 1, None, row.reason))
+            elif isinstance(row, csv.Error):
+                rows.append((i, line, None, f"not a CSV row: {row}"))
+            elif not row or (len(row) == 1 and not row[0].strip()):
+                rows.append((i, line, [], None))
+            elif len(row) != n_fields:
+                rows.append((i, line, None, f"{len(row)} fields, expected {n_fields} (the header's)"))
+            else:
+                rows.append((i, line, [row[j] for j in indices], None))
+            if len(rows) >= rows_per_block:
+                yield _csv_table(rows)
+                rows = []
+        if rows:
+            yield _csv_table(rows)
+
+
+def _csv_records(reader) -> Iterable:
+    """``reader``'s rows; a row the ``csv`` module refuses comes as its ``csv.Error`` (reading
+    goes on), text that is not UTF-8 ends them with one :class:`Corrupt`."""
+    while True:
+        try:
+            yield next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            yield err
+        except UnicodeDecodeError as err:
+            yield Corrupt(f"not UTF-8 text from here on ({err.reason})")
+            return
+
+
+class CsvSource(datasource_base()):
+    """A CSV file's data rows (plain, or gzip for ``.gz``; header row first), streamed by one
+    read task, as rows ``idx`` (0-based data row), ``line`` (``csv.reader.line_num``: the line
+    the row ends on, 1-based, the header being line 1), ``fields`` (the values of ``columns``, in
+    that order; an empty list for a blank line) and ``error`` (null, or why the row is bad: a
+    field count other than the header's, or where the file stops being readable).
+
+    Raises ``ValueError`` naming the file and the header when a column of ``columns`` is not in
+    it (and as :func:`csv_header` for an unreadable header)."""
+
+    def __init__(self, path: str, columns: Sequence[str], rows_per_block: int = ROWS_PER_BLOCK):
+        self.path = os.path.abspath(str(path))
+        header = csv_header(self.path)
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise ValueError(f"{self.path}: no column {missing[0]!r} (header: {header})")
+        self.args = (tuple(header.index(c) for c in columns), len(header), int(rows_per_block))
+
+    def estimate_inmemory_data_size(self) -> Optional[int]:
+        return os.path.getsize(self.path)
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None):
+        from ray.data import ReadTask
+        from ray.data.block import BlockMetadata
+
+        path, args = self.path, self.args
+        meta = BlockMetadata(num_rows=None, size_bytes=os.path.getsize(path), exec_stats=None, input_files=(path,))
+        return [ReadTask(lambda: _read_csv(path, *args), meta)]
+
+
+def read_csv_columns(path: str, columns: Sequence[str], rows_per_block: int = ROWS_PER_BLOCK):
+    """A lazy ``ray.data.Dataset`` of the CSV file's data rows (see :class:`CsvSource`), in file
+    order, ``rows_per_block`` rows per block."""
+    import ray.data
+
+    return ray.data.read_datasource(CsvSource(path, columns, rows_per_block)) \
+        .repartition(target_num_rows_per_block=rows_per_block)
 
 
 # ----------------------------------------------------------------------------- parsed data

@@ -176,13 +176,17 @@ class SSTExperiment(Experiment):
         return StreamSplits(sources, skipped, context, params)
 
     # ------------------------------------------------------------------ model / batches
-    def _compiler(self, config: dict, context: SSTContext, embeddings: Optional[np.ndarray]):
+    def _modules(self, config: dict, context: SSTContext, embeddings: Optional[np.ndarray]) -> SentimentModules:
         sc = config["sst"]
-        modules = SentimentModules(
+        return SentimentModules(
             len(context.vocab), context.emb_dim, sc["state_size"], input_dropout=sc["input_dropout"],
             output_dropout=sc["output_dropout"], recurrent_dropout=sc["recurrent_dropout"],
             embeddings=embeddings, embedding_grad_scale=sc["embedding_grad_scale"],
             forget_bias=sc["forget_bias"], init=sc["init"], sparse_embedding=sc.get("sparse_embedding", False))
+
+    def _compiler(self, config: dict, context: SSTContext, embeddings: Optional[np.ndarray],
+                  modules: Optional[SentimentModules] = None):
+        modules = modules if modules is not None else self._modules(config, context, embeddings)
         compiler = build_compiler(modules, context.vocab.stoi, scheduler=config["scheduler"])
         compiler.executor = config.get("executor", "auto")
         return compiler
@@ -216,9 +220,10 @@ class SSTExperiment(Experiment):
         from .vocab import Vocab
 
         ctx = SSTContext(vocab=Vocab(model_context["words"]), emb_dim=int(model_context["emb_dim"]), embeddings=None)
-        compiler = self._compiler(config, ctx, None)
-        compiler.load_state_dict(state_dict)
-        return TreePredictor(compiler)
+        modules = self._modules(config, ctx, None)
+        self._compiler(config, ctx, None, modules).load_state_dict(state_dict)   # the parameters' names
+        return TreePredictor(modules, ctx.vocab.stoi, scheduler=config["scheduler"],
+                             executor=config.get("executor", "auto"))
 
     def example_inputs(self) -> Sequence[str]:
         return ["(4 (2 a) (4 (4 wonderful) (2 film)))", "(1 (2 (2 not) (3 good)) (2 .))"]

@@ -10,14 +10,15 @@ predictions.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Optional, Sequence
 
+import numpy as np
 import torch
 
 from pipelines.prediction import Predictor, predict_in_chunks
 
 from .data import parse_line
-from .model import NUM_CLASSES
+from .model import NUM_CLASSES, SentimentModules, build_compiler
 
 __all__ = ["TreePredictor"]
 
@@ -25,39 +26,47 @@ COLUMNS = ["label", *(f"prob_{k}" for k in range(NUM_CLASSES)), "positive"]
 
 
 class TreePredictor(Predictor):
-    """Predicts with ``compiler`` (:func:`pipelines.sst.model.build_compiler`, weights loaded)."""
+    """Predicts with ``modules`` (weights loaded) over the vocabulary ``stoi`` (word -> id; other
+    words map to id 0, the unknown word).  It compiles them twice
+    (:func:`pipelines.sst.model.build_compiler` without the gold-label metrics): with the root's
+    classifier only, and, for ``nodes=True``, with every node's; ``scheduler`` and ``executor``
+    as in training; calls of more than ``max_call_rows`` rows run in row blocks of that many
+    (an execution setting: the same values; ``foldengine.Compiler``'s ``max_call_rows``)."""
 
     input_column = "tree"
     output_columns = COLUMNS
     options = {"nodes": False}
 
-    def __init__(self, compiler):
-        self.compiler = compiler.eval()
+    def __init__(self, modules: SentimentModules, stoi: Mapping[str, int], scheduler="depth", executor: str = "auto",
+                 max_call_rows: Optional[int] = 1024):
+        modules.eval()
+        self.roots = build_compiler(modules, stoi, scheduler, labels=False, node_logits=False).eval()
+        self.nodes = build_compiler(modules, stoi, scheduler, labels=False).eval()
+        for c in (self.roots, self.nodes):
+            c.executor, c.max_call_rows = executor, max_call_rows
 
     def predict(self, inputs: Sequence[str], chunk_size: int = 256, nodes: bool = False):
         columns = COLUMNS + (["node_labels"] if nodes else [])
         return predict_in_chunks(list(inputs), _parse, lambda trees: self._run(trees, nodes), columns, chunk_size,
                                  int_columns=("label",))
 
-    @torch.no_grad()
-    def _run(self, trees: list, nodes: bool) -> list:
-        c = self.compiler
+    @torch.inference_mode()
+    def _run(self, trees: list, nodes: bool):
+        import pandas as pd
+
+        c = self.nodes if nodes else self.roots
         c(c.build_batch(trees))
-        probs = torch.softmax(c.metrics["root_logits"].float(), dim=1).cpu()
-        out = []
-        for p in probs.tolist():
-            neg, pos = p[0] + p[1], p[3] + p[4]
-            row = {"label": int(max(range(NUM_CLASSES), key=p.__getitem__)), "positive": pos / (pos + neg)}
-            row.update({f"prob_{k}": v for k, v in enumerate(p)})
-            out.append(row)
+        probs = torch.softmax(c.metrics["root_logits"].float(), dim=1).cpu().numpy()
+        label = probs.argmax(1)
+        p = probs.astype(np.float64)
+        neg, pos = p[:, 0] + p[:, 1], p[:, 3] + p[:, 4]
+        out = {"label": label, **{f"prob_{k}": p[:, k] for k in range(NUM_CLASSES)}, "positive": pos / (pos + neg)}
         if nodes:   # non-root nodes in input order (metric_lengths), then each tree's root last
-            labels = c.metrics["logits"].argmax(1).cpu().tolist()
-            lengths = c.metric_lengths["logits"].tolist()
-            start = 0
-            for row, n in zip(out, lengths):
-                row["node_labels"] = labels[start:start + n] + [row["label"]]
-                start += n
-        return out
+            labels = c.metrics["logits"].argmax(1).cpu().numpy()
+            ends = np.cumsum(c.metric_lengths["logits"].cpu().numpy())
+            out["node_labels"] = [part.tolist() + [root] for part, root in
+                                  zip(np.split(labels, ends[:-1]), label.tolist())]
+        return pd.DataFrame(out)
 
 
 def _parse(tree) -> tuple:

@@ -130,9 +130,16 @@ class SentimentModules(nn.Module):
             nn.init.zeros_(self.classifier[1].bias)
 
 
-def build_compiler(modules: SentimentModules, stoi: Mapping[str, int], scheduler="depth") -> fe.Compiler:
+def build_compiler(modules: SentimentModules, stoi: Mapping[str, int], scheduler="depth", labels: bool = True,
+                   node_logits: bool = True) -> fe.Compiler:
     """The compiled model: raw SST trees in (a word not in ``stoi`` gets id 0, the unknown word);
-    metrics as in the module docstring; output the root state ``(h, c)`` (``[B, S]`` each)."""
+    metrics as in the module docstring; output the root state ``(h, c)`` (``[B, S]`` each).
+
+    ``labels=False`` leaves out the gold-label metrics (``root_label``, ``label``) and
+    ``node_logits=False`` the non-root nodes' classifier (``logits``): prediction builds such
+    compilers over the same ``modules``, and traces and runs less per node.  The parameters are
+    named by the default compiler (``labels=True, node_logits=True``): load a state dict there.
+    """
     S = modules.state_size
     state = TupleType(TensorType(S), TensorType(S))
     get = stoi.get
@@ -142,13 +149,18 @@ def build_compiler(modules: SentimentModules, stoi: Mapping[str, int], scheduler
 
     expr = fb.ForwardDeclaration(PyObjectType(), state, name="tree")
 
-    def node_block(logits_metric: str, label_metric: str) -> fb.Block:
+    def node_block(logits_metric: Optional[str], label_metric: str) -> fb.Block:
         # TreeLSTM(Embedding(word), 0, 0) for a leaf (label, word)
         word = (fb.GetItem(1) >> fb.InputTransform(word_id) >> fb.Scalar("int64")
                 >> fb.Function(modules.word, name="embedding") >> fb.Function(modules.tree_lstm, name="leaf"))
         # TreeLSTM(0, h_left, h_right) for an inner node (label, left, right)
         pair = fb.Record([(1, expr()), (2, expr())]) >> fb.Function(modules.tree_lstm, name="pair")
         cases = fb.OneOf(key_fn=len, case_blocks=[(2, word), (3, pair)])
+        if logits_metric is None:
+            return cases
+        if not labels:   # state -> record the logits, pass the state on
+            return (cases >> fb.AllOf(fb.Identity(), fb.GetItem(0) >> fb.Function(modules.classifier, name="classifier")
+                                      >> fb.Metric(logits_metric)) >> fb.GetItem(0))
         head = fb.AllOf(
             fb.GetItem(0) >> fb.GetItem(0) >> fb.Function(modules.classifier, name="classifier")
             >> fb.Metric(logits_metric),
@@ -156,7 +168,7 @@ def build_compiler(modules: SentimentModules, stoi: Mapping[str, int], scheduler
         # (state, node) -> record the head's metrics, pass the state on
         return fb.AllOf(cases, fb.Identity()) >> fb.AllOf(fb.GetItem(0), head) >> fb.GetItem(0)
 
-    expr.resolve_to(node_block("logits", "label"))
+    expr.resolve_to(node_block("logits" if node_logits else None, "label"))
     root = node_block("root_logits", "root_label")
     return fe.Compiler(root, scheduler=scheduler)
 

@@ -3,7 +3,10 @@ lines (real Ray, real MLflow sqlite store), Parquet rows equal ``predict`` in on
 lines are kept with their error, blank lines counted, the run logged in experiment ``predict``."""
 from __future__ import annotations
 
+import csv
 import glob
+import gzip
+import io
 
 import mlflow
 import numpy as np
@@ -47,6 +50,53 @@ def test_batch_inference_equals_predict(ray_cluster, data_dir, tmp_path):
     logged_run = client.get_run(res.run_id)
     assert logged_run.data.metrics["rows"] == 13 and logged_run.data.metrics["bad_rows"] == 1
     assert logged_run.data.metrics["blank_lines"] == 1 and logged_run.data.params["model_uri"] == logged.model_uri
+
+
+def _csv_text(rows: list) -> str:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return out.getvalue()
+
+
+@pytest.mark.timeout(400)
+def test_csv_inputs_by_the_models_column(ray_cluster, data_dir, tmp_path):
+    """CSV files (plain and .gz) with the model's input column ``tree`` beside other columns:
+    one output row per data row at its ``file:line``, bad rows (a tree that does not parse, a row
+    of the wrong width, an empty field) kept with their error and counted, blank lines counted,
+    the predictions those of ``predict`` in one process; a CSV without the column is named."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    exp, cfg, mc, model, lines = untrained_sst(data_dir)
+    client = mlflow.MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("batch-csv")).info.run_id
+    logged = log_model(uri, run_id, exp, cfg, mc, model.state_dict())
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv.gz"
+    a.write_text(_csv_text([["id", "tree"], ["t0", lines[0]], ["t1", lines[1]], [], ["bad", "(2 (2 broken"],
+                            ["t2", lines[2], "extra"], ["empty", ""], ["t3", lines[3]]]))
+    b.write_bytes(gzip.compress(_csv_text([["tree", "note"], *[[x, "a,b"] for x in lines[4:]]]).encode()))
+
+    res = predict.main(["--model", logged.model_uri, "--input", str(a), str(b), "--output", str(tmp_path / "out"),
+                        "--chunk-size", "3", "--tracking-uri", uri])
+    assert (res.rows, res.bad, res.blank) == (6 + 8, 3, 1)
+    got = pd.concat([pd.read_parquet(f) for f in sorted(glob.glob(str(tmp_path / "out" / "*.parquet")))])
+    got = got.sort_values(["path", "line"]).reset_index(drop=True)
+    assert got["path"].tolist() == [str(a)] * 6 + [str(b)] * 8
+    assert got["line"].tolist() == [2, 3, 5, 6, 7, 8, *range(2, 10)]
+    errors = dict(zip(got["line"][:6], got["error"][:6]))
+    assert pd.isna(errors[2]) and pd.isna(errors[3]) and pd.isna(errors[8])
+    assert errors[5].startswith("ValueError") and errors[6] == "CSV: 3 fields, expected 2 (the header's)"
+    assert errors[7] == "CSV: empty 'tree' field"
+    assert got["label"][:6].isna().tolist() == [False, False, True, True, True, False]
+    ok = got["error"].isna()
+    mlflow.set_tracking_uri(uri)
+    want = mlflow.pyfunc.load_model(logged.model_uri).predict(pd.DataFrame({"tree": got.loc[ok, "input"].tolist()}))
+    assert got.loc[ok, "input"].tolist() == lines[:2] + [lines[3]] + lines[4:]
+    assert got.loc[ok, "label"].tolist() == want["label"].tolist()
+    np.testing.assert_allclose(got.loc[ok, [f"prob_{k}" for k in range(5)]].to_numpy(dtype=float),
+                               want[[f"prob_{k}" for k in range(5)]].to_numpy(dtype=float), rtol=1e-6)
+
+    with pytest.raises(SystemExit, match=f"{b}: no column 'smiles'.*--column"):
+        predict.main(["--model", logged.model_uri, "--input", str(b), "--output", str(tmp_path / "out2"),
+                      "--column", "smiles", "--no-tracking", "--tracking-uri", uri])
 
 
 def test_inputs_that_match_nothing_are_named(tmp_path):

@@ -181,6 +181,39 @@ def test_a_truncated_gz_is_named_with_its_path(tmp_path, mixed):
         R.read_lines(str(cut)).take_all()
 
 
+@pytest.mark.parametrize("gz", [False, True])
+def test_csv_columns_rows_lines_and_bad_rows(tmp_path, gz):
+    """The generic CSV reader: the named columns' fields per data row (quoted commas and newlines
+    kept), ``line`` as ``csv.reader`` counts it (the header is line 1), a blank line as a row of
+    no fields, a wrong field count as a bad row; a missing column or an empty file named."""
+    text = ('id,tree,note\n1,"(2 (2 a) (2 ,))",x\n\n2,(3 b),"two\nlines"\n3,(2 c)\n'
+            '4,"(1 (2 d)\n(1 e))",y\n')
+    path = tmp_path / ("t.csv.gz" if gz else "t.csv")
+    path.write_bytes(gzip.compress(text.encode()) if gz else text.encode())
+    rows = R.read_csv_columns(str(path), ["tree", "id"], rows_per_block=2).take_all()
+    assert [r["idx"] for r in rows] == [0, 1, 2, 3, 4]
+    assert [r["line"] for r in rows] == [2, 3, 5, 6, 8]
+    assert [r["fields"] for r in rows] == [["(2 (2 a) (2 ,))", "1"], [], ["(3 b)", "2"], None, ["(1 (2 d)\n(1 e))", "4"]]
+    assert [r["error"] for r in rows] == [None, None, None, "2 fields, expected 3 (the header's)", None]
+    with pytest.raises(ValueError, match=f"{path}: no column 'smiles'"):
+        R.read_csv_columns(str(path), ["smiles"])
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(ValueError, match=f"{empty}: file is empty"):
+        R.csv_header(str(empty))
+
+
+def test_a_truncated_csv_gz_ends_in_one_bad_row(tmp_path):
+    rows = ["tree"] + [f"(2 w{i})" for i in range(400)]
+    blob = gzip.compress(("\n".join(rows) + "\n").encode())
+    path = tmp_path / "cut.csv.gz"
+    path.write_bytes(blob[: len(blob) // 2])
+    got = R.read_csv_columns(str(path), ["tree"], rows_per_block=50).take_all()
+    good = [r for r in got if r["error"] is None]
+    assert 0 < len(good) < 400 and len(got) == len(good) + 1
+    assert got[-1]["line"] == len(good) + 2 and got[-1]["error"].startswith("truncated or corrupt compressed file")
+
+
 # ----------------------------------------------------------------------------- streaming datasets
 def _plan_bytes(batch) -> bytes:
     import pickle

@@ -6,7 +6,7 @@ import torch
 
 from pipelines.sst import data as D
 from pipelines.sst.inference import TreePredictor
-from pipelines.sst.model import SentimentModules, build_compiler
+from pipelines.sst.model import SentimentModules
 from pipelines.sst.vocab import build_vocab
 from tests.pipelines.helpers import sst_lines
 from tests.pipelines.sst.reference import naive_node_logits
@@ -18,7 +18,7 @@ def test_node_labels_are_post_order_and_match_the_reference(data_dir):
     vocab = build_vocab(trees)
     torch.manual_seed(0)
     modules = SentimentModules(len(vocab), 5, 6).eval()
-    out = TreePredictor(build_compiler(modules, vocab.stoi)).predict(lines, chunk_size=5, nodes=True)
+    out = TreePredictor(modules, vocab.stoi).predict(lines, chunk_size=5, nodes=True)
     with torch.no_grad():
         for tree, got in zip(trees, out["node_labels"]):
             _, nodes = naive_node_logits(modules, tree, vocab.stoi)
