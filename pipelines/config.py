@@ -131,6 +131,8 @@ BASE_SCHEMA: dict[str, Field] = {
     "data.head_rows": F(int, 1024, min=0, doc="epoch 1's first steps, about this many rows per rank, "
                         "are gathered by position and built while Ray Train starts, so the first step does not "
                         "wait for the epoch's dataset to start (0 = off)"),
+    "data.head_actors": F(int, 0, min=0, doc="actors building epoch 1's first steps (they run on the driver's "
+                          "node): at most one per rank; 0 = as many as that node has CPU cores"),
     "data.step_assembly": F(str, "auto", choices=("auto", "gather", "sort"),
                             doc="how an epoch's steps get their records: gather (each step reads its "
                                 "records by position from the blocks holding them; no shuffle) or sort (a "

@@ -230,16 +230,25 @@ def read_head(refs: list) -> Iterator[Step]:
 
 def build_head_in_background(block_refs: list, starts: np.ndarray, experiment, cfg: dict, context: Any, epoch: int,
                              world: int, batch_size: int, n: int, steps: int) -> EpochHead:
-    """Build steps ``0..steps-1`` of ``epoch`` for every rank, one actor per rank at the trainers'
-    priority (they wait for these), from ``block_refs`` (the parsed blocks of rows
-    ``pos``, ``rec``, block ``i`` starting at position ``starts[i]``); returns at once.  Each
-    step gathers its records from the blocks that hold them, so the first step is ready after one
-    build however large the split."""
+    """Build steps ``0..steps-1`` of ``epoch`` for every rank at the trainers' priority (they
+    wait for these), from ``block_refs`` (the parsed blocks of rows ``pos``, ``rec``, block ``i``
+    starting at position ``starts[i]``); returns at once.  Each step gathers its records from the
+    blocks that hold them, so the first step is ready after one build however large the split.
+
+    The actors run on the driver's node: ``data.head_actors`` of them (0: one per CPU core of
+    that node), never more than ``world``; rank ``r``'s steps go to actor ``r % actors``, step 0
+    of every rank first, so the number of processes follows the cores, not the ranks."""
+    import os
+
     import ray
 
     refs_ref, starts_ref = ray.put(list(block_refs)), ray.put(np.asarray(starts, np.int64))
     seed = int(cfg["seed"])
-    workers = tuple(_start((experiment, cfg, context), 0) for _ in range(world))
-    refs = {r: [workers[r].build_train_step.remote(refs_ref, starts_ref, seed, epoch, r, world, batch_size, n, i)
-                for i in range(steps)] for r in range(world)}
+    n_actors = int(cfg["data"].get("head_actors", 0) or 0) or len(os.sched_getaffinity(0))
+    workers = tuple(_start((experiment, cfg, context), 0) for _ in range(max(1, min(world, n_actors))))
+    refs: dict = {r: [] for r in range(world)}
+    for i in range(steps):
+        for r in range(world):
+            refs[r].append(workers[r % len(workers)].build_train_step.remote(
+                refs_ref, starts_ref, seed, epoch, r, world, batch_size, n, i))
     return EpochHead(epoch, steps, refs, workers)

@@ -222,10 +222,10 @@ def _plan_bytes(batch) -> bytes:
                          batch.outputs, batch.metrics, batch.signature))
 
 
-@pytest.mark.parametrize("block_bytes,head_rows,assembly",
-                         [(None, 13, "sort"), (8_000, 0, "sort"), (None, 13, "gather"), (8_000, 0, "auto")])
+@pytest.mark.parametrize("block_bytes,head_rows,assembly,head_actors",
+                         [(None, 13, "sort", 0), (8_000, 0, "sort", 0), (None, 13, "gather", 1), (8_000, 0, "auto", 0)])
 def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache_env, block_bytes, head_rows,
-                                                                    assembly):
+                                                                    assembly, head_actors):
     """``pipelines.data.feed.declare_feed`` (records as Ray Data blocks, traced once,
     grouped per step) yields, for every (epoch, rank) and eval split, exactly the steps of the
     numpy reference (``step_reference``: which record lands in which step on which rank, from the
@@ -233,7 +233,8 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
     ``block_bytes``, Ray Data splits the sorted blocks so that steps span blocks (as Tox21's
     large traces do): ``assemble_steps`` (the trainer's side) joins and builds them.  With
     ``head_rows``, epoch 1's first step per rank comes from the head builders (gathered by
-    position) and the rest from the epoch's dataset: together the same rows.  ``assembly``
+    position) and the rest from the epoch's dataset: together the same rows, also when one actor
+    builds the head of both ranks (``head_actors``).  ``assembly``
     (``data.step_assembly``): the step sort, or each step gathering its records by position
     (``auto`` picks gather for a split this small); both give the same rows."""
     import os
@@ -254,7 +255,8 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
                       ["epochs=2", "batch_size=25", "eval_batch_size=20", "sst.state_size=8", "seed=3",
                        "sst.train_file=" + str(data_dir / "sst" / "dev.txt"), "sst.limit_train=113",
                        "sst.limit_dev=47", "sst.test_file=", "data.blocks_per_epoch=2",
-                       f"data.head_rows={head_rows}", f"data.step_assembly={assembly}"], merged_schema(SCHEMA))
+                       f"data.head_rows={head_rows}", f"data.step_assembly={assembly}",
+                       f"data.head_actors={head_actors}"], merged_schema(SCHEMA))
     from .. import step_reference as ref
     from ..reference_splits import sst_splits
 
@@ -296,6 +298,7 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
     assert len(heads) == (1 if head_rows else 0)
     for h in heads:
         assert h.epoch == 1 and h.steps == 1 < plan.steps and new.feed.heads == {1: h.refs}
+        assert len(h.workers) == (head_actors or min(world, len(os.sched_getaffinity(0))))
         for r in range(world):
             name = f"train_e1_r{r}"
             assert parts[name] and all(step.index >= h.steps for step in parts[name])
