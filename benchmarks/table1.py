@@ -471,7 +471,10 @@ def _table(header: List[str], rows: List[List[str]]) -> str:
 
 def format_report(result: Dict[str, object], brief: bool = False) -> str:
     """The table in the paper's layout (paper's CPU figures beside ours), then references
-    and notes (left out when ``brief``), then the goals."""
+    and notes, then the goals; ``brief``: the goals alone (the per-measurement lines printed
+    while it ran, the reproduction summary, the JSON and the MLflow run hold the figures)."""
+    if brief:
+        return "\n".join(goal_lines(result))
     cfg = result["config"]
     parts = []
     groups: Dict[Tuple[str, str], List[dict]] = {}
@@ -499,8 +502,6 @@ def format_report(result: Dict[str, object], brief: bool = False) -> str:
                         ["||", "-", "-", "-", "-", "-"]
             body.append(line)
         parts.append(head + "\n" + _table(hdr, body))
-    if brief:
-        return "\n".join(parts + goal_lines(result))
         hdr2 = ["batch", "eager.tree", "(timed)", "eager/full", "GEMM GF/s", "man GF/s", "dyn GF/s",
                 "full GF/s", "man %ceil", "dyn %ceil", "full %ceil", "build.full s", "steps", "calls",
                 "maxdiff m/d", "maxdiff f/e"]

@@ -8,17 +8,17 @@ say() { printf '[%s] %s\n' "${SCRIPT_NAME:-foldengine}" "$*" >&2; }
 quiet_pip() {  # pip, minus this machine's notes about missing local index dirs
   "$@" 2>&1 | { grep -v "^WARNING: Location 'file://" || true; }
 }
-# heartbeat LABEL CMD...: run CMD; while it runs, say "LABEL (Ns)" every FOLD_HEARTBEAT_S
-# seconds (default 20); return CMD's exit status.
+# heartbeat LABEL CMD...: say LABEL, run CMD, and while it runs say "LABEL (Ns)" every
+# FOLD_HEARTBEAT_S seconds (default 60); return CMD's exit status.
 heartbeat() {
-  local label=$1 every=${FOLD_HEARTBEAT_S:-20} t0=$SECONDS rc=0 hb
+  local label=$1 every=${FOLD_HEARTBEAT_S:-60} rc=0 hb
   shift
+  say "$label"
   ( n=0; while sleep "$every"; do n=$((n + every)); say "$label (${n}s)"; done ) &
   hb=$!
   "$@" || rc=$?
   kill "$hb" 2>/dev/null || true
   wait "$hb" 2>/dev/null || true
-  say "$label: done in $((SECONDS - t0))s"
   return "$rc"
 }
 

@@ -53,6 +53,8 @@ fi
 # Without --verbose each step ends briefly (its tables are in the summary and in MLflow).
 BRIEF=()
 [ ${#VERBOSE[@]} -eq 0 ] && TABLE1_ARGS+=(--brief) && BRIEF=(--brief)
+# MLflow's INFO notes (a new store's tables, a new experiment) only with --verbose
+[ ${#VERBOSE[@]} -eq 0 ] && export MLFLOW_LOGGING_LEVEL="${MLFLOW_LOGGING_LEVEL:-WARNING}"
 
 t0=$SECONDS
 say "1/3 paper Table 1: dynamic vs manual batching (full report: $OUT/table1.json)"

@@ -101,8 +101,14 @@ def predict_test_split(experiment: MoleculeExperiment, cfg: dict, state_dict, co
     from pipelines.train import connect_ray
 
     started = connect_ray(cfg)
+    reader_log = logging.getLogger("pipelines.molecules")
+    level = reader_log.level
     try:
-        splits = experiment.read_splits(cfg)
+        reader_log.setLevel(logging.ERROR)   # its skipped records were reported when the run read them
+        try:
+            splits = experiment.read_splits(cfg)
+        finally:
+            reader_log.setLevel(level)
         src = splits.sources.get("test")
         if src is None or not src.n:
             return None
