@@ -268,7 +268,10 @@ def test_a_run_whose_server_dies_at_once_loses_nothing(ray_cluster, server, data
         "ray.no_progress_timeout_s=120", "name=mol-outage", f"tracking.uri={server.uri}",
         f"ray.storage_path={tmp_path}/ray_results", f"tracking.buffer_dir={tmp_path}/outbox",
         "tracking.http_retries=0", "tracking.http_timeout_s=5", "tracking.outage_timeout_s=2",
-        "tracking.system_metrics_s=0.5"], merged_schema(exp.config_schema))
+        "tracking.system_metrics_s=0.5",
+        # a worker health check can time out on 2 busy cores (seen at load ~10): the run then
+        # resumes from its checkpoint, and every epoch must still reach MLflow once
+        "ray.max_failures=1"], merged_schema(exp.config_schema))
     start = trk.Tracker.start.__func__
 
     def start_then_kill(cls, *args, **kwargs):   # the server dies right after creating the run
