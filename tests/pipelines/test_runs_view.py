@@ -1,8 +1,9 @@
 """The runs-table view in a real browser: a real ``mlflow server`` on loopback, headless Chromium
 rendering the UI.  With the saved view (:func:`pipelines.runs_view.save_runs_view`) the runs
 table shows the key metrics and timing as columns; without it they are absent (so the check can
-fail); the compare view of two runs shows both runs' figures.  Skipped where no Chromium is
-installed (``apt-get install chromium``; ``.ci/run`` installs it where it can)."""
+fail); the compare view of two runs shows both runs' figures.  Skipped, saying why, where no
+Chromium is installed (``apt-get install chromium``; ``.ci/run`` installs it where it can) or
+where it cannot render a page headless."""
 from __future__ import annotations
 
 import json
@@ -25,6 +26,16 @@ CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.whic
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install chromium)")]
 
+
+def _browser_problem() -> str:
+    """Why this machine's Chromium cannot render a page headless ("" when it can)."""
+    try:
+        res = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                              "data:text/html,<p>rendered</p>"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{CHROMIUM} did not run: {e}"
+    return "" if "rendered" in res.stdout else f"{CHROMIUM} rendered nothing: {res.stderr[-500:]}"
+
 RUNS = {"seed0": 0.8123, "seed1": 0.7987}
 
 
@@ -39,6 +50,9 @@ def _page_text(url: str) -> str:
 
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory):
+    problem = _browser_problem()
+    if problem:
+        pytest.skip(problem)
     server = MlflowServer(tmp_path_factory.mktemp("ui")).start()
     client = mlflow.MlflowClient(server.uri)
     exp_id = client.create_experiment("view-test", tags={EXPERIMENT_KIND_TAG: "custom_model_development"})
