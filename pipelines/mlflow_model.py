@@ -16,7 +16,8 @@ of another name is taken as it), a list of strings, or a dict of that column.  `
 ``nodes``).  Output: the :class:`pipelines.prediction.Predictor` frame.
 
 :func:`log_model` logs it into a training run (name ``model``), with a signature and an input
-example, and registers a new version when asked (tagged with the run's best dev metric).
+example, and registers a new version when asked (tagged with the run's best dev metric);
+:func:`log_package` logs a package already written (what a run's outbox replays).
 """
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ import torch
 
 from .prediction import Predictor
 
-__all__ = ["MODEL_NAME", "PACKAGE_FILE", "WEIGHTS_FILE", "write_package", "load_predictor", "FoldModel",
-           "LoggedModel", "log_model"]
+__all__ = ["MODEL_NAME", "PACKAGE_FILE", "WEIGHTS_FILE", "write_package", "load_predictor", "predictor_experiment",
+           "FoldModel", "LoggedModel", "log_model", "log_package", "logged_model_ready"]
 
 #: the name the model is logged under in a run (``runs:/<run_id>/model``)
 MODEL_NAME = "model"
@@ -69,9 +70,15 @@ def load_predictor(directory: str) -> Predictor:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - unpickling refused: name the file
         raise ValueError(f"{weights}: not a plain state dict of tensors ({err})") from None
+    return predictor_experiment(directory).predictor(pkg["config"], pkg["model_context"], state)
+
+
+def predictor_experiment(directory: str):
+    """The experiment (``from_config`` of the package's config) of the package ``directory``."""
+    with open(os.path.join(directory, PACKAGE_FILE)) as f:
+        pkg = json.load(f)
     module, _, name = pkg["experiment"].rpartition(".")
-    experiment = getattr(importlib.import_module(module), name).from_config(pkg["config"])
-    return experiment.predictor(pkg["config"], pkg["model_context"], state)
+    return getattr(importlib.import_module(module), name).from_config(pkg["config"])
 
 
 class FoldModel(mlflow.pyfunc.PythonModel):
@@ -131,15 +138,39 @@ def quiet_model_logging():
 def log_model(tracking_uri: str, run_id: str, experiment, config: Mapping[str, Any], model_context: Mapping[str, Any],
               state_dict: Mapping[str, torch.Tensor], register_as: Optional[str] = None,
               version_tags: Optional[Mapping[str, Any]] = None) -> LoggedModel:
-    """Log the trained model into run ``run_id`` as ``model`` (pyfunc), with the signature and
-    input example of ``experiment.example_inputs()``; with ``register_as``, register it as a new
-    version of that registered model and tag the version with ``version_tags``."""
-    from mlflow.models import infer_signature
-
-    with tempfile.TemporaryDirectory(prefix="fold-model-") as tmp, quiet_model_logging():
+    """Log the trained model into run ``run_id`` as ``model``: :func:`write_package`, then
+    :func:`log_package`."""
+    with tempfile.TemporaryDirectory(prefix="fold-model-") as tmp:
         pkg = os.path.join(tmp, "package")
         write_package(pkg, experiment, config, model_context, state_dict)
-        predictor = load_predictor(pkg)          # the example's output, and a check that it loads
+        return log_package(tracking_uri, run_id, pkg, register_as, version_tags)
+
+
+def logged_model_ready(client, run_id: str) -> bool:
+    """True when run ``run_id`` already holds a READY MLflow Model named ``model`` (a replayed
+    :func:`log_package` then logs nothing)."""
+    exp_id = client.get_run(run_id).info.experiment_id
+    found = client.search_logged_models(experiment_ids=[exp_id],
+                                        filter_string=f"source_run_id = '{run_id}' AND name = '{MODEL_NAME}'")
+    return any(str(m.status).endswith("READY") for m in found)
+
+
+def log_package(tracking_uri: str, run_id: str, package: str, register_as: Optional[str] = None,
+                version_tags: Optional[Mapping[str, Any]] = None) -> LoggedModel:
+    """Log the package directory ``package`` (:func:`write_package`) into run ``run_id`` as
+    ``model`` (pyfunc), with the signature and input example of the package's
+    ``experiment.example_inputs()``; with ``register_as``, register it as a new version of that
+    registered model and tag the version with ``version_tags``.  Loads the package first (a
+    package that does not load is never logged).  Logs nothing when the run already holds a READY
+    ``model`` (:func:`logged_model_ready`: an outbox replayed twice logs one model)."""
+    from mlflow.models import infer_signature
+
+    client = mlflow.MlflowClient(tracking_uri)
+    if logged_model_ready(client, run_id):
+        return LoggedModel(f"runs:/{run_id}/{MODEL_NAME}")
+    with quiet_model_logging():
+        predictor = load_predictor(package)          # the example's output, and a check that it loads
+        experiment = predictor_experiment(package)
         example = pd.DataFrame({predictor.input_column: list(experiment.example_inputs())})
         signature = infer_signature(example, predictor.predict(example[predictor.input_column].tolist()),
                                     params={"chunk_size": 256, **getattr(predictor, "options", {})})
@@ -149,14 +180,14 @@ def log_model(tracking_uri: str, run_id: str, experiment, config: Mapping[str, A
         mlflow.set_tracking_uri(tracking_uri)
         try:
             with mlflow.start_run(run_id=run_id):
-                info = mlflow.pyfunc.log_model(name=MODEL_NAME, python_model=FoldModel(), artifacts={"package": pkg},
-                                               code_paths=_CODE, signature=signature, input_example=example,
+                info = mlflow.pyfunc.log_model(name=MODEL_NAME, python_model=FoldModel(),
+                                               artifacts={"package": package}, code_paths=_CODE,
+                                               signature=signature, input_example=example,
                                                pip_requirements=requirements, registered_model_name=register_as)
         finally:
             mlflow.set_tracking_uri(previous)
     version = getattr(info, "registered_model_version", None)
     if register_as and version is not None:
-        client = mlflow.MlflowClient(tracking_uri)
         for k, v in (version_tags or {}).items():
             client.set_model_version_tag(register_as, str(version), k, str(v))
     return LoggedModel(f"runs:/{run_id}/{MODEL_NAME}", register_as if version is not None else None,

@@ -11,7 +11,9 @@ Operation kinds (:data:`KINDS`): ``metrics`` (``items``: ``[key, value, timestam
 MLflow identifies a metric by all four, so replaying one that already reached the store adds
 nothing; with ``unless_logged`` the whole operation is skipped when the run already has a value
 of that key at ``step``), ``params``, ``tags`` (``items``: ``{key: value}``), ``artifacts``
-(``dir`` relative to ``D``, ``artifact_path``), ``table`` (``table``: pandas ``orient="split"``
+(``dir`` relative to ``D``, ``artifact_path``), ``model`` (``dir``: a model package of
+:func:`pipelines.mlflow_model.write_package`, ``register_as``, ``version_tags``: logged as the
+run's MLflow Model ``model``, unless the run holds one already), ``table`` (``table``: pandas ``orient="split"``
 JSON, ``name``), ``text`` (``text``, ``name``), ``inputs`` (``items``: dataset inputs, each
 ``{name, digest, source_type, source, profile, context}``; ``run_name_suffix``: appended to the
 run's name unless it already ends with it), ``experiment_tags`` (``items``: ``{key: value}`` on the
@@ -34,7 +36,7 @@ import threading
 import uuid
 from typing import Any, Optional
 
-KINDS = ("metrics", "params", "tags", "artifacts", "table", "text", "inputs", "experiment_tags", "end")
+KINDS = ("metrics", "params", "tags", "artifacts", "model", "table", "text", "inputs", "experiment_tags", "end")
 FILES_DIR = "files"
 _MLFLOW_BATCH_METRICS = 900
 _MLFLOW_BATCH_PARAMS = 90
@@ -87,8 +89,8 @@ class Outbox:
         return os.path.join(self.directory, f"{socket.gethostname()}-{os.getpid()}.jsonl")
 
     def put(self, op: dict, files: Optional[str] = None) -> None:
-        """Append ``op`` (a kind of :data:`KINDS`) to this process's file; for ``artifacts``,
-        ``files`` is the local directory whose contents are copied into the outbox first."""
+        """Append ``op`` (a kind of :data:`KINDS`) to this process's file; for ``artifacts`` and
+        ``model``, ``files`` is the local directory whose contents are copied into the outbox first."""
         if op.get("op") not in KINDS:
             raise ValueError(f"unknown outbox operation {op.get('op')!r}; expected one of {KINDS}")
         op = dict(op)
@@ -146,7 +148,7 @@ class Outbox:
                 for p in order:
                     apply(client, p.op, self.directory)
                     done.setdefault(p.path, set()).add(p.line)
-                    if p.op["op"] == "artifacts":
+                    if p.op["op"] in ("artifacts", "model"):
                         shutil.rmtree(os.path.join(self.directory, p.op["dir"]), ignore_errors=True)
                     self._drop(p.path, done[p.path])
             finally:
@@ -188,6 +190,11 @@ def apply(client, op: dict, directory: str) -> None:
         client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in op["items"].items()])
     elif kind == "artifacts":
         client.log_artifacts(run_id, os.path.join(directory, op["dir"]), artifact_path=op.get("artifact_path"))
+    elif kind == "model":
+        from .mlflow_model import log_package
+
+        log_package(client.tracking_uri, run_id, os.path.join(directory, op["dir"]), op.get("register_as"),
+                    op.get("version_tags"))
     elif kind == "table":
         import io
 

@@ -34,6 +34,10 @@ continues from its last epoch checkpoint); the same parent run is completed.
 CPUs: each trial's workers get ``ray.cpus_per_worker`` (default: what leaves one CPU of the cluster
 to Ray Data when ``--max-concurrent`` trials run at once; default concurrency
 ``cluster CPUs // (workers + 1)``, at least 1); the trial's own Tune actor reserves 0.01 CPU.
+The parent's writes, and its tags on the trials' runs, go through an outbox in
+``DIR/mlflow-outbox`` (:mod:`pipelines.outbox`) with the base config's ``tracking.*`` outage
+policy: a tracking server lost at the end of a sweep loses nothing (the sweep ends naming the
+outbox and the replay command); reading the trials' runs back needs the server.
 An interrupted sweep (Ctrl-C: Tune saves its state and returns) leaves the parent run RUNNING and
 exits with status 3, naming the ``--resume`` command; a sweep in which no trial finished ends its
 parent run FAILED and exits with status 1.
@@ -70,6 +74,8 @@ log = logging.getLogger("pipelines.sweep")
 
 #: the sweep definition inside the sweep's directory
 PLAN_FILE = "sweep.json"
+#: the parent run's outbox, under the sweep's directory (:mod:`pipelines.outbox`)
+OUTBOX_DIR = "mlflow-outbox"
 #: CPU reserved by each trial's Tune actor (it only waits on its TorchTrainer)
 TRIAL_CPU = 0.01
 #: ``--experiment`` short names -> Experiment classes (else ``package.module.Class``)
@@ -388,8 +394,9 @@ def _close_stale_children(tracker: trk.Tracker, why: str) -> int:
     n = 0
     for r in _children(tracker):
         if r.info.status == "RUNNING":
-            tracker.client.set_tag(r.info.run_id, "sweep.ended", why)
-            tracker.client.set_terminated(r.info.run_id, status="KILLED")
+            child = tracker.for_run(r.info.run_id)
+            child.tags({"sweep.ended": why})
+            child.end("KILLED")
             n += 1
     return n
 
@@ -469,7 +476,9 @@ def _log_parent(plan: SweepPlan, tracker: trk.Tracker, trials: Sequence[TrialOut
 # --------------------------------------------------------------------------- driver
 
 def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
-    tracker = trk.Tracker(plan.config["tracking"]["uri"], plan.parent_run_id)
+    t = plan.config["tracking"]
+    tracker = trk.Tracker(t["uri"], plan.parent_run_id).with_outbox(
+        os.path.join(plan.directory, OUTBOX_DIR), trk.OutagePolicy.from_config(t))
     try:
         if plan.parent_run_id:
             closed = _close_stale_children(tracker, "its trial was interrupted; the trial reran after resume")
@@ -493,7 +502,7 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
         trials = _outcomes(results, plan, tracker)
         for t in trials:
             if t.run_id and t.status == STOPPED:
-                tracker.client.set_tag(t.run_id, "sweep.stopped_early", "true")
+                tracker.for_run(t.run_id).tags({"sweep.stopped_early": "true"})
         experiment = _experiment(experiment_class(plan.experiment), plan.config)
         summary = summarize(trials, experiment.selection_metric, experiment.selection_mode)
         members, ensemble = seed_ensemble(plan, trials, tracker.client)
@@ -503,6 +512,11 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
         _log_parent(plan, tracker, trials, summary, ensemble, table)
         status = "FINISHED" if summary.n_finished else "FAILED"
         tracker.end(status)
+        if not tracker.drain():
+            msg = f"sweep {plan.name}: {tracker.outage_message()}"
+            if tracker.policy.required:
+                raise trk.TrackingUnavailable(msg)
+            log.warning("%s (tracking.mode=optional: the sweep's result stands)", msg)
     except SweepInterrupted:
         raise  # the parent stays RUNNING: --resume completes it
     except BaseException:
@@ -636,6 +650,9 @@ def main(argv: Optional[Sequence[str]] = None) -> SweepResult:
     except SweepInterrupted as err:
         log.error("%s", err)
         raise SystemExit(3) from None
+    except trk.TrackingUnavailable as err:
+        log.error("%s", err)
+        raise SystemExit(1) from None
     finally:
         if started:
             import ray

@@ -361,6 +361,16 @@ class OutagePolicy:
     http_timeout_s: int = 10
     required: bool = True
 
+    @classmethod
+    def from_config(cls, tracking: Mapping[str, Any]) -> "OutagePolicy":
+        """The policy of a config's ``tracking`` section (``outage_timeout_s``, ``http_retries``,
+        ``http_timeout_s``, ``mode``); the backoff tops out at a quarter of the outage timeout,
+        between 1 and 30 s."""
+        return cls(outage_timeout_s=tracking["outage_timeout_s"], http_retries=tracking["http_retries"],
+                   http_timeout_s=tracking["http_timeout_s"],
+                   retry_max_s=max(1.0, min(30.0, tracking["outage_timeout_s"] / 4)),
+                   required=tracking["mode"] == "required")
+
 
 class Tracker:
     """One MLflow run, driven through an ``MlflowClient`` (no global ``mlflow.start_run`` state,
@@ -560,6 +570,23 @@ class Tracker:
             with tempfile.TemporaryDirectory() as d:
                 _write_state_dict(state_dict, meta, d)
                 self._send({"op": "artifacts", "artifact_path": "weights"}, files=d)
+
+    def model(self, package: str, register_as: Optional[str] = None,
+              version_tags: Optional[Mapping[str, Any]] = None) -> bool:
+        """Log the model package directory ``package`` (:func:`pipelines.mlflow_model.write_package`)
+        as the run's MLflow Model ``model`` (registered as a new version of ``register_as`` when
+        given, tagged with ``version_tags``), or buffer it in the outbox (the replay logs it);
+        True when it was logged now."""
+        if not self.enabled:
+            return False
+        return self._send({"op": "model", "register_as": register_as,
+                           "version_tags": {k: str(v) for k, v in (version_tags or {}).items()}}, files=package)
+
+    def for_run(self, run_id: str) -> "Tracker":
+        """A tracker of another run ``run_id`` in the same store, buffering into this tracker's
+        outbox under the same policy (for writes such as tagging the run this one resumes)."""
+        return Tracker(self.uri, run_id, self.enabled, self.outbox.directory if self.outbox is not None else None,
+                       self.policy)
 
     def text(self, text: str, name: str) -> None:
         if self.enabled:

@@ -285,10 +285,7 @@ def _setup_tracking(experiment: Experiment, cfg: dict) -> trk.Tracker:
             raise trk.TrackingUnavailable(f"MLflow tracking store {uri} is unusable: {e}") from e
         logger.warning("tracking disabled (tracking.mode=optional): %s", e)
         return trk.Tracker(uri, enabled=False)
-    t = cfg["tracking"]
-    return tracker.with_outbox(_outbox_dir(cfg, tracker.run_id), trk.OutagePolicy(
-        outage_timeout_s=t["outage_timeout_s"], http_retries=t["http_retries"], http_timeout_s=t["http_timeout_s"],
-        retry_max_s=max(1.0, min(30.0, t["outage_timeout_s"] / 4)), required=mode == "required"))
+    return tracker.with_outbox(_outbox_dir(cfg, tracker.run_id), trk.OutagePolicy.from_config(cfg["tracking"]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -458,18 +455,21 @@ def _log_results(experiment: Experiment, cfg: dict, tracker: trk.Tracker, state:
                                         "class": f"{type(experiment).__module__}.{type(experiment).__qualname__}",
                                         "best": state.best or {}, "config": cfg})
         model_context = experiment.model_context(cfg, context)
-        if model_context is not None and tracker.enabled and tracker.buffered:
-            logger.warning("the MLflow Model 'model' is not logged: the tracking server does not answer (the "
-                           "weights wait in the outbox as weights/state_dict.pt; the checkpoint holds %s)", BEST_FILE)
-        elif model_context is not None and tracker.enabled:
-            from .mlflow_model import log_model
+        if model_context is not None and tracker.enabled:
+            from .mlflow_model import write_package
 
             key = f"best/dev/{experiment.selection_metric}"
-            logged = log_model(tracker.uri, tracker.run_id, experiment, cfg, model_context, best_model,
-                               register_as=cfg["tracking"]["register_model"],
-                               version_tags={key.replace("/", "_"): final[key]} if key in final else None)
-            logger.info("model logged: %s%s", logged.model_uri,
-                     f" (registered: {logged.registered_name} version {logged.version})" if logged.version else "")
+            with tempfile.TemporaryDirectory(prefix="fold-model-") as d:
+                write_package(d, experiment, cfg, model_context, best_model)
+                sent = tracker.model(d, register_as=cfg["tracking"]["register_model"],
+                                     version_tags={key.replace("/", "_"): final[key]} if key in final else None)
+            if sent:
+                logger.info("model logged: runs:/%s/model%s", tracker.run_id,
+                            f" (registered as a new version of {cfg['tracking']['register_model']})"
+                            if cfg["tracking"]["register_model"] else "")
+            else:
+                logger.warning("the MLflow Model 'model' waits in the outbox %s with the run's other buffered "
+                               "operations (the tracking server does not answer)", tracker.outbox.directory)
     tracker.text(json.dumps(cfg, indent=2, default=str), "config.json")
 
 
@@ -516,7 +516,8 @@ def link_interrupted(tracker: trk.Tracker, cfg: dict) -> None:
     this store by their ``ray.run_name`` tag: the checkpoint's parent directory); such a run
     still RUNNING (its driver died) is marked KILLED and tagged with this run's id.  While the
     tracking server does not answer, the other runs are left as they are (one warning) and this
-    run's tag waits in its outbox."""
+    run's tag waits in its outbox; so do the other runs' tags and status when the server stops
+    answering after they were found."""
     path = os.path.abspath(cfg["resume_from"])
     ray_run = os.path.basename(os.path.dirname(path))
     tags = {"resumed_from.checkpoint": path}
@@ -529,9 +530,10 @@ def link_interrupted(tracker: trk.Tracker, cfg: dict) -> None:
             if found:
                 tags["resumed_from.run_id"] = ",".join(r.info.run_id for r in found)
             for r in found:
-                client.set_tag(r.info.run_id, "resumed_by.run_id", tracker.run_id)
+                other = tracker.for_run(r.info.run_id)  # buffered with this run's operations if the server goes
+                other.tags({"resumed_by.run_id": tracker.run_id})
                 if r.info.status == "RUNNING":
-                    client.set_terminated(r.info.run_id, status="KILLED")
+                    other.end("KILLED")
                     logger.info("MLflow run %s (interrupted, still RUNNING) marked KILLED; %s resumes it",
                                 r.info.run_id, tracker.run_id)
         except Exception as err:  # noqa: BLE001 - classified below

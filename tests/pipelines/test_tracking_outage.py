@@ -83,6 +83,47 @@ def test_tracker_buffers_while_down_and_flushes_on_return(server, tmp_path, monk
     assert not os.path.exists(box)
 
 
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_model_logged_while_the_server_is_down_waits_and_is_replayed_once(server, tmp_path, monkeypatch):
+    """The MLflow Model goes through the outbox like the rest: buffered (with its package) while
+    the server is down, logged by the replay command, and a replay of an operation that already
+    reached the store (a replay interrupted after sending it) logs no second model."""
+    import mlflow
+    import pandas as pd
+
+    from pipelines.mlflow_model import MODEL_NAME, write_package
+    from tests.pipelines.helpers import untrained_esol
+
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
+    exp, cfg, mc, model = untrained_esol()
+    pkg = tmp_path / "pkg"
+    write_package(str(pkg), exp, cfg, mc, model.state_dict())
+    policy = trk.OutagePolicy(outage_timeout_s=1.0, retry_s=0.2, retry_max_s=0.5, http_retries=0, http_timeout_s=5)
+    box = tmp_path / "outbox"
+    t = trk.Tracker.start(server.uri, "model-outage").with_outbox(str(box), policy)
+    server.kill()
+    assert t.model(str(pkg), version_tags={"best_dev_rmse": 1.5}) is False
+    t.end("FINISHED")
+    assert not t.drain(0.0)
+    [op] = [p.op for p in outbox.Outbox(str(box)).pending() if p.op["op"] == "model"]
+    assert os.path.exists(box / op["dir"] / "weights.pt")    # the package travels with the operation
+    server.start()
+    client = MlflowClient(server.uri)
+    outbox.apply(client, op, str(box))       # sent, then "interrupted" before leaving the outbox
+    out = _replay(box, server.uri)
+    assert out.returncode == 0, out.stderr
+    assert not os.path.exists(box)
+    exp_id = client.get_run(t.run_id).info.experiment_id
+    models = client.search_logged_models([exp_id], filter_string=f"source_run_id = '{t.run_id}'")
+    assert [m.name for m in models] == [MODEL_NAME]
+    mlflow.set_tracking_uri(server.uri)
+    pred = mlflow.pyfunc.load_model(f"runs:/{t.run_id}/model").predict(pd.DataFrame({"smiles": ["CCO", "C1CC"]}))
+    assert pred["error"].isna().tolist() == [True, False]
+    assert client.get_run(t.run_id).info.status == "FINISHED"
+
+
 def test_a_server_that_never_answers_blocks_no_call_for_long(tmp_path, monkeypatch):
     """A tracking server that accepts connections and never answers (a listening socket): each
     call waits at most the HTTP timeout once, later ones go straight to the outbox; the dataset
@@ -178,7 +219,8 @@ def _kill_when_epoch_one_is_logged(server, tmp, errors: list) -> threading.Threa
     operation is buffered."""
     def go():
         try:
-            _wait_for(lambda: os.path.exists(f"{tmp}/paused"), "epoch 2 to start")
+            # 50 s on a quiet machine; over 180 s seen with the load at 8
+            _wait_for(lambda: os.path.exists(f"{tmp}/paused"), "epoch 2 to start", timeout_s=420)
             _wait_for(lambda: _epoch_one_logged(server, tmp), "epoch 1 in MLflow")
             server.kill()
             _wait_for(lambda: glob.glob(f"{tmp}/outbox/*.jsonl"), "an operation to be buffered")
@@ -204,7 +246,7 @@ def _assert_every_epoch_once(uri, run_id):
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)
 def test_run_survives_a_tracking_server_restart(ray_cluster, server, tmp_path):
     from pipelines.train import run
 
@@ -247,7 +289,7 @@ def _molecule_file(tmp, data_dir):
 def test_a_run_whose_server_dies_at_once_loses_nothing(ray_cluster, server, data_dir, tmp_path, monkeypatch):
     """The tracking server is killed as soon as the run exists and never returns: the params, the
     runs-table view, the dataset inputs (and the run's own-data name), the skip report, the system
-    metrics, every epoch and the results (the weights too) wait in the outbox; the run ends (it
+    metrics, every epoch and the results (the weights and the MLflow Model too) wait in the outbox; the run ends (it
     does not hang) naming the outbox, the run and the replay command; replayed, the MLflow run
     holds all of them, each once.  The data has bad rows (``data.skip_bad=true``): each is counted
     under ``skipped/*`` and named in ``data/skipped.csv``."""
@@ -298,6 +340,8 @@ def test_a_run_whose_server_dies_at_once_loses_nothing(ray_cluster, server, data
         assert _steps(client, run_id, key) == list(range(1, EPOCHS + 1)), key
     arts = {a.path for a in client.list_artifacts(run_id)}
     assert {"results.json", "plots", "weights", "tables", "config.json", "data"} <= arts
+    models = client.search_logged_models([r.info.experiment_id], filter_string=f"source_run_id = '{run_id}'")
+    assert [mdl.name for mdl in models] == ["model"]          # the MLflow Model, replayed once
     m = r.data.metrics
     assert (m["skipped/all/bad_rows"], m["skipped/all/unparsable_smiles"], m["skipped/all/over_max_atoms"]) == (1, 1, 1)
     assert m["data/train_records"] + m["data/dev_records"] + m["data/test_records"] == 37
@@ -317,3 +361,35 @@ def test_a_run_whose_server_dies_at_once_loses_nothing(ray_cluster, server, data
     assert r.info.run_name.startswith("mol-outage") and "-data" in r.info.run_name
     exp_tags = client.get_experiment_by_name("mol-outage").tags
     assert f"mlflow.sharedViewState.{VIEW_KEY}" in exp_tags
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_sweep_marks_its_stale_trials_through_the_outbox(server, tmp_path, monkeypatch):
+    """The sweep's writes on its trials' runs (``sweep.ended`` and KILLED for a trial left
+    RUNNING) wait in the parent's outbox while the server is down and land once on replay."""
+    from pipelines import sweep
+
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
+    policy = trk.OutagePolicy(outage_timeout_s=1.0, retry_s=0.2, retry_max_s=0.5, http_retries=0, http_timeout_s=5)
+    box = tmp_path / "outbox"
+    parent = trk.Tracker.start(server.uri, "sweep-outage").with_outbox(str(box), policy)
+    child = trk.Tracker.start(server.uri, "sweep-outage", tags={"mlflow.parentRunId": parent.run_id})
+    found = sweep._children(parent)           # read while the server answers
+    assert [r.info.run_id for r in found] == [child.run_id]
+    monkeypatch.setattr(sweep, "_children", lambda tracker: found)
+    server.kill()
+    t0 = time.perf_counter()
+    assert sweep._close_stale_children(parent, "the sweep was interrupted") == 1
+    parent.end("FINISHED")
+    assert not parent.drain(0.0) and time.perf_counter() - t0 < 30
+    assert {(p.op["op"], p.op["run_id"]) for p in outbox.Outbox(str(box)).pending()} == {
+        ("tags", child.run_id), ("end", child.run_id), ("end", parent.run_id)}
+    server.start()
+    out = _replay(box, server.uri)
+    assert out.returncode == 0, out.stderr
+    client = MlflowClient(server.uri)
+    run = client.get_run(child.run_id)
+    assert run.info.status == "KILLED" and run.data.tags["sweep.ended"] == "the sweep was interrupted"
+    assert client.get_run(parent.run_id).info.status == "FINISHED"

@@ -221,3 +221,67 @@ def test_driver_killed_then_resumed_matches_uninterrupted(baseline, tmp_path):
     assert killed.info.status == "KILLED" and killed.data.tags["resumed_by.run_id"] == res.run_id
     assert resumed.data.tags["resumed_from.run_id"] == killed.info.run_id
     assert sorted(m.step for m in client.get_metric_history(res.run_id, "dev/accuracy")) == [1, 2, 3]
+
+
+_TOGETHER = """
+import os, sys, time
+
+from pipelines.config import load_config, merged_schema
+from pipelines.train import run
+from tests.pipelines.toy_experiment import ToyExperiment
+
+exp = ToyExperiment()
+cfg = load_config(sys.argv[2], sys.argv[3:], merged_schema(exp.config_schema))
+open(sys.argv[1] + ".ready" + cfg["ray"]["run_name"], "w").close()
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+run(exp, cfg)
+"""
+
+
+@pytest.mark.timeout(600)
+def test_two_runs_started_together_on_a_fresh_store_match_the_uninterrupted_run(baseline, tmp_path):
+    """Two whole training runs (each its own driver process, on this cluster) start at the same
+    moment on a store that does not exist yet: the store is created once, both runs finish, and
+    each logs every epoch once with the uninterrupted run's values."""
+    import subprocess
+    import sys
+
+    ref, _ = baseline
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    _, cfg = _config(tmp_path, "tracking.system_metrics_s=0", "ray.cpus_per_worker=0.25")
+    uri = cfg["tracking"]["uri"] = f"sqlite:///{tmp_path}/fresh/mlflow.db"
+    os.makedirs(tmp_path / "fresh")
+    conf = tmp_path / "driver.yaml"
+    conf.write_text(yaml.safe_dump(cfg))
+    go = tmp_path / "go"
+    logs = [open(tmp_path / f"driver{i}.log", "w") for i in range(2)]
+    drivers = [subprocess.Popen([sys.executable, "-c", _TOGETHER, str(go), str(conf), f"ray.run_name=together-{i}",
+                                 f"ray.address={ray.get_runtime_context().gcs_address}"],
+                                cwd=repo, env={**os.environ, "PYTHONPATH": repo}, stdout=logs[i],
+                                stderr=subprocess.STDOUT) for i in range(2)]
+    try:
+        deadline = time.monotonic() + 180   # both imported, then both start when `go` appears
+        while len(list(tmp_path.glob("go.ready*"))) < 2:
+            assert time.monotonic() < deadline and all(d.poll() is None for d in drivers), \
+                "\n".join((tmp_path / f"driver{i}.log").read_text()[-2000:] for i in range(2))
+            time.sleep(0.05)
+        assert not os.path.exists(tmp_path / "fresh" / "mlflow.db")
+        go.touch()
+        codes = [d.wait(timeout=500) for d in drivers]
+    finally:
+        for d in drivers:
+            if d.poll() is None:
+                d.kill()
+        for f in logs:
+            f.close()
+    assert codes == [0, 0], "\n".join((tmp_path / f"driver{i}.log").read_text()[-3000:] for i in range(2))
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("toy-test").experiment_id])
+    assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
+    for r in runs:
+        for key in ("train/objective", "dev/accuracy", "test/accuracy"):
+            got = sorted((m.step, m.value) for m in client.get_metric_history(r.info.run_id, key))
+            want = [(int(h["epoch"]), h[key]) for h in ref.history]
+            assert [s for s, _ in got] == [s for s, _ in want], key
+            assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6, abs=1e-9), key
