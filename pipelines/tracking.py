@@ -394,6 +394,8 @@ class Tracker:
         self.outbox = outbox.Outbox(outbox_dir) if outbox_dir else None
         self.policy = policy or OutagePolicy()
         self.ended = False
+        #: the metric keys this tracker object was asked to log (not those of its pickled copies)
+        self.metric_keys: set[str] = set()
         self._client = None
         self._next_try = 0.0
         self._wait = self.policy.retry_s
@@ -536,6 +538,7 @@ class Tracker:
         """Log ``metrics`` at ``step``; with ``unless_logged`` (a key) only when the run has no
         value of that key at ``step`` yet (checked when sent, also from the outbox)."""
         if self.enabled:
+            self.metric_keys.update(_safe_key(k) for k in metrics)
             op = {"op": "metrics", "step": int(step), "items": metric_items(metrics, step, timestamp_ms)}
             if unless_logged:
                 op["unless_logged"] = _safe_key(unless_logged)

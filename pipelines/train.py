@@ -42,7 +42,7 @@ from . import tracking as trk
 from .checkpoint import BEST_FILE, STATE_FILE
 from .config import ConfigError, merged_schema, validate
 from .dataset_inputs import dataset_inputs, log_dataset_inputs
-from .runs_view import columns_for, run_url, runs_view_url, save_runs_view
+from .runs_view import charts_view_url, columns_for, run_url, runs_view_url, save_runs_view
 from .experiment import Experiment
 from .metrics import prefixed
 from .outbox import is_transient
@@ -326,13 +326,21 @@ def _log_loaded(tracker: trk.Tracker, loaded: Loaded, params: Mapping[str, Any],
     logger.info("%s: %s", verb, loaded.line())
 
 
-def _save_runs_view(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> None:
-    """The experiment's saved runs-table view (:mod:`pipelines.runs_view`): the experiment's key
-    metrics, timing and the params that tell runs apart, as columns (an experiment tag, sent
-    through ``tracker``)."""
+def _save_runs_view(experiment: Experiment, cfg: dict, tracker: trk.Tracker,
+                    metric_keys: Optional[Sequence[str]] = None) -> None:
+    """The experiment's saved view (:mod:`pipelines.runs_view`, an experiment tag sent through
+    ``tracker``): the experiment's key metrics, timing and the params that tell runs apart as
+    columns; the chart view's sections of ``metric_keys`` (None: the keys a run of
+    ``experiment`` logs per epoch and at its end, ``<split>/<metric>``, ``best/...``, ``time/...``)
+    with the learning curves first."""
     flat = trk.flatten_params(cfg)
     params = [p for p in ("scheduler", "seed", "epochs", "batch_size", "optimizer.lr", "precision") if p in flat]
-    save_runs_view(tracker, columns_for(experiment.key_metrics or (experiment.selection_metric,), params))
+    key_metrics = experiment.key_metrics or (experiment.selection_metric,)
+    if metric_keys is None:
+        names = ("loss", experiment.selection_metric, *key_metrics)
+        metric_keys = ["train/objective", "best/epoch", "time/epoch_s", "time/records_per_s"] + [
+            f"{prefix}{split}/{m}" for prefix in ("", "best/") for split in ("train", "dev", "test") for m in names]
+    save_runs_view(tracker, columns_for(key_metrics, params), metric_keys)
 
 
 def configure_ray_data(cfg: dict) -> None:
@@ -614,6 +622,7 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
             monitor.finish()  # its last sample before the outbox is drained and the run ended
         drained = tracker.drain()  # the epochs the callback buffered go first
         _log_results(experiment, cfg, tracker, state, best_model, final, splits.context)
+        _save_runs_view(experiment, cfg, tracker, sorted(tracker.metric_keys))  # the keys this run logged
         tracker.end("FINISHED")
         if not tracker.drain(None if drained else 0.0):
             msg = f"{tracker.outage_message()}; the checkpoint is {result.checkpoint.path}"
@@ -667,7 +676,7 @@ def report(experiment: Experiment, res: RunResult, extra: Mapping[str, float], r
             exp_id = MlflowClient(res.tracking_uri).get_run(res.run_id).info.experiment_id
             ui = os.environ.get("FOLD_MLFLOW_UI", "http://127.0.0.1:5000")
             print(f"MLflow UI (bash scripts/ui.sh): run {run_url(ui, exp_id, res.run_id)}  "
-                  f"runs table {runs_view_url(ui, exp_id)}")
+                  f"runs table {runs_view_url(ui, exp_id)}  charts {charts_view_url(ui, exp_id)}")
         except Exception:  # noqa: BLE001  (the links are a convenience)
             pass
     if result_json:

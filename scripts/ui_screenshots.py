@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Screenshots of the MLflow UI over a store, taken with headless Chromium, to check what a user
 sees: the experiment list, the runs table (the saved view: key metrics and params as columns),
-a run page, the compare view of two runs and the reproduction summary run.
+the chart view of the same saved view (learning curves first), a run page, the compare view of
+two runs and the reproduction summary run.
 
     python scripts/ui_screenshots.py [--store sqlite:///mlflow.db] [--experiment sst-tai2015] [--out results/ui]
 
@@ -64,7 +65,7 @@ def screenshot(chromium: str, url: str, path: str, size=(2400, 1000), budget_ms:
 
 def views(client, base: str, experiment: str) -> list[tuple[str, str]]:
     """``[(name, url)]`` of the views to capture."""
-    from pipelines.runs_view import MODEL_TRAINING, VIEW_KEY, run_url, runs_view_url
+    from pipelines.runs_view import MODEL_TRAINING, VIEW_KEY, charts_view_url, run_url, runs_view_url
 
     out = [("experiments", f"{base}/#/experiments?{MODEL_TRAINING}")]
     exp = client.get_experiment_by_name(experiment)
@@ -73,6 +74,7 @@ def views(client, base: str, experiment: str) -> list[tuple[str, str]]:
                          f"{[e.name for e in client.search_experiments()]}")
     runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"], max_results=2)
     out.append(("runs_table", runs_view_url(base, exp.experiment_id, VIEW_KEY)))
+    out.append(("charts", charts_view_url(base, exp.experiment_id, VIEW_KEY)))
     if runs:
         out.append(("run", run_url(base, exp.experiment_id, runs[0].info.run_id)))
         out.append(("run_model_metrics", run_url(base, exp.experiment_id, runs[0].info.run_id).replace(
@@ -109,8 +111,9 @@ def main(argv=None) -> list[str]:
         base = f"http://127.0.0.1:{port}"
         for name, url in views(MlflowClient(args.store), base, args.experiment):
             path = os.path.join(args.out, f"{name}.png")
-            # the run and compare pages list the metrics below the fold: a taller page shows them
-            screenshot(chromium, url, path, size=(2400, 3000) if name in ("compare", "run") else (2400, 1000))
+            # the run, compare and chart pages list the metrics below the fold: a taller page shows them
+            tall = name in ("compare", "run", "charts")
+            screenshot(chromium, url, path, size=(2400, 3000) if tall else (2400, 1000))
             written.append(path)
             print(path)
     finally:

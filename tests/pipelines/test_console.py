@@ -99,6 +99,7 @@ def test_entry_point_prints_an_epoch_line_per_epoch_and_little_else(tmp_path, da
     assert result["run_id"] and 0.0 <= result["best/test/fine"] <= 1.0 and result["time/mean_epoch_s"] > 0
     assert f"model: runs:/{result['run_id']}/model" in res.stdout
     assert "viewStateShareKey=foldengine&workflowType=machine_learning" in res.stdout
+    assert "viewStateShareKey=foldengine&compareRunsMode=CHART&workflowType=machine_learning" in res.stdout
     assert not (home / ".ray").exists()     # the local Ray's token stayed in the process environment
 
 

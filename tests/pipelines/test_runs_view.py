@@ -1,8 +1,9 @@
 """The runs-table view in a real browser: a real ``mlflow server`` on loopback, headless Chromium
 rendering the UI.  With the saved view (:func:`pipelines.runs_view.save_runs_view`) the runs
 table shows the key metrics and timing as columns; without it they are absent (so the check can
-fail); the compare view of two runs shows both runs' figures.  Skipped, saying why, where no
-Chromium is installed (``apt-get install chromium``; ``.ci/run`` installs it where it can) or
+fail); the compare view of two runs shows both runs' figures; the chart view with the saved view
+has its sections in our order (learning curves first), without it in MLflow's alphabetical one.
+Skipped, saying why, where no Chromium is installed (``apt-get install chromium``; ``.ci/run`` installs it where it can) or
 where it cannot render a page headless."""
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import mlflow
 import pytest
 from mlflow.entities import Metric, Param
 
-from pipelines.runs_view import MODEL_TRAINING, columns_for, run_url, runs_view_url, save_runs_view
+from pipelines.runs_view import (MODEL_TRAINING, charts_view_url, columns_for, run_url, runs_view_url,
+                                 save_runs_view)
 from pipelines.tracking import EXPERIMENT_KIND_TAG, Tracker
 
 from .mlflow_server import MlflowServer
@@ -88,3 +90,32 @@ def test_the_compare_view_and_the_run_page_show_the_figures(ui):
     assert "best/test/auc" in compare and "0.812" in compare and "0.798" in compare
     run_page = _page_text(run_url(server.uri, exp_id, ids[0]))
     assert "best/test/auc" in run_page and "0.812" in run_page and "time/mean_epoch_s" in run_page
+
+
+CURVES = ("train/objective", "dev/accuracy", "test/accuracy", "best/dev/accuracy", "time/epoch_s")
+
+
+def _section_headers(text: str) -> list[str]:
+    """The chart view's section headers in page order, ``"<name> (<charts>)"`` (each followed by
+    its "Add chart" button)."""
+    return re.findall(r"(\S+(?: metrics)? \(\d+\))\s+Add chart", re.sub(r"\s+", " ", text))
+
+
+@pytest.mark.timeout(400)
+def test_the_chart_view_has_the_learning_curves_first(ui):
+    server, client, _, _ = ui
+    exp_id = client.create_experiment("charts-test", tags={EXPERIMENT_KIND_TAG: "custom_model_development"})
+    ids = []
+    for seed in range(2):
+        run = client.create_run(exp_id, run_name=f"curves{seed}")
+        client.log_batch(run.info.run_id, metrics=[Metric(k, 0.5 + 0.1 * step + 0.01 * seed, 0, step)
+                                                   for k in CURVES for step in range(1, 5)])
+        client.set_terminated(run.info.run_id)
+        ids.append(run.info.run_id)
+    plain = _section_headers(_page_text(f"{server.uri}/#/experiments/{exp_id}/runs?compareRunsMode=CHART&"
+                                        f"{MODEL_TRAINING}"))
+    assert plain[:5] == ["best/dev (1)", "dev (1)", "test (1)", "time (1)", "train (1)"], plain  # MLflow's order
+    save_runs_view(Tracker(server.uri, ids[0]), columns_for(("accuracy",), []), CURVES)
+    shown = _section_headers(_page_text(charts_view_url(server.uri, exp_id)))
+    # one chart (a metric) per section, the sections in our order
+    assert shown == ["train (1)", "dev (1)", "test (1)", "best/dev (1)", "time (1)"], shown

@@ -4,6 +4,7 @@ replayed); every epoch's metrics, and everything else the run logs, end in MLflo
 from __future__ import annotations
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -297,7 +298,7 @@ def test_a_run_whose_server_dies_at_once_loses_nothing(ray_cluster, server, data
 
     from pipelines.config import load_config, merged_schema
     from pipelines.molecules.experiment import MoleculeExperiment
-    from pipelines.runs_view import VIEW_KEY
+    from pipelines.runs_view import VIEW_KEY, chart_sections
     from pipelines.train import run
 
     path, max_atoms = _molecule_file(tmp_path, data_dir)
@@ -361,6 +362,12 @@ def test_a_run_whose_server_dies_at_once_loses_nothing(ray_cluster, server, data
     assert r.info.run_name.startswith("mol-outage") and "-data" in r.info.run_name
     exp_tags = client.get_experiment_by_name("mol-outage").tags
     assert f"mlflow.sharedViewState.{VIEW_KEY}" in exp_tags
+    # the view saved at the run's end: a section for every logged metric, the learning curves first
+    view = json.loads(exp_tags[f"mlflow.sharedViewState.{VIEW_KEY}"])
+    assert {c["metricKey"] for c in view["compareRunCharts"]} >= set(m), sorted(set(m) - {
+        c["metricKey"] for c in view["compareRunCharts"]})
+    assert [s["name"] for s in view["compareRunSections"]] == chart_sections(list(m))
+    assert [s["name"] for s in view["compareRunSections"]][:3] == ["train", "dev", "test"]
 
 
 @pytest.mark.integration
