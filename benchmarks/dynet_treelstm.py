@@ -33,13 +33,40 @@ _IMPORT_ERROR: Optional[str] = None
 
 
 def _dynet(seed: int = 0):
-    """The ``dynet`` module, configured with autobatching on its first import in this process."""
+    """The ``dynet`` module, configured with autobatching on its first import in this process.
+    The import leaves the thread's floating-point environment as it was (:func:`_same_fenv`)."""
     import dynet_config
     cfg = dynet_config.get()
     if cfg is None:
         dynet_config.set(autobatch=1, random_seed=seed + 1)   # DyNet reads seed 0 as "random"
-    import dynet
+    with _same_fenv():
+        import dynet
     return dynet
+
+
+class _same_fenv:
+    """Restores the calling thread's floating-point environment (C ``fegetenv`` / ``fesetenv``)
+    on exit: DyNet's library is linked with ``-ffast-math``, whose load-time constructor turns on
+    flush-to-zero and denormals-are-zero, which would change every later float operation of the
+    process (subnormals read and computed as 0).  A no-op where libm cannot be loaded."""
+
+    def __enter__(self):
+        import ctypes
+        import ctypes.util
+
+        try:
+            self._libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+            self._env = ctypes.create_string_buffer(256)   # fenv_t is 28-32 bytes on glibc x86-64 / aarch64
+            if self._libm.fegetenv(self._env) != 0:
+                self._libm = None
+        except OSError:
+            self._libm = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._libm is not None:
+            self._libm.fesetenv(self._env)
+        return False
 
 
 def available() -> Tuple[bool, str]:

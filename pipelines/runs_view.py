@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-__all__ = ["VIEW_KEY", "MODEL_TRAINING", "MODEL_METRICS", "SYSTEM_METRICS", "save_runs_view", "runs_view_tag",
+__all__ = ["VIEW_KEY", "MODEL_TRAINING", "MODEL_METRICS", "SYSTEM_METRICS", "MAX_TAG_CHARS", "save_runs_view",
+           "runs_view_tag",
            "runs_view_url", "charts_view_url", "run_url", "columns_for", "chart_section", "chart_sections",
            "charts_view_state"]
 
@@ -93,13 +94,27 @@ def charts_view_state(metric_keys: Sequence[str]) -> dict:
     return {"compareRunSections": sections, "compareRunCharts": charts, "isAccordionReordered": True}
 
 
-def runs_view_tag(columns: Sequence[str], metric_keys: Sequence[str] = (), key: str = VIEW_KEY) -> dict[str, str]:
+#: MLflow's limit on an experiment tag's value (characters).
+MAX_TAG_CHARS = 20000
+
+
+def runs_view_tag(columns: Sequence[str], metric_keys: Sequence[str] = (), key: str = VIEW_KEY,
+                  max_chars: int = MAX_TAG_CHARS) -> dict[str, str]:
     """The experiment tag that stores the view: ``{"mlflow.sharedViewState.<key>": <JSON>}``, the
-    JSON ``{"selectedColumns": columns}`` plus, with ``metric_keys``, :func:`charts_view_state`."""
+    JSON ``{"selectedColumns": columns}`` plus, with ``metric_keys``, :func:`charts_view_state`.
+    The JSON stays within ``max_chars``: when the charts do not fit, ``compareRunCharts`` is empty
+    (the UI then adds each metric's chart to the section of its name, keeping the sections' order);
+    when the sections do not fit either, the view holds the columns alone."""
     state: dict = {"selectedColumns": list(columns)}
+    text = json.dumps(state)
     if metric_keys:
         state.update(charts_view_state(metric_keys))
-    return {_TAG + key: json.dumps(state)}
+        for drop in ((), ("compareRunCharts",)):
+            fitted = {**state, **{k: [] for k in drop}}
+            if len(json.dumps(fitted)) <= max_chars:
+                text = json.dumps(fitted)
+                break
+    return {_TAG + key: text}
 
 
 def save_runs_view(tracker, columns: Sequence[str], metric_keys: Sequence[str] = (), key: str = VIEW_KEY) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 
 from benchmarks import dynet_treelstm, peers
@@ -39,6 +40,14 @@ def _needs_dynet():
     ok, why = dynet_treelstm.available()
     if not ok:
         pytest.skip(why)
+
+
+def test_importing_dynet_keeps_subnormal_floats():
+    """DyNet's -ffast-math library must not switch the process to flush-to-zero (it did: later
+    tests drawing subnormal floats failed)."""
+    _needs_dynet()
+    tiny = 2.2250738585072014e-308       # the smallest normal double
+    assert tiny / 2 > 0 and np.float64(5e-324) * 1.0 > 0
 
 
 def test_dynet_computes_the_hand_written_function(small):

@@ -18,8 +18,8 @@ import mlflow
 import pytest
 from mlflow.entities import Metric, Param
 
-from pipelines.runs_view import (MODEL_TRAINING, charts_view_url, columns_for, run_url, runs_view_url,
-                                 save_runs_view)
+from pipelines.runs_view import (MODEL_TRAINING, VIEW_KEY, charts_view_url, columns_for, run_url, runs_view_tag,
+                                 runs_view_url, save_runs_view)
 from pipelines.tracking import EXPERIMENT_KIND_TAG, Tracker
 
 from .mlflow_server import MlflowServer
@@ -118,4 +118,9 @@ def test_the_chart_view_has_the_learning_curves_first(ui):
     save_runs_view(Tracker(server.uri, ids[0]), columns_for(("accuracy",), []), CURVES)
     shown = _section_headers(_page_text(charts_view_url(server.uri, exp_id)))
     # one chart (a metric) per section, the sections in our order
+    assert shown == ["train (1)", "dev (1)", "test (1)", "best/dev (1)", "time (1)"], shown
+    # a view too large for its charts (many metrics) lists the sections only: the UI adds the charts
+    client.set_experiment_tag(exp_id, *next(iter(runs_view_tag([], CURVES, max_chars=1200).items())))
+    assert '"compareRunCharts": []' in client.get_experiment(exp_id).tags[f"mlflow.sharedViewState.{VIEW_KEY}"]
+    shown = _section_headers(_page_text(charts_view_url(server.uri, exp_id)))
     assert shown == ["train (1)", "dev (1)", "test (1)", "best/dev (1)", "time (1)"], shown

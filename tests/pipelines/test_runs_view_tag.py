@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from pipelines.runs_view import (MODEL_METRICS, SYSTEM_METRICS, VIEW_KEY, chart_section, chart_sections,
-                                 charts_view_url, runs_view_tag)
+from pipelines.runs_view import (MAX_TAG_CHARS, MODEL_METRICS, SYSTEM_METRICS, VIEW_KEY, chart_section,
+                                 chart_sections, charts_view_url, runs_view_tag)
 
 KEYS = ["best/test/accuracy", "system/cpu_utilization_percentage", "time/epoch_s", "data/train_records",
         "dev/auc/NR-AR", "test/accuracy", "best/dev/accuracy", "dev/accuracy", "train/objective", "best/epoch",
@@ -61,3 +61,20 @@ def test_the_chart_view_url_opens_the_view_in_chart_mode():
     assert url.startswith("http://h:5000/#/experiments/7/runs?")
     assert f"viewStateShareKey={VIEW_KEY}" in url and "compareRunsMode=CHART" in url
     assert "workflowType=machine_learning" in url
+
+
+def test_a_view_of_many_metrics_fits_mlflows_tag_limit():
+    """Tox21 logs 12 tasks' AUCs per split, best and per epoch: one chart each would exceed
+    MLflow's 20,000 characters (a run failed on it); the view then lists the sections only."""
+    tasks = [f"task{i:02d}-with-a-long-assay-name" for i in range(12)]
+    keys = KEYS + [f"{p}{s}/auc/{t}" for p in ("", "best/") for s in ("train", "dev", "test") for t in tasks]
+    keys += [f"system/metric_{i}" for i in range(40)] + [f"time/t{i}" for i in range(40)]
+    (value,) = runs_view_tag(["params.`seed`"], keys).values()
+    assert len(value) <= MAX_TAG_CHARS
+    state = json.loads(value)
+    assert state["compareRunCharts"] == [] and state["isAccordionReordered"] is True
+    assert [s["name"] for s in state["compareRunSections"]] == chart_sections(keys)
+    (small,) = runs_view_tag(["params.`seed`"], KEYS).values()
+    assert len(json.loads(small)["compareRunCharts"]) == len(KEYS)     # the charts when they fit
+    (tiny,) = runs_view_tag(["params.`seed`"], keys, max_chars=100).values()
+    assert json.loads(tiny) == {"selectedColumns": ["params.`seed`"]}
