@@ -476,9 +476,9 @@ def _log_parent(plan: SweepPlan, tracker: trk.Tracker, trials: Sequence[TrialOut
 # --------------------------------------------------------------------------- driver
 
 def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
-    t = plan.config["tracking"]
-    tracker = trk.Tracker(t["uri"], plan.parent_run_id).with_outbox(
-        os.path.join(plan.directory, OUTBOX_DIR), trk.OutagePolicy.from_config(t))
+    tracking = plan.config["tracking"]
+    tracker = trk.Tracker(tracking["uri"], plan.parent_run_id).with_outbox(
+        os.path.join(plan.directory, OUTBOX_DIR), trk.OutagePolicy.from_config(tracking))
     try:
         if plan.parent_run_id:
             closed = _close_stale_children(tracker, "its trial was interrupted; the trial reran after resume")
