@@ -151,21 +151,51 @@ def _proc_title(pid: int) -> str:
 
 class RaySampler(threading.Thread):
     """Largest peak RSS and largest sampled private RSS (kB) of any descendant process, sampled
-    every ``period`` seconds, and the title of the process with that private RSS."""
+    every ``period`` seconds, and the title of the process with that private RSS; and the CPU
+    seconds the descendants used since :meth:`mark` (:meth:`cpu_since_mark`; a process that ends
+    between two samples loses at most its last ``period`` of CPU)."""
 
     def __init__(self, period: float = 0.2):
         super().__init__(daemon=True)
         self.period, self.max_kb, self.max_anon_kb, self.stop = period, 0, 0, threading.Event()
         self.max_anon_proc = ""
+        self._cpu: Dict[int, float] = {}
+        self._marked: Dict[int, float] = {}
 
     def run(self):
         while not self.stop.is_set():
-            for p in _descendants(os.getpid()):
-                hwm, anon = _rss_kb(p)
-                self.max_kb = max(self.max_kb, hwm)
-                if anon > self.max_anon_kb:
-                    self.max_anon_kb, self.max_anon_proc = anon, _proc_title(p)
+            self.sample()
             self.stop.wait(self.period)
+
+    def sample(self) -> None:
+        for p in _descendants(os.getpid()):
+            hwm, anon = _rss_kb(p)
+            self.max_kb = max(self.max_kb, hwm)
+            if anon > self.max_anon_kb:
+                self.max_anon_kb, self.max_anon_proc = anon, _proc_title(p)
+            cpu = _cpu_s(p)
+            if cpu is not None:
+                self._cpu[p] = cpu
+
+    def mark(self) -> None:
+        """Start counting CPU seconds from now (:meth:`cpu_since_mark`)."""
+        self.sample()
+        self._marked = dict(self._cpu)
+
+    def cpu_since_mark(self) -> float:
+        """CPU seconds (user + system) of the descendant processes since :meth:`mark`."""
+        self.sample()
+        return sum(c - self._marked.get(p, 0.0) for p, c in self._cpu.items())
+
+
+def _cpu_s(pid: int) -> Optional[float]:
+    """User + system CPU seconds of ``pid`` (``/proc/<pid>/stat``), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_limit: int,

@@ -16,7 +16,10 @@ driver's peak RSS (``ru_maxrss``) and the largest peak RSS of any Ray process it
 ``ray_data_over_dataframe``.  ``per_example`` and ``dataframe`` run in ``rounds`` interleaved
 rounds (one of each per round); each reports its fastest round and that round's process CPU
 milliseconds per input (``cpu_ms_per_input``), and the DataFrame row every round's ratio
-(``rounds_over_per_example``).  Logged to MLflow (experiment ``bench_predict``) unless ``mlflow=False``.
+(``rounds_over_per_example``).  Per core used: ``cores_used`` is a way's CPU seconds over its wall
+seconds (for Ray Data, the driver's and every Ray process's CPU during the run), and
+``per_core_over_dataframe`` the Ray Data row's inputs per CPU second over the DataFrame's.
+Logged to MLflow (experiment ``bench_predict``) unless ``mlflow=False``.
 
     python scripts/bench_predict.py --workloads sst,tox21 --ks 1,20
 """
@@ -84,8 +87,10 @@ def logged_model(workload: str, data_dir: str, tracking_uri: str) -> str:
     return uri
 
 
-def child(model_uri: str, path: str, out: str, actors: int, tracking_uri: str) -> None:
-    """One Ray Data measurement in this (fresh) process; writes ``out`` (JSON)."""
+def child(model_uri: str, path: str, out: str, actors: int, tracking_uri: str, cpus_per_actor: float = 1.0) -> None:
+    """One Ray Data measurement in this (fresh) process; writes ``out`` (JSON): rows, bad rows,
+    seconds, CPU seconds of this process and of the Ray processes it started during the run,
+    peak RSS figures."""
     import ray
 
     from .input_scale import RaySampler
@@ -97,20 +102,23 @@ def child(model_uri: str, path: str, out: str, actors: int, tracking_uri: str) -
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     try:
         with tempfile.TemporaryDirectory(prefix="bench_predict_") as tmp:
-            res = predict_files(model_uri, [path], tmp, actors=actors, tracking_uri=tracking_uri, tracking=False,
-                                log=lambda s: None)
+            sampler.mark()
+            cpu0 = time.process_time()
+            res = predict_files(model_uri, [path], tmp, actors=actors, cpus_per_actor=cpus_per_actor,
+                                tracking_uri=tracking_uri, tracking=False, log=lambda s: None)
+            cpu_s = time.process_time() - cpu0 + sampler.cpu_since_mark()
     finally:
         ray.shutdown()
         sampler.stop.set()
     with open(out, "w") as f:
-        json.dump({"rows": res.rows, "bad": res.bad, "seconds": res.seconds,
+        json.dump({"rows": res.rows, "bad": res.bad, "seconds": res.seconds, "cpu_s": cpu_s,
                    "driver_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                    "ray_rss_mb": sampler.max_kb / 1024, "ray_anon_mb": sampler.max_anon_kb / 1024}, f)
 
 
 def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_example: int = 200,
         actors: int = 1, data_dir: Optional[str] = None, limit: Optional[int] = None, mlflow: bool = True,
-        rounds: int = 3, log: Callable[[str], None] = echo) -> List[Dict[str, object]]:
+        rounds: int = 3, cpus_per_actor: float = 1.0, log: Callable[[str], None] = echo) -> List[Dict[str, object]]:
     """Measure every workload three ways (module docstring); returns the rows."""
     import mlflow as mlf
     import pandas as pd
@@ -146,9 +154,10 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_e
             per_s, df_s = len(first) / per_wall, len(inputs) / df_wall
             base = {"workload": w, "inputs": len(inputs), "bad": int(out["error"].notna().sum())}
             rows.append({**base, "way": "per_example", "k": 1, "n": len(first), "per_s": per_s,
-                         "cpu_ms_per_input": 1000 * per_cpu / len(first)})
+                         "cpu_ms_per_input": 1000 * per_cpu / len(first), "cores_used": per_cpu / per_wall})
             rows.append({**base, "way": "dataframe", "k": 1, "n": len(inputs), "per_s": df_s,
-                         "cpu_ms_per_input": 1000 * df_cpu / len(inputs), "dataframe_over_per_example": df_s / per_s,
+                         "cpu_ms_per_input": 1000 * df_cpu / len(inputs), "cores_used": df_cpu / df_wall,
+                         "dataframe_over_per_example": df_s / per_s,
                          "rounds_over_per_example": [round((len(inputs) / d[0]) / (len(first) / p[0]), 2)
                                                      for p, d in zip(per, df)]})
             log(f"{w}: per example {per_s:.0f}/s, DataFrame {df_s:.0f}/s ({df_s / per_s:.1f}x; rounds "
@@ -161,24 +170,31 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_e
                         f.write("\n".join(inputs) + "\n")
                 res_path = os.path.join(tmp, f"{w}_k{k}.json")
                 subprocess.run([sys.executable, "-m", "benchmarks.predict", "--child", uri, path, res_path,
-                                str(actors), store], cwd=REPO_ROOT, check=True,
+                                str(actors), store, str(cpus_per_actor)], cwd=REPO_ROOT, check=True,
                                env={**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
                 with open(res_path) as f:
                     r = json.load(f)
                 rate = r["rows"] / r["seconds"]
+                # per core used: inputs per CPU second, against the DataFrame's in this process
+                per_core = (r["rows"] / r["cpu_s"]) / (len(inputs) / df_cpu)
                 rows.append({**base, "way": f"ray_data_k{k}", "k": k, "n": r["rows"], "per_s": rate,
-                             "ray_data_over_dataframe": rate / df_s, "driver_rss_mb": r["driver_rss_mb"],
-                             "ray_rss_mb": r["ray_rss_mb"], "ray_anon_mb": r["ray_anon_mb"]})
-                log(f"{w}: Ray Data k={k}: {r['rows']} rows, {rate:.0f}/s ({rate / df_s:.2f}x DataFrame), "
-                    f"driver peak {r['driver_rss_mb']:.0f} MB, largest Ray process {r['ray_rss_mb']:.0f} MB")
-    log(format_table(rows, ["workload", "way", "k", "n", "per_s", "cpu_ms_per_input", "dataframe_over_per_example",
-                            "ray_data_over_dataframe", "driver_rss_mb", "ray_rss_mb", "ray_anon_mb"]))
+                             "cpu_ms_per_input": 1000 * r["cpu_s"] / r["rows"], "cores_used": r["cpu_s"] / r["seconds"],
+                             "ray_data_over_dataframe": rate / df_s, "per_core_over_dataframe": per_core,
+                             "driver_rss_mb": r["driver_rss_mb"], "ray_rss_mb": r["ray_rss_mb"],
+                             "ray_anon_mb": r["ray_anon_mb"]})
+                log(f"{w}: Ray Data k={k}: {r['rows']} rows, {rate:.0f}/s ({rate / df_s:.2f}x DataFrame; per core used "
+                    f"{per_core:.2f}x, {r['cpu_s'] / r['seconds']:.2f} cores), driver peak {r['driver_rss_mb']:.0f} MB, "
+                    f"largest Ray process {r['ray_rss_mb']:.0f} MB")
+    log(format_table(rows, ["workload", "way", "k", "n", "per_s", "cpu_ms_per_input", "cores_used",
+                            "dataframe_over_per_example", "ray_data_over_dataframe", "per_core_over_dataframe",
+                            "driver_rss_mb", "ray_rss_mb", "ray_anon_mb"]))
     if mlflow:
         metrics = {f"{r['workload']}.{r['way']}.{key}": float(r[key]) for r in rows
-                   for key in ("per_s", "cpu_ms_per_input", "dataframe_over_per_example", "ray_data_over_dataframe",
-                               "driver_rss_mb",
+                   for key in ("per_s", "cpu_ms_per_input", "cores_used", "dataframe_over_per_example",
+                               "ray_data_over_dataframe", "per_core_over_dataframe", "driver_rss_mb",
                                "ray_rss_mb") if r.get(key) is not None}
         run_id = log_to_mlflow("bench_predict", {"workloads": list(workloads), "ks": list(ks), "actors": actors,
+                                                 "cpus_per_actor": cpus_per_actor,
                                                  "per_example": per_example, "limit": limit},
                                {"bench_predict": rows}, metrics)
         log(f"MLflow run {run_id}")
@@ -190,19 +206,20 @@ def main(argv=None):
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--child":
-        uri, path, out, actors, store = argv[1:6]
-        return child(uri, path, out, int(actors), store)
+        uri, path, out, actors, store, cpus = argv[1:7]
+        return child(uri, path, out, int(actors), store, float(cpus))
     ap = argparse.ArgumentParser(description="Inference throughput: per example, DataFrame, Ray Data")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--ks", default="1,20", help="Ray Data: the inputs repeated k times (comma separated)")
     ap.add_argument("--per-example", type=int, default=200)
-    ap.add_argument("--actors", type=int, default=1)
+    ap.add_argument("--actors", type=int, default=1, help="Ray Data: predictor actors (default 1)")
+    ap.add_argument("--cpus-per-actor", type=float, default=1.0, help="Ray Data: CPUs each actor reserves (default 1)")
     ap.add_argument("--limit", type=int, help="first N inputs of each workload (smoke runs)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of per example / DataFrame (default 3)")
     ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
     a = ap.parse_args(argv)
     return run([w for w in a.workloads.split(",") if w], [int(k) for k in a.ks.split(",") if k],
-               a.per_example, a.actors, limit=a.limit, mlflow=a.mlflow, rounds=a.rounds)
+               a.per_example, a.actors, limit=a.limit, mlflow=a.mlflow, rounds=a.rounds, cpus_per_actor=a.cpus_per_actor)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
 """A trained model as an MLflow Model (``pyfunc`` flavour) that predicts raw inputs anywhere.
 
-The model directory holds a *package* (artifact ``package``): ``package.json`` (the experiment's
-class, the resolved config, the model context: vocabulary, target scaling) and ``weights.pt``
-(the state dict: tensors only, read with ``torch.load(weights_only=True)``), plus the code of
+The model directory holds a *package* (artifact ``package``, :mod:`pipelines.model_package`:
+the experiment's class, the resolved config, the model context and the weights), plus the code of
 ``foldengine``, ``schedulers`` and ``pipelines`` (``code_paths``).  It loads and predicts in a
 fresh process with neither the training data nor ``FOLD_DATA_DIR``:
 
@@ -22,8 +21,6 @@ example, and registers a new version when asked (tagged with the run's best dev 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import json
 import logging
 import os
 import tempfile
@@ -35,54 +32,18 @@ import mlflow
 import pandas as pd
 import torch
 
-from .prediction import Predictor
+from .model_package import load_predictor, predictor_experiment, write_package
 
-__all__ = ["MODEL_NAME", "PACKAGE_FILE", "WEIGHTS_FILE", "write_package", "load_predictor", "predictor_experiment",
-           "FoldModel", "LoggedModel", "log_model", "log_package", "logged_model_ready"]
+__all__ = ["MODEL_NAME", "FoldModel", "LoggedModel", "log_model", "log_package", "logged_model_ready"]
 
 #: the name the model is logged under in a run (``runs:/<run_id>/model``)
 MODEL_NAME = "model"
-PACKAGE_FILE = "package.json"
-WEIGHTS_FILE = "weights.pt"
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CODE = [os.path.join(_REPO, p) for p in ("foldengine", "schedulers", "pipelines")]
 
 
-def write_package(directory: str, experiment, config: Mapping[str, Any], model_context: Mapping[str, Any],
-                  state_dict: Mapping[str, torch.Tensor]) -> None:
-    """Write ``package.json`` and ``weights.pt`` into ``directory`` (created if missing)."""
-    os.makedirs(directory, exist_ok=True)
-    cls = type(experiment)
-    with open(os.path.join(directory, PACKAGE_FILE), "w") as f:
-        json.dump({"experiment": f"{cls.__module__}.{cls.__qualname__}", "config": config,
-                   "model_context": model_context}, f, default=str)
-    torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, os.path.join(directory, WEIGHTS_FILE))
-
-
-def load_predictor(directory: str) -> Predictor:
-    """The :class:`~pipelines.prediction.Predictor` of a package written by :func:`write_package`.
-    Loads weights with ``weights_only=True`` (no code runs from the file); raises ``ValueError``
-    naming the file when it holds anything but tensors."""
-    with open(os.path.join(directory, PACKAGE_FILE)) as f:
-        pkg = json.load(f)
-    weights = os.path.join(directory, WEIGHTS_FILE)
-    try:
-        state = torch.load(weights, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - unpickling refused: name the file
-        raise ValueError(f"{weights}: not a plain state dict of tensors ({err})") from None
-    return predictor_experiment(directory).predictor(pkg["config"], pkg["model_context"], state)
-
-
-def predictor_experiment(directory: str):
-    """The experiment (``from_config`` of the package's config) of the package ``directory``."""
-    with open(os.path.join(directory, PACKAGE_FILE)) as f:
-        pkg = json.load(f)
-    module, _, name = pkg["experiment"].rpartition(".")
-    return getattr(importlib.import_module(module), name).from_config(pkg["config"])
-
-
 class FoldModel(mlflow.pyfunc.PythonModel):
-    """The pyfunc wrapper around a package's :class:`Predictor` (see the module docstring)."""
+    """The pyfunc wrapper around a package's :class:`~pipelines.prediction.Predictor` (see the module docstring)."""
 
     def load_context(self, context) -> None:
         self.predictor = load_predictor(context.artifacts["package"])
@@ -138,7 +99,7 @@ def quiet_model_logging():
 def log_model(tracking_uri: str, run_id: str, experiment, config: Mapping[str, Any], model_context: Mapping[str, Any],
               state_dict: Mapping[str, torch.Tensor], register_as: Optional[str] = None,
               version_tags: Optional[Mapping[str, Any]] = None) -> LoggedModel:
-    """Log the trained model into run ``run_id`` as ``model``: :func:`write_package`, then
+    """Log the trained model into run ``run_id`` as ``model``: :func:`~pipelines.model_package.write_package`, then
     :func:`log_package`."""
     with tempfile.TemporaryDirectory(prefix="fold-model-") as tmp:
         pkg = os.path.join(tmp, "package")
@@ -157,7 +118,7 @@ def logged_model_ready(client, run_id: str) -> bool:
 
 def log_package(tracking_uri: str, run_id: str, package: str, register_as: Optional[str] = None,
                 version_tags: Optional[Mapping[str, Any]] = None) -> LoggedModel:
-    """Log the package directory ``package`` (:func:`write_package`) into run ``run_id`` as
+    """Log the package directory ``package`` (:func:`~pipelines.model_package.write_package`) into run ``run_id`` as
     ``model`` (pyfunc), with the signature and input example of the package's
     ``experiment.example_inputs()``; with ``register_as``, register it as a new version of that
     registered model and tag the version with ``version_tags``.  Loads the package first (a

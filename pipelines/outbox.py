@@ -12,7 +12,7 @@ MLflow identifies a metric by all four, so replaying one that already reached th
 nothing; with ``unless_logged`` the whole operation is skipped when the run already has a value
 of that key at ``step``), ``params``, ``tags`` (``items``: ``{key: value}``), ``artifacts``
 (``dir`` relative to ``D``, ``artifact_path``), ``model`` (``dir``: a model package of
-:func:`pipelines.mlflow_model.write_package`, ``register_as``, ``version_tags``: logged as the
+:func:`pipelines.model_package.write_package`, ``register_as``, ``version_tags``: logged as the
 run's MLflow Model ``model``, unless the run holds one already), ``table`` (``table``: pandas ``orient="split"``
 JSON, ``name``), ``text`` (``text``, ``name``), ``inputs`` (``items``: dataset inputs, each
 ``{name, digest, source_type, source, profile, context}``; ``run_name_suffix``: appended to the

@@ -35,11 +35,11 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from .console import private_local_token
+from .model_package import PACKAGE_FILE, WEIGHTS_FILE
 
 __all__ = ["PredictResult", "PredictActor", "resolve_inputs", "load_package_bytes", "predictor_from_package",
            "input_rows", "run", "main"]
 
-PACKAGE_FILES = ("package.json", "weights.pt")
 
 
 @dataclass(frozen=True)
@@ -78,10 +78,10 @@ def load_package_bytes(model_uri: str) -> dict[str, bytes]:
     with tempfile.TemporaryDirectory(prefix="fold-predict-") as tmp:
         local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp)
         pkg = os.path.join(local, "artifacts", "package")
-        if not os.path.isfile(os.path.join(pkg, PACKAGE_FILES[0])):
-            raise ValueError(f"{model_uri}: not a foldengine model (no artifacts/package/{PACKAGE_FILES[0]})")
+        if not os.path.isfile(os.path.join(pkg, PACKAGE_FILE)):
+            raise ValueError(f"{model_uri}: not a foldengine model (no artifacts/package/{PACKAGE_FILE})")
         out = {}
-        for name in PACKAGE_FILES:
+        for name in (PACKAGE_FILE, WEIGHTS_FILE):
             with open(os.path.join(pkg, name), "rb") as f:
                 out[name] = f.read()
         return out
@@ -90,7 +90,7 @@ def load_package_bytes(model_uri: str) -> dict[str, bytes]:
 def predictor_from_package(files: Mapping[str, bytes]):
     """The :class:`~pipelines.prediction.Predictor` of package files (``package.json``,
     ``weights.pt`` as bytes, from :func:`load_package_bytes`)."""
-    from .mlflow_model import load_predictor
+    from .model_package import load_predictor
 
     with tempfile.TemporaryDirectory(prefix="fold-predictor-") as tmp:   # read once, then removed
         for name, data in files.items():

@@ -576,7 +576,7 @@ class Tracker:
 
     def model(self, package: str, register_as: Optional[str] = None,
               version_tags: Optional[Mapping[str, Any]] = None) -> bool:
-        """Log the model package directory ``package`` (:func:`pipelines.mlflow_model.write_package`)
+        """Log the model package directory ``package`` (:func:`pipelines.model_package.write_package`)
         as the run's MLflow Model ``model`` (registered as a new version of ``register_as`` when
         given, tagged with ``version_tags``), or buffer it in the outbox (the replay logs it);
         True when it was logged now."""

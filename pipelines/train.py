@@ -464,7 +464,7 @@ def _log_results(experiment: Experiment, cfg: dict, tracker: trk.Tracker, state:
                                         "best": state.best or {}, "config": cfg})
         model_context = experiment.model_context(cfg, context)
         if model_context is not None and tracker.enabled:
-            from .mlflow_model import write_package
+            from .model_package import write_package
 
             key = f"best/dev/{experiment.selection_metric}"
             with tempfile.TemporaryDirectory(prefix="fold-model-") as d:

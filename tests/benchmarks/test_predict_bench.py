@@ -17,6 +17,8 @@ def test_three_ways_for_both_workloads(data_dir):
     assert [(r["workload"], r["way"]) for r in rows] == [
         (w, way) for w in ("sst", "tox21") for way in ("per_example", "dataframe", "ray_data_k1", "ray_data_k2")]
     for r in rows:
-        assert r["per_s"] > 0 and r["bad"] == 0
+        assert r["per_s"] > 0 and r["bad"] == 0 and r["cores_used"] > 0
         if r["way"].startswith("ray_data"):
             assert r["n"] == 12 * r["k"] and r["driver_rss_mb"] > 0 and r["ray_rss_mb"] > 0
+            # the Ray processes' CPU is counted (actors included), not the driver's alone
+            assert r["cpu_ms_per_input"] > 0 and r["per_core_over_dataframe"] > 0

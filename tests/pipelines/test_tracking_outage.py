@@ -93,7 +93,8 @@ def test_a_model_logged_while_the_server_is_down_waits_and_is_replayed_once(serv
     import mlflow
     import pandas as pd
 
-    from pipelines.mlflow_model import MODEL_NAME, write_package
+    from pipelines.mlflow_model import MODEL_NAME
+    from pipelines.model_package import write_package
     from tests.pipelines.helpers import untrained_esol
 
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
