@@ -38,7 +38,10 @@ from .console import private_local_token
 from .model_package import PACKAGE_FILE, WEIGHTS_FILE
 
 __all__ = ["PredictResult", "PredictActor", "resolve_inputs", "load_package_bytes", "predictor_from_package",
-           "input_rows", "run", "main"]
+           "input_rows", "actor_pool_size", "run", "main"]
+
+#: CPUs kept free of actors for the read tasks (a Ray Data read task reserves one CPU)
+READ_CPUS = 1.0
 
 
 
@@ -182,12 +185,38 @@ class PredictActor:
         return frame
 
 
-def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int = 256, actors: int = 1,
+def actor_pool_size(actors: Optional[int], cpus_per_actor: float, cluster_cpus: float) -> int:
+    """The predictor actors to start on a cluster of ``cluster_cpus`` CPUs: ``actors``, or with
+    None as many as fit beside :data:`READ_CPUS` for the read tasks (at least one).
+
+    Raises ``ValueError`` (naming ``--actors``, ``--cpus-per-actor``, the cluster's CPUs and the
+    values that fit) when the actors would leave the read tasks no CPU: Ray Data would start the
+    actors and then wait for ever for a CPU to read the inputs with.
+    """
+    free = cluster_cpus - READ_CPUS
+    fit = int(free // cpus_per_actor) if cpus_per_actor > 0 else 1
+    if actors is None:
+        actors = max(1, fit)
+    if actors < 1:
+        raise ValueError(f"--actors must be at least 1, got {actors}")
+    if actors * cpus_per_actor > free + 1e-9:
+        hint = (f"--actors {fit}" if fit >= 1 else
+                f"--cpus-per-actor {free / actors:g}" if free > 0 else "a cluster with more CPUs")
+        raise ValueError(f"--actors {actors} x --cpus-per-actor {cpus_per_actor:g} reserve "
+                         f"{actors * cpus_per_actor:g} CPUs, but the cluster has {cluster_cpus:g} and the read tasks "
+                         f"need {READ_CPUS:g} beside the actors (Ray Data would wait for ever); use {hint}")
+    return actors
+
+
+def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int = 256, actors: Optional[int] = None,
         cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, tracking_uri: Optional[str] = None,
         tracking: bool = True, column: Optional[str] = None, log=print) -> PredictResult:
     """Predict every input of ``inputs`` (text files' lines, CSV files' ``column``: by default the
     model's input column) with ``model_uri``; Parquet into ``output``. Needs Ray (connects to
-    ``$RAY_ADDRESS`` or starts a local instance when none is initialised)."""
+    ``$RAY_ADDRESS`` or starts a local instance when none is initialised).  ``actors``: the
+    predictor actors, each reserving ``cpus_per_actor`` CPUs and ``gpus_per_actor`` GPUs; None:
+    as many as the cluster holds (:func:`actor_pool_size`, which also refuses a pool that leaves
+    the read tasks no CPU)."""
     import mlflow
     import ray
     import ray.data
@@ -209,6 +238,7 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
         ray.init(address=os.environ.get("RAY_ADDRESS") or None)
         started = True
     try:
+        actors = actor_pool_size(actors, cpus_per_actor, float(ray.cluster_resources().get("CPU", 0.0)))
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True
         t0 = time.perf_counter()
@@ -262,8 +292,9 @@ def main(argv: Optional[Sequence[str]] = None) -> PredictResult:
     ap.add_argument("--column", help="the input column of CSV files (default: the model's, tree / smiles)")
     ap.add_argument("--output", required=True, help="directory for the Parquet files")
     ap.add_argument("--chunk-size", type=int, default=256, help="inputs per engine batch (default 256)")
-    ap.add_argument("--actors", type=int, default=1, help="predictor actors (default 1)")
-    ap.add_argument("--cpus-per-actor", type=float, default=1.0)
+    ap.add_argument("--actors", type=int, help="predictor actors (default: as many as the cluster's CPUs hold "
+                                                "beside one CPU for reading)")
+    ap.add_argument("--cpus-per-actor", type=float, default=1.0, help="CPUs each actor reserves (default 1)")
     ap.add_argument("--gpus-per-actor", type=float, default=0.0)
     ap.add_argument("--tracking-uri", help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     ap.add_argument("--no-tracking", dest="tracking", action="store_false")

@@ -103,3 +103,32 @@ def test_inputs_that_match_nothing_are_named(tmp_path):
     with pytest.raises(SystemExit, match="no-such-"):
         predict.main(["--model", "runs:/x/model", "--input", str(tmp_path / "no-such-*.txt"),
                       "--output", str(tmp_path / "out"), "--no-tracking"])
+
+
+def test_the_actor_pool_leaves_the_read_tasks_a_cpu():
+    """The pool's size: by default as many actors as fit beside one CPU for reading; a pool that
+    would take every CPU (Ray Data would then wait for ever to read) is refused with what fits."""
+    assert predict.actor_pool_size(None, 1.0, 2.0) == 1
+    assert predict.actor_pool_size(None, 1.0, 16.0) == 15
+    assert predict.actor_pool_size(None, 0.5, 2.0) == 2
+    assert predict.actor_pool_size(2, 0.5, 2.0) == 2
+    with pytest.raises(ValueError, match=r"--actors 2 x --cpus-per-actor 1 reserve 2 CPUs, but the cluster has 2 .*"
+                                         r"use --actors 1"):
+        predict.actor_pool_size(2, 1.0, 2.0)
+    with pytest.raises(ValueError, match="a cluster with more CPUs"):
+        predict.actor_pool_size(None, 1.0, 1.0)
+
+
+@pytest.mark.timeout(120)
+def test_a_pool_that_would_wait_for_ever_is_refused_at_once(ray_cluster, data_dir, tmp_path):
+    """Two one-CPU actors on the 2-CPU cluster: before this check the run hung (the read tasks
+    never got a CPU); now it stops in seconds, naming the flags."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    exp, cfg, mc, model, lines = untrained_sst(data_dir)
+    client = mlflow.MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("pool")).info.run_id
+    logged = log_model(uri, run_id, exp, cfg, mc, model.state_dict())
+    (tmp_path / "in.txt").write_text("\n".join(lines[:4]) + "\n")
+    with pytest.raises(SystemExit, match="--actors 2 x --cpus-per-actor 1"):
+        predict.main(["--model", logged.model_uri, "--input", str(tmp_path / "in.txt"), "--output",
+                      str(tmp_path / "out"), "--actors", "2", "--tracking-uri", uri, "--no-tracking"])
