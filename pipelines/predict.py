@@ -44,7 +44,6 @@ __all__ = ["PredictResult", "PredictActor", "resolve_inputs", "load_package_byte
 READ_CPUS = 1.0
 
 
-
 @dataclass(frozen=True)
 class PredictResult:
     """What :func:`run` did: counts, seconds, throughput, where the Parquet files are, the MLflow run."""
@@ -185,26 +184,32 @@ class PredictActor:
         return frame
 
 
-def actor_pool_size(actors: Optional[int], cpus_per_actor: float, cluster_cpus: float) -> int:
-    """The predictor actors to start on a cluster of ``cluster_cpus`` CPUs: ``actors``, or with
-    None as many as fit beside :data:`READ_CPUS` for the read tasks (at least one).
+def actor_pool_size(actors: Optional[int], cpus_per_actor: float, cluster_cpus: float, gpus_per_actor: float = 0.0,
+                    cluster_gpus: float = 0.0) -> int:
+    """The predictor actors to start on a cluster of ``cluster_cpus`` CPUs and ``cluster_gpus``
+    GPUs: ``actors``, or with None as many as fit beside :data:`READ_CPUS` for the read tasks
+    (and in the GPUs, for GPU actors), at least one.
 
-    Raises ``ValueError`` (naming ``--actors``, ``--cpus-per-actor``, the cluster's CPUs and the
-    values that fit) when the actors would leave the read tasks no CPU: Ray Data would start the
-    actors and then wait for ever for a CPU to read the inputs with.
+    Raises ``ValueError`` naming ``--actors``, the per-actor reservation, what the cluster has
+    and the values that fit, when the actors would leave the read tasks no CPU or need more GPUs
+    than there are: Ray Data would start what fits and then wait for ever.
     """
     free = cluster_cpus - READ_CPUS
-    fit = int(free // cpus_per_actor) if cpus_per_actor > 0 else 1
+    fit = int(free // cpus_per_actor) if cpus_per_actor > 0 else max(1, int(cluster_cpus))
+    if gpus_per_actor > 0:
+        fit = min(fit, int(cluster_gpus // gpus_per_actor))
     if actors is None:
         actors = max(1, fit)
     if actors < 1:
         raise ValueError(f"--actors must be at least 1, got {actors}")
+    use = f"use --actors {fit}" if fit >= 1 else "use a cluster with more of them"
     if actors * cpus_per_actor > free + 1e-9:
-        hint = (f"--actors {fit}" if fit >= 1 else
-                f"--cpus-per-actor {free / actors:g}" if free > 0 else "a cluster with more CPUs")
         raise ValueError(f"--actors {actors} x --cpus-per-actor {cpus_per_actor:g} reserve "
                          f"{actors * cpus_per_actor:g} CPUs, but the cluster has {cluster_cpus:g} and the read tasks "
-                         f"need {READ_CPUS:g} beside the actors (Ray Data would wait for ever); use {hint}")
+                         f"need {READ_CPUS:g} beside the actors (Ray Data would wait for ever); {use}")
+    if actors * gpus_per_actor > cluster_gpus + 1e-9:
+        raise ValueError(f"--actors {actors} x --gpus-per-actor {gpus_per_actor:g} need {actors * gpus_per_actor:g} "
+                         f"GPUs, but the cluster has {cluster_gpus:g} (Ray Data would wait for ever); {use}")
     return actors
 
 
@@ -238,7 +243,9 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
         ray.init(address=os.environ.get("RAY_ADDRESS") or None)
         started = True
     try:
-        actors = actor_pool_size(actors, cpus_per_actor, float(ray.cluster_resources().get("CPU", 0.0)))
+        have = ray.cluster_resources()
+        actors = actor_pool_size(actors, cpus_per_actor, float(have.get("CPU", 0.0)), gpus_per_actor,
+                                 float(have.get("GPU", 0.0)))
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True
         t0 = time.perf_counter()

@@ -115,8 +115,14 @@ def test_the_actor_pool_leaves_the_read_tasks_a_cpu():
     with pytest.raises(ValueError, match=r"--actors 2 x --cpus-per-actor 1 reserve 2 CPUs, but the cluster has 2 .*"
                                          r"use --actors 1"):
         predict.actor_pool_size(2, 1.0, 2.0)
-    with pytest.raises(ValueError, match="a cluster with more CPUs"):
+    with pytest.raises(ValueError, match="the read tasks need 1 .*use a cluster with more of them"):
         predict.actor_pool_size(None, 1.0, 1.0)
+    assert predict.actor_pool_size(None, 0.5, 16.0, 1.0, 2.0) == 2          # GPU actors: as many as GPUs
+    with pytest.raises(ValueError, match=r"--actors 3 x --gpus-per-actor 1 need 3 GPUs, but the cluster has 2 .*"
+                                         r"use --actors 2"):
+        predict.actor_pool_size(3, 0.5, 16.0, 1.0, 2.0)
+    with pytest.raises(ValueError, match="GPUs, but the cluster has 0"):
+        predict.actor_pool_size(None, 1.0, 4.0, 1.0, 0.0)
 
 
 @pytest.mark.timeout(120)
