@@ -161,8 +161,10 @@ def test_seed_sweep_survives_a_killed_driver(tmp_path):
     for tid, run_id in finished_before.items():                   # the finished trial did not rerun
         assert [r.info.run_id for r in by_trial[tid]] == [run_id]
     (other,) = set(by_trial) - set(finished_before)
-    statuses = sorted(r.info.status for r in by_trial[other])
-    assert statuses[-1] == "FINISHED" and set(statuses[:-1]) <= {"KILLED"}
+    # the rerun (the latest run) finished; a run the killed driver left behind, if the trial had
+    # started one, was marked KILLED
+    statuses = [r.info.status for r in sorted(by_trial[other], key=lambda r: r.info.start_time)]
+    assert statuses[-1] == "FINISHED" and set(statuses[:-1]) <= {"KILLED"}, statuses
     finished = [r for r in children if r.info.status == "FINISHED"]
     assert sorted(r.data.params["seed"] for r in finished) == ["3", "4"]
 
