@@ -123,6 +123,8 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_e
     import mlflow as mlf
     import pandas as pd
 
+    from pipelines.mlflow_model import quiet_model_logging
+
     data_dir = data_dir or os.environ.get("FOLD_DATA_DIR") or os.path.join(REPO_ROOT, "..", "shared", "data")
     rows: List[Dict[str, object]] = []
     previous = mlf.get_tracking_uri()
@@ -133,7 +135,8 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_e
             uri = logged_model(w, data_dir, store)
             mlf.set_tracking_uri(store)
             try:
-                model = mlf.pyfunc.load_model(uri)
+                with quiet_model_logging():
+                    model = mlf.pyfunc.load_model(uri)
             finally:   # before the temporary store goes: the results are logged to the caller's store
                 mlf.set_tracking_uri(previous)
             col = "tree" if w == "sst" else "smiles"

@@ -34,7 +34,8 @@ import torch
 
 from .model_package import load_predictor, predictor_experiment, write_package
 
-__all__ = ["MODEL_NAME", "FoldModel", "LoggedModel", "log_model", "log_package", "logged_model_ready"]
+__all__ = ["MODEL_NAME", "FoldModel", "LoggedModel", "log_model", "log_package", "logged_model_ready",
+           "quiet_model_logging"]
 
 #: the name the model is logged under in a run (``runs:/<run_id>/model``)
 MODEL_NAME = "model"
@@ -72,11 +73,11 @@ class LoggedModel:
 
 @contextlib.contextmanager
 def quiet_model_logging():
-    """MLflow's notes that do not apply to these models, silenced while one is logged: the
-    ``PythonModel`` is a small
-    class of this package whose state lives in the ``package`` artifact (cloudpickle's note), the
-    schema's integer columns hold no missing values, and the input example's validation and
-    download are routine."""
+    """MLflow's notes that do not apply to these models, silenced while one is logged or its
+    package downloaded: the ``PythonModel`` is a small class of this package whose state lives in
+    the ``package`` artifact (cloudpickle's note), the schema's integer columns hold no missing
+    values, the input example's validation is routine, and the artifact download bar (a line per
+    update where stderr is a file) is off."""
     noisy = logging.getLogger("mlflow.pyfunc"), logging.getLogger("mlflow.models"), logging.getLogger("mlflow.types")
     levels = [lg.level for lg in noisy]
     with warnings.catch_warnings():

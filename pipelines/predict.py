@@ -77,8 +77,11 @@ def load_package_bytes(model_uri: str) -> dict[str, bytes]:
     MLflow (``runs:/…``, ``models:/…``, a local model directory)."""
     import mlflow
 
+    from .mlflow_model import quiet_model_logging
+
     with tempfile.TemporaryDirectory(prefix="fold-predict-") as tmp:
-        local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp)
+        with quiet_model_logging():     # no download bar: a log line per update where stderr is a file
+            local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp)
         pkg = os.path.join(local, "artifacts", "package")
         if not os.path.isfile(os.path.join(pkg, PACKAGE_FILE)):
             raise ValueError(f"{model_uri}: not a foldengine model (no artifacts/package/{PACKAGE_FILE})")
