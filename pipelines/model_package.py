@@ -45,19 +45,25 @@ def load_predictor(directory: str) -> Predictor:
     """The :class:`~pipelines.prediction.Predictor` of a package written by :func:`write_package`.
     Loads weights with ``weights_only=True`` (no code runs from the file); raises ``ValueError``
     naming the file when it holds anything but tensors."""
-    with open(os.path.join(directory, PACKAGE_FILE)) as f:
-        pkg = json.load(f)
+    pkg = _read(directory)
     weights = os.path.join(directory, WEIGHTS_FILE)
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - unpickling refused: name the file
         raise ValueError(f"{weights}: not a plain state dict of tensors ({err})") from None
-    return predictor_experiment(directory).predictor(pkg["config"], pkg["model_context"], state)
+    return _experiment(pkg).predictor(pkg["config"], pkg["model_context"], state)
 
 
 def predictor_experiment(directory: str):
     """The experiment (``from_config`` of the package's config) of the package ``directory``."""
+    return _experiment(_read(directory))
+
+
+def _read(directory: str) -> dict:
     with open(os.path.join(directory, PACKAGE_FILE)) as f:
-        pkg = json.load(f)
+        return json.load(f)
+
+
+def _experiment(pkg: Mapping[str, Any]):
     module, _, name = pkg["experiment"].rpartition(".")
     return getattr(importlib.import_module(module), name).from_config(pkg["config"])

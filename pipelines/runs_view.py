@@ -110,9 +110,9 @@ def runs_view_tag(columns: Sequence[str], metric_keys: Sequence[str] = (), key: 
     if metric_keys:
         state.update(charts_view_state(metric_keys))
         for drop in ((), ("compareRunCharts",)):
-            fitted = {**state, **{k: [] for k in drop}}
-            if len(json.dumps(fitted)) <= max_chars:
-                text = json.dumps(fitted)
+            fitted = json.dumps({**state, **{k: [] for k in drop}})
+            if len(fitted) <= max_chars:
+                text = fitted
                 break
     return {_TAG + key: text}
 
