@@ -19,6 +19,16 @@ milliseconds per input (``cpu_ms_per_input``), and the DataFrame row every round
 (``rounds_over_per_example``).  Per core used: ``cores_used`` is a way's CPU seconds over its wall
 seconds (for Ray Data, the driver's and every Ray process's CPU during the run), and
 ``per_core_over_dataframe`` the Ray Data row's inputs per CPU second over the DataFrame's.
+
+Where a DataFrame's input goes (:func:`stage_seconds`, a third way in every round): the
+predictor's two stages (:class:`pipelines.prediction.Predictor`), ``parse`` (PTB parsing, RDKit
+featurisation) over every input, then ``run`` (trace, plan and forward) over chunks, with one
+torch thread, so that their CPU time is the work itself without a second thread's spinning.  The
+DataFrame row gives each stage's CPU milliseconds per input (``parse_cpu_ms``, ``run_cpu_ms``)
+and two ceilings in multiples of the per-example rate: ``ceiling_over_per_example``, the rate
+of that work spread perfectly over the machine's ``cores`` (cores / CPU seconds per input),
+and ``parse_ceiling_over_per_example``, the same for the parse stage alone.  No schedule of
+this work in one process can beat them; a goal above a ceiling needs less work per input.
 Logged to MLflow (experiment ``bench_predict``) unless ``mlflow=False``.
 
     python scripts/bench_predict.py --workloads sst,tox21 --ks 1,20
@@ -33,11 +43,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .reporting import REPO_ROOT, echo, format_table, log_to_mlflow
 
-__all__ = ["WORKLOADS", "inputs_of", "logged_model", "child", "run", "main"]
+__all__ = ["WORKLOADS", "StageSeconds", "inputs_of", "logged_model", "stage_seconds", "child", "run", "main"]
 
 WORKLOADS = ("sst", "tox21")
 
@@ -87,6 +98,42 @@ def logged_model(workload: str, data_dir: str, tracking_uri: str) -> str:
     return uri
 
 
+@dataclass(frozen=True)
+class StageSeconds:
+    """Seconds (wall and process CPU) of a predictor's two stages over ``n`` inputs."""
+
+    n: int
+    parse_wall: float
+    parse_cpu: float
+    run_wall: float
+    run_cpu: float
+
+
+def stage_seconds(predictor, inputs: Sequence[str], chunk_size: int) -> StageSeconds:
+    """Time ``predictor.parse`` over ``inputs``, then ``predictor.run`` over the good ones in
+    chunks of ``chunk_size`` (what ``predictor.predict`` does, stage by stage), with one torch
+    thread (restored after)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        t0, c0 = time.perf_counter(), time.process_time()
+        parsed = []
+        for x in inputs:
+            try:
+                parsed.append(predictor.parse(x))
+            except Exception:  # noqa: BLE001 - a bad row costs its parse, as in predict
+                pass
+        t1, c1 = time.perf_counter(), time.process_time()
+        for a in range(0, len(parsed), chunk_size):
+            predictor.run(parsed[a:a + chunk_size])
+        t2, c2 = time.perf_counter(), time.process_time()
+    finally:
+        torch.set_num_threads(threads)
+    return StageSeconds(len(inputs), t1 - t0, c1 - c0, t2 - t1, c2 - c1)
+
+
 def child(model_uri: str, path: str, out: str, actors: int, tracking_uri: str, cpus_per_actor: float = 1.0) -> None:
     """One Ray Data measurement in this (fresh) process; writes ``out`` (JSON): rows, bad rows,
     seconds, CPU seconds of this process and of the Ray processes it started during the run,
@@ -124,6 +171,7 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_e
     import pandas as pd
 
     from pipelines.mlflow_model import quiet_model_logging
+    from pipelines.prediction import DEFAULT_CHUNK_SIZE
 
     data_dir = data_dir or os.environ.get("FOLD_DATA_DIR") or os.path.join(REPO_ROOT, "..", "shared", "data")
     rows: List[Dict[str, object]] = []
@@ -142,7 +190,8 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_e
             col = "tree" if w == "sst" else "smiles"
             first = inputs[:per_example]
             model.predict(pd.DataFrame({col: first[:8]}))                     # warm-up
-            per, df, out = [], [], None
+            predictor = model.unwrap_python_model().predictor
+            per, df, stages, out = [], [], [], None
             for _ in range(rounds):     # interleaved: a round measures both ways, one after the other
                 t0, c0 = time.perf_counter(), time.process_time()
                 for x in first:
@@ -151,10 +200,13 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_e
                 t0, c0 = time.perf_counter(), time.process_time()
                 out = model.predict(pd.DataFrame({col: inputs}))
                 df.append((time.perf_counter() - t0, time.process_time() - c0))
+                stages.append(stage_seconds(predictor, inputs, DEFAULT_CHUNK_SIZE))
             # each way's fastest round (the least disturbed by other load); CPU seconds of that round
             per_wall, per_cpu = min(per)
             df_wall, df_cpu = min(df)
             per_s, df_s = len(first) / per_wall, len(inputs) / df_wall
+            st = min(stages, key=lambda x: x.parse_cpu + x.run_cpu)
+            cores = len(os.sched_getaffinity(0))
             base = {"workload": w, "inputs": len(inputs), "bad": int(out["error"].notna().sum())}
             rows.append({**base, "way": "per_example", "k": 1, "n": len(first), "per_s": per_s,
                          "cpu_ms_per_input": 1000 * per_cpu / len(first), "cores_used": per_cpu / per_wall})
@@ -162,10 +214,17 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_e
                          "cpu_ms_per_input": 1000 * df_cpu / len(inputs), "cores_used": df_cpu / df_wall,
                          "dataframe_over_per_example": df_s / per_s,
                          "rounds_over_per_example": [round((len(inputs) / d[0]) / (len(first) / p[0]), 2)
-                                                     for p, d in zip(per, df)]})
+                                                     for p, d in zip(per, df)],
+                         "parse_cpu_ms": 1000 * st.parse_cpu / st.n, "run_cpu_ms": 1000 * st.run_cpu / st.n,
+                         "cores": cores,
+                         "ceiling_over_per_example": cores * st.n / (st.parse_cpu + st.run_cpu) / per_s,
+                         "parse_ceiling_over_per_example": cores * st.n / st.parse_cpu / per_s})
             log(f"{w}: per example {per_s:.0f}/s, DataFrame {df_s:.0f}/s ({df_s / per_s:.1f}x; rounds "
                 f"{rows[-1]['rounds_over_per_example']}), CPU ms per input {1000 * per_cpu / len(first):.2f} "
-                f"vs {1000 * df_cpu / len(inputs):.3f}")
+                f"vs {1000 * df_cpu / len(inputs):.3f}; one thread: parse {rows[-1]['parse_cpu_ms']:.3f} + run "
+                f"{rows[-1]['run_cpu_ms']:.3f} CPU ms per input, ceiling on {cores} cores "
+                f"{rows[-1]['ceiling_over_per_example']:.1f}x per example (parse alone "
+                f"{rows[-1]['parse_ceiling_over_per_example']:.1f}x)")
             for k in ks:
                 path = os.path.join(tmp, f"{w}_k{k}.txt")
                 with open(path, "w", encoding="utf-8") as f:
@@ -189,12 +248,14 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_e
                     f"{per_core:.2f}x, {r['cpu_s'] / r['seconds']:.2f} cores), driver peak {r['driver_rss_mb']:.0f} MB, "
                     f"largest Ray process {r['ray_rss_mb']:.0f} MB")
     log(format_table(rows, ["workload", "way", "k", "n", "per_s", "cpu_ms_per_input", "cores_used",
-                            "dataframe_over_per_example", "ray_data_over_dataframe", "per_core_over_dataframe",
+                            "dataframe_over_per_example", "parse_cpu_ms", "run_cpu_ms", "ceiling_over_per_example",
+                            "parse_ceiling_over_per_example", "ray_data_over_dataframe", "per_core_over_dataframe",
                             "driver_rss_mb", "ray_rss_mb", "ray_anon_mb"]))
     if mlflow:
         metrics = {f"{r['workload']}.{r['way']}.{key}": float(r[key]) for r in rows
                    for key in ("per_s", "cpu_ms_per_input", "cores_used", "dataframe_over_per_example",
-                               "ray_data_over_dataframe", "per_core_over_dataframe", "driver_rss_mb",
+                               "parse_cpu_ms", "run_cpu_ms", "ceiling_over_per_example",
+                               "parse_ceiling_over_per_example", "ray_data_over_dataframe", "per_core_over_dataframe", "driver_rss_mb",
                                "ray_rss_mb") if r.get(key) is not None}
         run_id = log_to_mlflow("bench_predict", {"workloads": list(workloads), "ks": list(ks), "actors": actors,
                                                  "cpus_per_actor": cpus_per_actor,

@@ -17,29 +17,55 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Predictor", "predict_in_chunks"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "Predictor", "predict_in_chunks"]
+
+#: inputs per engine batch when the caller names none
+DEFAULT_CHUNK_SIZE = 256
 
 
 class Predictor(abc.ABC):
-    """One trained model, ready to predict raw inputs (see the module docstring).
+    """One trained model, ready to predict raw inputs (see the module docstring), in two stages:
+    :meth:`parse` (one raw input -> the model's input, per input) and :meth:`run` (a list of
+    parsed inputs -> their predictions, one engine batch).  :meth:`predict` is the two joined by
+    :func:`predict_in_chunks`.
 
     Attributes:
       input_column: the name of the input column in a DataFrame (``tree``, ``smiles``).
       output_columns: the prediction columns, in order (``error`` follows them).
-      options: the keyword options ``predict`` takes besides ``chunk_size``, with their defaults.
+      int_columns: those of ``output_columns`` that are integers (pandas ``Int64``).
+      options: the keyword options ``predict`` and ``run`` take besides ``chunk_size``, with
+        their defaults.
     """
 
     input_column: str = "input"
     output_columns: Sequence[str] = ()
+    int_columns: Sequence[str] = ()
     options: dict = {}
 
     @abc.abstractmethod
-    def predict(self, inputs: Sequence[Any], chunk_size: int = 256, **options) -> "pandas.DataFrame":  # noqa: F821
-        """One row per input, in order: ``output_columns`` then ``error``."""
+    def parse(self, raw: Any) -> Any:
+        """The model's input for one raw input; raises (any exception) for a bad one, whose
+        message becomes the row's ``error``."""
+
+    @abc.abstractmethod
+    def run(self, parsed: list, **options) -> Any:
+        """The predictions of ``parsed`` (outputs of :meth:`parse`), one per input, in order:
+        a ``pandas.DataFrame`` with :meth:`columns` or a list of one dict per input."""
+
+    def columns(self, **options) -> list:
+        """The prediction columns for ``options`` (``output_columns`` unless a subclass adds
+        some)."""
+        return list(self.output_columns)
+
+    def predict(self, inputs: Sequence[Any], chunk_size: int = DEFAULT_CHUNK_SIZE,
+                **options) -> "pandas.DataFrame":  # noqa: F821
+        """One row per input, in order: :meth:`columns` then ``error``."""
+        return predict_in_chunks(list(inputs), self.parse, lambda chunk: self.run(chunk, **options),
+                                 self.columns(**options), chunk_size, int_columns=self.int_columns)
 
 
 def predict_in_chunks(inputs: Sequence[Any], parse: Callable[[Any], Any],
-                      run: Callable[[list], Any], columns: Sequence[str], chunk_size: int = 256,
+                      run: Callable[[list], Any], columns: Sequence[str], chunk_size: int = DEFAULT_CHUNK_SIZE,
                       int_columns: Sequence[str] = ()):
     """The shared loop: ``parse(raw)`` each input (an exception marks the row bad, its message the
     row's ``error``), ``run(parsed_chunk)`` over chunks of the good rows, and the frame assembled
@@ -49,7 +75,8 @@ def predict_in_chunks(inputs: Sequence[Any], parse: Callable[[Any], Any],
     ``columns`` (assembled column by column, with no Python work per row), or a list of one dict
     of ``columns`` per input.  Column dtypes do not depend on which rows were bad:
     ``int_columns`` are pandas ``Int64`` (nullable), the other columns of numbers ``float64``
-    (NaN when bad), other columns ``object`` (None when bad), ``error`` a pandas ``string``.
+    (NaN when bad), other columns ``object`` (pandas' ``str`` for strings), null when bad;
+    ``error`` a pandas ``string``.
 
     Raises ``ValueError`` for ``chunk_size < 1``, and when ``run`` returns another number of
     predictions than the inputs it was given (naming the chunk).

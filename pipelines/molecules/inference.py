@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from pipelines.prediction import Predictor, predict_in_chunks
+from pipelines.prediction import Predictor
 
 from .featurize import featurize
 
@@ -37,17 +37,15 @@ class MoleculePredictor(Predictor):
         self.mean = torch.as_tensor(mean, dtype=torch.float32)
         self.std = torch.as_tensor(std, dtype=torch.float32)
 
-    def predict(self, inputs: Sequence[str], chunk_size: int = 256):
-        return predict_in_chunks(list(inputs), _parse, self._run, self.output_columns, chunk_size)
+    def parse(self, raw) -> tuple:
+        """The weave model's input ``(atoms, pairs)`` of one SMILES
+        (:func:`pipelines.molecules.featurize.featurize`)."""
+        if not isinstance(raw, str):
+            raise TypeError(f"expected a SMILES string, got {type(raw).__name__}")
+        return featurize(raw).model_input()
 
     @torch.no_grad()
-    def _run(self, graphs: list) -> list:
+    def run(self, graphs: list) -> list:
         out = self.compiler(self.compiler.build_batch(graphs)).float().cpu()
         values = torch.sigmoid(out) if self.classification else out * self.std + self.mean
         return [dict(zip(self.output_columns, row)) for row in values.tolist()]
-
-
-def _parse(smiles):
-    if not isinstance(smiles, str):
-        raise TypeError(f"expected a SMILES string, got {type(smiles).__name__}")
-    return featurize(smiles).model_input()

@@ -10,12 +10,12 @@ predictions.
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional
 
 import numpy as np
 import torch
 
-from pipelines.prediction import Predictor, predict_in_chunks
+from pipelines.prediction import Predictor
 
 from .data import parse_line
 from .model import NUM_CLASSES, SentimentModules, build_compiler
@@ -35,6 +35,7 @@ class TreePredictor(Predictor):
 
     input_column = "tree"
     output_columns = COLUMNS
+    int_columns = ("label",)
     options = {"nodes": False}
 
     def __init__(self, modules: SentimentModules, stoi: Mapping[str, int], scheduler="depth", executor: str = "auto",
@@ -45,13 +46,17 @@ class TreePredictor(Predictor):
         for c in (self.roots, self.nodes):
             c.executor, c.max_call_rows = executor, max_call_rows
 
-    def predict(self, inputs: Sequence[str], chunk_size: int = 256, nodes: bool = False):
-        columns = COLUMNS + (["node_labels"] if nodes else [])
-        return predict_in_chunks(list(inputs), _parse, lambda trees: self._run(trees, nodes), columns, chunk_size,
-                                 int_columns=("label",))
+    def columns(self, nodes: bool = False) -> list:
+        return COLUMNS + (["node_labels"] if nodes else [])
+
+    def parse(self, raw) -> tuple:
+        """The tree of one PTB line (:func:`pipelines.sst.data.parse_line`)."""
+        if not isinstance(raw, str):
+            raise TypeError(f"expected a PTB tree string, got {type(raw).__name__}")
+        return parse_line(raw)
 
     @torch.inference_mode()
-    def _run(self, trees: list, nodes: bool):
+    def run(self, trees: list, nodes: bool = False):
         import pandas as pd
 
         c = self.nodes if nodes else self.roots
@@ -67,9 +72,3 @@ class TreePredictor(Predictor):
             out["node_labels"] = [part.tolist() + [root] for part, root in
                                   zip(np.split(labels, ends[:-1]), label.tolist())]
         return pd.DataFrame(out)
-
-
-def _parse(tree) -> tuple:
-    if not isinstance(tree, str):
-        raise TypeError(f"expected a PTB tree string, got {type(tree).__name__}")
-    return parse_line(tree)
