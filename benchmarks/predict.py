@@ -48,9 +48,13 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from .reporting import REPO_ROOT, echo, format_table, log_to_mlflow
 
-__all__ = ["WORKLOADS", "StageSeconds", "inputs_of", "logged_model", "stage_seconds", "child", "run", "main"]
+__all__ = ["WORKLOADS", "FIGURES", "StageSeconds", "inputs_of", "logged_model", "stage_seconds", "child", "run", "main"]
 
 WORKLOADS = ("sst", "tox21")
+#: the figures of a row (those it has): the printed table's columns after its keys, and the metrics
+FIGURES = ("per_s", "cpu_ms_per_input", "cores_used", "dataframe_over_per_example", "parse_cpu_ms", "run_cpu_ms",
+           "ceiling_over_per_example", "parse_ceiling_over_per_example", "ray_data_over_dataframe",
+           "per_core_over_dataframe", "driver_rss_mb", "ray_rss_mb", "ray_anon_mb")
 
 
 def inputs_of(workload: str, data_dir: str) -> List[str]:
@@ -247,16 +251,10 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_e
                 log(f"{w}: Ray Data k={k}: {r['rows']} rows, {rate:.0f}/s ({rate / df_s:.2f}x DataFrame; per core used "
                     f"{per_core:.2f}x, {r['cpu_s'] / r['seconds']:.2f} cores), driver peak {r['driver_rss_mb']:.0f} MB, "
                     f"largest Ray process {r['ray_rss_mb']:.0f} MB")
-    log(format_table(rows, ["workload", "way", "k", "n", "per_s", "cpu_ms_per_input", "cores_used",
-                            "dataframe_over_per_example", "parse_cpu_ms", "run_cpu_ms", "ceiling_over_per_example",
-                            "parse_ceiling_over_per_example", "ray_data_over_dataframe", "per_core_over_dataframe",
-                            "driver_rss_mb", "ray_rss_mb", "ray_anon_mb"]))
+    log(format_table(rows, ["workload", "way", "k", "n", *FIGURES]))
     if mlflow:
         metrics = {f"{r['workload']}.{r['way']}.{key}": float(r[key]) for r in rows
-                   for key in ("per_s", "cpu_ms_per_input", "cores_used", "dataframe_over_per_example",
-                               "parse_cpu_ms", "run_cpu_ms", "ceiling_over_per_example",
-                               "parse_ceiling_over_per_example", "ray_data_over_dataframe", "per_core_over_dataframe", "driver_rss_mb",
-                               "ray_rss_mb") if r.get(key) is not None}
+                   for key in FIGURES if r.get(key) is not None}
         run_id = log_to_mlflow("bench_predict", {"workloads": list(workloads), "ks": list(ks), "actors": actors,
                                                  "cpus_per_actor": cpus_per_actor,
                                                  "per_example": per_example, "limit": limit},

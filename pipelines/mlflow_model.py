@@ -33,6 +33,7 @@ import pandas as pd
 import torch
 
 from .model_package import load_predictor, predictor_experiment, write_package
+from .prediction import DEFAULT_CHUNK_SIZE
 
 __all__ = ["MODEL_NAME", "FoldModel", "LoggedModel", "log_model", "log_package", "logged_model_ready",
            "quiet_model_logging"]
@@ -135,7 +136,7 @@ def log_package(tracking_uri: str, run_id: str, package: str, register_as: Optio
         experiment = predictor_experiment(package)
         example = pd.DataFrame({predictor.input_column: list(experiment.example_inputs())})
         signature = infer_signature(example, predictor.predict(example[predictor.input_column].tolist()),
-                                    params={"chunk_size": 256, **getattr(predictor, "options", {})})
+                                    params={"chunk_size": DEFAULT_CHUNK_SIZE, **getattr(predictor, "options", {})})
         requirements = [f"torch=={torch.__version__.split('+')[0]}", "numpy", "pandas",
                         f"mlflow=={mlflow.__version__}", *experiment.inference_requirements]
         previous = mlflow.get_tracking_uri()

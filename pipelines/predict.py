@@ -36,6 +36,7 @@ import numpy as np
 
 from .console import private_local_token
 from .model_package import PACKAGE_FILE, WEIGHTS_FILE
+from .prediction import DEFAULT_CHUNK_SIZE
 
 __all__ = ["PredictResult", "PredictActor", "resolve_inputs", "load_package_bytes", "predictor_from_package",
            "input_rows", "actor_pool_size", "run", "main"]
@@ -216,9 +217,9 @@ def actor_pool_size(actors: Optional[int], cpus_per_actor: float, cluster_cpus: 
     return actors
 
 
-def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int = 256, actors: Optional[int] = None,
-        cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, tracking_uri: Optional[str] = None,
-        tracking: bool = True, column: Optional[str] = None, log=print) -> PredictResult:
+def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
+        actors: Optional[int] = None, cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0,
+        tracking_uri: Optional[str] = None, tracking: bool = True, column: Optional[str] = None, log=print) -> PredictResult:
     """Predict every input of ``inputs`` (text files' lines, CSV files' ``column``: by default the
     model's input column) with ``model_uri``; Parquet into ``output``. Needs Ray (connects to
     ``$RAY_ADDRESS`` or starts a local instance when none is initialised).  ``actors``: the
@@ -301,7 +302,8 @@ def main(argv: Optional[Sequence[str]] = None) -> PredictResult:
                     help="files or globs: text (one tree / SMILES per line) or CSV (.csv, .csv.gz; a header row)")
     ap.add_argument("--column", help="the input column of CSV files (default: the model's, tree / smiles)")
     ap.add_argument("--output", required=True, help="directory for the Parquet files")
-    ap.add_argument("--chunk-size", type=int, default=256, help="inputs per engine batch (default 256)")
+    ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE,
+                    help=f"inputs per engine batch (default {DEFAULT_CHUNK_SIZE})")
     ap.add_argument("--actors", type=int, help="predictor actors (default: as many as the cluster's CPUs hold "
                                                 "beside one CPU for reading)")
     ap.add_argument("--cpus-per-actor", type=float, default=1.0, help="CPUs each actor reserves (default 1)")
