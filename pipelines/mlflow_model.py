@@ -11,8 +11,15 @@ fresh process with neither the training data nor ``FOLD_DATA_DIR``:
 
 Input: a DataFrame with the experiment's input column (``tree``, ``smiles``; a one-column frame
 of another name is taken as it), a list of strings, or a dict of that column.  ``params``:
-``chunk_size`` (inputs per engine batch, default 256) and the predictor's own options (SST:
-``nodes``).  Output: the :class:`pipelines.prediction.Predictor` frame.
+``chunk_size`` (inputs per engine batch, default 256, at most 1024) and the predictor's own
+options (SST: ``nodes``).  Output: the :class:`pipelines.prediction.Predictor` frame, its number
+columns nullable (``Float64``, ``Int64``): a bad row's numbers are ``<NA>``, which a served model
+answers as JSON ``null`` (never ``NaN``, which strict JSON parsers reject).
+
+Limits (what a served model accepts from one request): each input within the predictor's size
+cap (``molecules.max_atoms`` atoms, ``sst.max_nodes`` nodes: a row error above it) and at most
+``$FOLDENGINE_MAX_REQUEST_ROWS`` rows (default 100,000; the server's environment sets it, a
+request cannot): a request with more is refused whole, naming the limit.
 
 :func:`log_model` logs it into a training run (name ``model``), with a signature and an input
 example, and registers a new version when asked (tagged with the run's best dev metric);
@@ -40,6 +47,9 @@ __all__ = ["MODEL_NAME", "FoldModel", "LoggedModel", "log_model", "log_package",
 
 #: the name the model is logged under in a run (``runs:/<run_id>/model``)
 MODEL_NAME = "model"
+#: the environment variable that caps the rows of one ``predict`` call (one served request)
+MAX_ROWS_ENV = "FOLDENGINE_MAX_REQUEST_ROWS"
+DEFAULT_MAX_ROWS = 100_000
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CODE = [os.path.join(_REPO, p) for p in ("foldengine", "schedulers", "pipelines")]
 
@@ -59,7 +69,16 @@ class FoldModel(mlflow.pyfunc.PythonModel):
             if p.input_column not in cols and len(cols) != 1:
                 raise ValueError(f"expected a column {p.input_column!r}, got columns {cols}")
             model_input = model_input[p.input_column if p.input_column in cols else cols[0]].tolist()
-        return p.predict(list(model_input), **dict(params or {}))
+        inputs = list(model_input)
+        limit = int(os.environ.get(MAX_ROWS_ENV, DEFAULT_MAX_ROWS))
+        if len(inputs) > limit:
+            from mlflow.exceptions import MlflowException
+            from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+            raise MlflowException(f"{len(inputs)} rows in one request > the limit of {limit} (${MAX_ROWS_ENV}); "
+                                  f"send them in several requests", error_code=INVALID_PARAMETER_VALUE)
+        frame = p.predict(inputs, **dict(params or {}))
+        return frame.astype({c: "Float64" for c in frame.columns if frame[c].dtype == "float64"})
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,18 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "Predictor", "predict_in_chunks"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "MAX_CHUNK_SIZE", "InputTooLarge", "Predictor", "predict_in_chunks"]
 
 #: inputs per engine batch when the caller names none
 DEFAULT_CHUNK_SIZE = 256
+#: the most inputs one engine batch may hold: with each input capped (:attr:`Predictor.max_size`)
+#: this bounds a call's memory whatever the number of rows
+MAX_CHUNK_SIZE = 1024
+
+
+class InputTooLarge(ValueError):
+    """One input exceeds the predictor's size cap (atoms of a molecule, nodes of a tree); the
+    message names the size, the cap and the setting that raises it.  A row error, never fatal."""
 
 
 class Predictor(abc.ABC):
@@ -35,12 +43,25 @@ class Predictor(abc.ABC):
       int_columns: those of ``output_columns`` that are integers (pandas ``Int64``).
       options: the keyword options ``predict`` and ``run`` take besides ``chunk_size``, with
         their defaults.
+      max_size: the largest input :meth:`parse` accepts, in ``size_unit`` (the training limit by
+        default); a larger one is a row error (:class:`InputTooLarge`), refused before the work
+        (and memory) that grows with it.  Together with ``chunk_size <= MAX_CHUNK_SIZE`` this
+        bounds the memory of any call.
+      size_unit: what ``max_size`` counts (``atoms``, ``nodes``).
     """
 
     input_column: str = "input"
     output_columns: Sequence[str] = ()
     int_columns: Sequence[str] = ()
     options: dict = {}
+    max_size: int = 0
+    size_unit: str = "items"
+
+    def too_large(self, size: int, setting: str) -> InputTooLarge:
+        """The row error of an input of ``size`` (> :attr:`max_size`); ``setting`` names the
+        config key that sets the cap."""
+        return InputTooLarge(f"{size} {self.size_unit} > the limit of {self.max_size} ({setting}; the model "
+                             f"was trained on inputs within it)")
 
     @abc.abstractmethod
     def parse(self, raw: Any) -> Any:
@@ -83,8 +104,8 @@ def predict_in_chunks(inputs: Sequence[Any], parse: Callable[[Any], Any],
     """
     import pandas as pd
 
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if not 1 <= chunk_size <= MAX_CHUNK_SIZE:
+        raise ValueError(f"chunk_size must be in 1..{MAX_CHUNK_SIZE}, got {chunk_size}")
     n = len(inputs)
     errors: list = [None] * n
     good_idx, good = [], []

@@ -387,11 +387,12 @@ class Tracker:
     operations are sent one at a time."""
 
     def __init__(self, uri: Optional[str], run_id: Optional[str] = None, enabled: bool = True,
-                 outbox_dir: Optional[str] = None, policy: Optional[OutagePolicy] = None):
+                 outbox_dir: Optional[str] = None, policy: Optional[OutagePolicy] = None,
+                 outbox_key: Optional[bytes] = None):
         self.uri = uri
         self.run_id = run_id
         self.enabled = enabled and uri is not None
-        self.outbox = outbox.Outbox(outbox_dir) if outbox_dir else None
+        self.outbox = outbox.Outbox(outbox_dir, outbox_key) if outbox_dir else None
         self.policy = policy or OutagePolicy()
         self.ended = False
         #: the metric keys this tracker object was asked to log (not those of its pickled copies)
@@ -430,7 +431,8 @@ class Tracker:
 
     def __getstate__(self):
         return {"uri": self.uri, "run_id": self.run_id, "enabled": self.enabled,
-                "outbox_dir": self.outbox.directory if self.outbox is not None else None, "policy": self.policy}
+                "outbox_dir": self.outbox.directory if self.outbox is not None else None, "policy": self.policy,
+                "outbox_key": self.outbox.key if self.outbox is not None else None}
 
     def __setstate__(self, state):
         self.__init__(**state)
@@ -589,7 +591,7 @@ class Tracker:
         """A tracker of another run ``run_id`` in the same store, buffering into this tracker's
         outbox under the same policy (for writes such as tagging the run this one resumes)."""
         return Tracker(self.uri, run_id, self.enabled, self.outbox.directory if self.outbox is not None else None,
-                       self.policy)
+                       self.policy, self.outbox.key if self.outbox is not None else None)
 
     def text(self, text: str, name: str) -> None:
         if self.enabled:
@@ -640,10 +642,15 @@ def replay_main(argv: Optional[list[str]] = None) -> int:
     if not os.path.isdir(args.path):
         parser.error(f"{args.path}: no such outbox directory")
     uri = resolve_uri(args.uri)
-    info = outbox.describe(args.path)
-    sent = outbox.Outbox(args.path).replay(client_for(uri))
+    try:
+        info = outbox.describe(args.path)
+        sent = outbox.Outbox(args.path).replay(client_for(uri), wait=False)
+    except (outbox.OutboxError, outbox.OutboxBusy) as err:
+        print(f"python -m pipelines.tracking replay: {err}", file=sys.stderr)
+        return 2
     print(f"sent {sent} of {info['operations']} buffered operation(s) of run(s) {', '.join(info['runs'])} "
-          f"to {uri}")
+          f"to {uri}" + (f"; {info['foreign']} line(s) not written by the run were left untouched"
+                         if info["foreign"] else ""))
     return 0
 
 

@@ -446,7 +446,8 @@ class MoleculeExperiment(Experiment):
         scaling = TargetScaling(scalar_or_tuple(model_context["mean"]), scalar_or_tuple(model_context["std"]))
         model = self.build_model(config, scaling)
         model.load_state_dict(state_dict)
-        return MoleculePredictor(model, self.tasks, self.classification, scaling.mean, scaling.std)
+        return MoleculePredictor(model, self.tasks, self.classification, scaling.mean, scaling.std,
+                                 max_atoms=config["molecules"].get("max_atoms", 150))
 
     def example_inputs(self) -> Sequence[str]:
         return ["CCO", "c1ccccc1O"]

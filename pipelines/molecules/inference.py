@@ -3,8 +3,9 @@
 Input column ``smiles``.  Output, one row per molecule: one column per task, named after it:
 the probability of the positive class (classification, e.g. Tox21's ``NR-AR``) or the value in
 the original units (regression, e.g. ESOL's ``logS``: the model's standardised output times the
-training split's standard deviation plus its mean).  A SMILES that RDKit rejects gets its
-``error`` and null predictions.
+training split's standard deviation plus its mean).  A SMILES that RDKit rejects, or a molecule
+of more than ``max_atoms`` heavy atoms (training's ``molecules.max_atoms``; the pair features
+grow with its square), gets its ``error`` and null predictions.
 """
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from typing import Sequence
 
 import torch
 
-from pipelines.prediction import Predictor
+from pipelines.prediction import InputTooLarge, Predictor
 
-from .featurize import featurize
+from .featurize import featurize_mol, parse_smiles
 
 __all__ = ["MoleculePredictor"]
 
@@ -26,12 +27,18 @@ class MoleculePredictor(Predictor):
       tasks: the task names (the output columns), in the model's output order.
       classification: sigmoid of the logits if true, else ``out * std + mean``.
       mean, std: the target scaling (floats, or one per task).
+      max_atoms: the largest molecule (heavy atoms) predicted; a SMILES longer than
+        ``CHARS_PER_ATOM * max_atoms`` characters is refused before RDKit parses it.
     """
 
     input_column = "smiles"
+    size_unit = "atoms"
+    CHARS_PER_ATOM = 40
 
-    def __init__(self, compiler, tasks: Sequence[str], classification: bool, mean=0.0, std=1.0):
+    def __init__(self, compiler, tasks: Sequence[str], classification: bool, mean=0.0, std=1.0,
+                 max_atoms: int = 150):
         self.compiler = compiler.eval()
+        self.max_size = int(max_atoms)
         self.output_columns = list(tasks)
         self.classification = classification
         self.mean = torch.as_tensor(mean, dtype=torch.float32)
@@ -42,7 +49,14 @@ class MoleculePredictor(Predictor):
         (:func:`pipelines.molecules.featurize.featurize`)."""
         if not isinstance(raw, str):
             raise TypeError(f"expected a SMILES string, got {type(raw).__name__}")
-        return featurize(raw).model_input()
+        if len(raw) > self.CHARS_PER_ATOM * self.max_size:
+            raise InputTooLarge(
+                f"a SMILES of {len(raw)} characters is longer than any molecule of at most {self.max_size} atoms "
+                f"(molecules.max_atoms) can be written")
+        mol = parse_smiles(raw)
+        if mol.GetNumAtoms() > self.max_size:
+            raise self.too_large(mol.GetNumAtoms(), "molecules.max_atoms")
+        return featurize_mol(mol, smiles=raw.strip()).model_input()
 
     @torch.no_grad()
     def run(self, graphs: list) -> list:

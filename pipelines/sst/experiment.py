@@ -77,6 +77,8 @@ SCHEMA: dict[str, Field] = {
                                    "optimizer taking sparse gradients and grad_clip 0"),
     "sst.init": F_(str, "torch", choices=("torch", "glorot"),
                    doc="cell and classifier init: nn.Linear default or Glorot uniform, zero bias (TF)"),
+    "sst.max_nodes": F_(int, 1023, min=1, doc="prediction refuses a tree of more nodes (a row error; the largest "
+                                              "SST tree has 111)"),
     "sst.limit_train": F_(int, None, min=1, nullable=True, doc="first N train trees (tests, smoke runs)"),
     "sst.limit_dev": F_(int, None, min=1, nullable=True),
     "sst.limit_test": F_(int, None, min=1, nullable=True),
@@ -223,7 +225,8 @@ class SSTExperiment(Experiment):
         modules = self._modules(config, ctx, None)
         self._compiler(config, ctx, None, modules).load_state_dict(state_dict)   # the parameters' names
         return TreePredictor(modules, ctx.vocab.stoi, scheduler=config["scheduler"],
-                             executor=config.get("executor", "auto"))
+                             executor=config.get("executor", "auto"),
+                             max_nodes=config["sst"].get("max_nodes", SCHEMA["sst.max_nodes"].default))
 
     def example_inputs(self) -> Sequence[str]:
         return ["(4 (2 a) (4 (4 wonderful) (2 film)))", "(1 (2 (2 not) (3 good)) (2 .))"]

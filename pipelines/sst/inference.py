@@ -15,7 +15,7 @@ from typing import Mapping, Optional
 import numpy as np
 import torch
 
-from pipelines.prediction import Predictor
+from pipelines.prediction import InputTooLarge, Predictor
 
 from .data import parse_line
 from .model import NUM_CLASSES, SentimentModules, build_compiler
@@ -37,10 +37,13 @@ class TreePredictor(Predictor):
     output_columns = COLUMNS
     int_columns = ("label",)
     options = {"nodes": False}
+    size_unit = "nodes"
+    CHARS_PER_NODE = 64
 
     def __init__(self, modules: SentimentModules, stoi: Mapping[str, int], scheduler="depth", executor: str = "auto",
-                 max_call_rows: Optional[int] = 1024):
+                 max_call_rows: Optional[int] = 1024, max_nodes: int = 1023):
         modules.eval()
+        self.max_size = int(max_nodes)
         self.roots = build_compiler(modules, stoi, scheduler, labels=False, node_logits=False).eval()
         self.nodes = build_compiler(modules, stoi, scheduler, labels=False).eval()
         for c in (self.roots, self.nodes):
@@ -53,6 +56,12 @@ class TreePredictor(Predictor):
         """The tree of one PTB line (:func:`pipelines.sst.data.parse_line`)."""
         if not isinstance(raw, str):
             raise TypeError(f"expected a PTB tree string, got {type(raw).__name__}")
+        if len(raw) > self.CHARS_PER_NODE * self.max_size:
+            raise InputTooLarge(f"a tree of {len(raw)} characters is longer than any tree of at most "
+                                f"{self.max_size} nodes (sst.max_nodes) is written")
+        nodes = raw.count("(")
+        if nodes > self.max_size:
+            raise self.too_large(nodes, "sst.max_nodes")
         return parse_line(raw)
 
     @torch.inference_mode()

@@ -124,6 +124,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _refuse_constant(name):
+    raise ValueError(f"not strict JSON: {name}")
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(400)
 def test_served_model_answers_like_predict(logged, tmp_path):
@@ -153,7 +157,8 @@ def test_served_model_answers_like_predict(logged, tmp_path):
         req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
-            served = pd.DataFrame(json.loads(r.read())["predictions"])
+            body = json.loads(r.read(), parse_constant=_refuse_constant)      # strict JSON: no NaN
+        served = pd.DataFrame(body["predictions"])
     finally:
         proc.terminate()
         try:
@@ -164,5 +169,6 @@ def test_served_model_answers_like_predict(logged, tmp_path):
     local = mlflow.pyfunc.load_model(logged["runs"]["sst"].model_uri).predict(pd.DataFrame({"tree": trees}))
     assert served["error"][1] == local["error"][1] and "unbalanced" in served["error"][1]
     assert served["label"][[0, 2]].tolist() == local["label"][[0, 2]].tolist()
-    np.testing.assert_allclose(served[["prob_0", "prob_4"]].to_numpy()[[0, 2]],
-                               local[["prob_0", "prob_4"]].to_numpy()[[0, 2]], rtol=1e-6)
+    assert body["predictions"][1]["prob_0"] is None and body["predictions"][1]["label"] is None
+    np.testing.assert_allclose(served[["prob_0", "prob_4"]].to_numpy(dtype=float)[[0, 2]],
+                               local[["prob_0", "prob_4"]].to_numpy(dtype=float)[[0, 2]], rtol=1e-6)
