@@ -272,4 +272,41 @@ def run(table1: Optional[str] = None, sst: Optional[str] = None, tox21: Optional
             mlf.log_artifact(out)
             mlf.log_artifact(base + ".csv")
             log(f"MLflow run {mrun.info.run_id} (experiment reproduce)")
+    log(next_steps(_load(sst), _load(tox21)))
     return rows
+
+
+def model_uris(sst: Optional[Dict], tox21: Optional[Dict]) -> Dict[str, str]:
+    """The models a reproduction trained, by name: ``sst`` (the best seed's run of the sweep:
+    the parent run holds no model) and ``tox21``, each ``runs:/<run id>/model``."""
+    out = {}
+    if sst and sst.get("best_model_uri"):
+        out["sst"] = sst["best_model_uri"]
+    if tox21 and tox21.get("run_id"):
+        out["tox21"] = f"runs:/{tox21['run_id']}/model"
+    return out
+
+
+def next_steps(sst: Optional[Dict], tox21: Optional[Dict]) -> str:
+    """What to do with a finished reproduction: the models to use (their URIs and the commands
+    of the README's "Using a trained model") and the MLflow UI (``bash scripts/ui.sh``) with a
+    link to each run."""
+    uris = model_uris(sst, tox21)
+    store = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    lines = ["Next:"]
+    names = {"sst": "SST Tree-LSTM (best seed)", "tox21": "Tox21 weave"}
+    for key, uri in uris.items():
+        lines.append(f"  model, {names[key]}: {uri}")
+    if "sst" in uris:
+        lines.append(f"  predict: .venv/bin/python -m pipelines.predict --model {uris['sst']} --input 'trees/*.txt' "
+                     f"--output preds/")
+    if "tox21" in uris:
+        lines.append(f"           .venv/bin/python -m pipelines.predict --model {uris['tox21']} "
+                     f"--input molecules.csv --output preds/")
+    lines.append(f"  (the store: MLFLOW_TRACKING_URI={store}; a served model: see README, Using a trained model)")
+    lines.append(f"  browse: bash scripts/ui.sh, then")
+    for name, data in (("SST sweep", sst), ("Tox21", tox21)):
+        if data and data.get("mlflow_run"):
+            exp_id, run_id = data["mlflow_run"].split("/")
+            lines.append(f"    {name}: {run_url(UI_URL, exp_id, run_id)}")
+    return "\n".join(lines)

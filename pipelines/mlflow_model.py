@@ -39,7 +39,7 @@ import mlflow
 import pandas as pd
 import torch
 
-from .model_package import load_predictor, predictor_experiment, write_package
+from .model_package import PACKAGE_ARTIFACT, load_predictor, predictor_experiment, write_package
 from .prediction import DEFAULT_CHUNK_SIZE
 
 __all__ = ["MODEL_NAME", "FoldModel", "LoggedModel", "log_model", "log_package", "logged_model_ready",
@@ -58,7 +58,7 @@ class FoldModel(mlflow.pyfunc.PythonModel):
     """The pyfunc wrapper around a package's :class:`~pipelines.prediction.Predictor` (see the module docstring)."""
 
     def load_context(self, context) -> None:
-        self.predictor = load_predictor(context.artifacts["package"])
+        self.predictor = load_predictor(context.artifacts[PACKAGE_ARTIFACT])
 
     def predict(self, context, model_input: pd.DataFrame, params: Optional[dict] = None) -> pd.DataFrame:
         p = self.predictor
@@ -123,7 +123,7 @@ def log_model(tracking_uri: str, run_id: str, experiment, config: Mapping[str, A
     """Log the trained model into run ``run_id`` as ``model``: :func:`~pipelines.model_package.write_package`, then
     :func:`log_package`."""
     with tempfile.TemporaryDirectory(prefix="fold-model-") as tmp:
-        pkg = os.path.join(tmp, "package")
+        pkg = os.path.join(tmp, PACKAGE_ARTIFACT)
         write_package(pkg, experiment, config, model_context, state_dict)
         return log_package(tracking_uri, run_id, pkg, register_as, version_tags)
 
@@ -150,6 +150,14 @@ def log_package(tracking_uri: str, run_id: str, package: str, register_as: Optio
     client = mlflow.MlflowClient(tracking_uri)
     if logged_model_ready(client, run_id):
         return LoggedModel(f"runs:/{run_id}/{MODEL_NAME}")
+    if os.path.basename(os.path.normpath(package)) != PACKAGE_ARTIFACT:
+        # MLflow names the artifact after the folder: stage it as artifacts/<PACKAGE_ARTIFACT>
+        import shutil
+
+        with tempfile.TemporaryDirectory(prefix="fold-model-") as tmp:
+            staged = os.path.join(tmp, PACKAGE_ARTIFACT)
+            shutil.copytree(package, staged)
+            return log_package(tracking_uri, run_id, staged, register_as, version_tags)
     with quiet_model_logging():
         predictor = load_predictor(package)          # the example's output, and a check that it loads
         experiment = predictor_experiment(package)
@@ -163,7 +171,7 @@ def log_package(tracking_uri: str, run_id: str, package: str, register_as: Optio
         try:
             with mlflow.start_run(run_id=run_id):
                 info = mlflow.pyfunc.log_model(name=MODEL_NAME, python_model=FoldModel(),
-                                               artifacts={"package": package}, code_paths=_CODE,
+                                               artifacts={PACKAGE_ARTIFACT: package}, code_paths=_CODE,
                                                signature=signature, input_example=example,
                                                pip_requirements=requirements, registered_model_name=register_as)
         finally:

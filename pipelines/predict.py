@@ -35,7 +35,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from .console import private_local_token
-from .model_package import PACKAGE_FILE, WEIGHTS_FILE
+from .model_package import PACKAGE_FILE, WEIGHTS_FILE, find_package
 from .prediction import DEFAULT_CHUNK_SIZE
 
 __all__ = ["PredictResult", "PredictActor", "resolve_inputs", "load_package_bytes", "predictor_from_package",
@@ -83,9 +83,10 @@ def load_package_bytes(model_uri: str) -> dict[str, bytes]:
     with tempfile.TemporaryDirectory(prefix="fold-predict-") as tmp:
         with quiet_model_logging():     # no download bar: a log line per update where stderr is a file
             local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp)
-        pkg = os.path.join(local, "artifacts", "package")
-        if not os.path.isfile(os.path.join(pkg, PACKAGE_FILE)):
-            raise ValueError(f"{model_uri}: not a foldengine model (no artifacts/package/{PACKAGE_FILE})")
+        try:
+            pkg = find_package(local)
+        except ValueError as err:
+            raise ValueError(f"{model_uri}: {str(err).split(': ', 1)[1]}") from None
         out = {}
         for name in (PACKAGE_FILE, WEIGHTS_FILE):
             with open(os.path.join(pkg, name), "rb") as f:

@@ -99,13 +99,17 @@ MAX_TAG_CHARS = 20000
 
 
 def runs_view_tag(columns: Sequence[str], metric_keys: Sequence[str] = (), key: str = VIEW_KEY,
-                  max_chars: int = MAX_TAG_CHARS) -> dict[str, str]:
+                  max_chars: int = MAX_TAG_CHARS, expanded: Sequence[str] = ()) -> dict[str, str]:
     """The experiment tag that stores the view: ``{"mlflow.sharedViewState.<key>": <JSON>}``, the
-    JSON ``{"selectedColumns": columns}`` plus, with ``metric_keys``, :func:`charts_view_state`.
+    JSON ``{"selectedColumns": columns}`` (and ``runsExpanded: {run_id: true}`` for the parent
+    runs in ``expanded``: their nested runs show as rows and in the charts) plus, with
+    ``metric_keys``, :func:`charts_view_state`.
     The JSON stays within ``max_chars``: when the charts do not fit, ``compareRunCharts`` is empty
     (the UI then adds each metric's chart to the section of its name, keeping the sections' order);
     when the sections do not fit either, the view holds the columns alone."""
     state: dict = {"selectedColumns": list(columns)}
+    if expanded:
+        state["runsExpanded"] = {run_id: True for run_id in expanded}
     text = json.dumps(state)
     if metric_keys:
         state.update(charts_view_state(metric_keys))
@@ -117,9 +121,10 @@ def runs_view_tag(columns: Sequence[str], metric_keys: Sequence[str] = (), key: 
     return {_TAG + key: text}
 
 
-def save_runs_view(tracker, columns: Sequence[str], metric_keys: Sequence[str] = (), key: str = VIEW_KEY) -> str:
+def save_runs_view(tracker, columns: Sequence[str], metric_keys: Sequence[str] = (), key: str = VIEW_KEY,
+                   expanded: Sequence[str] = ()) -> str:
     """Store the view on the experiment of ``tracker``'s run (:func:`runs_view_tag`); returns ``key``."""
-    tracker.experiment_tags(runs_view_tag(columns, metric_keys, key))
+    tracker.experiment_tags(runs_view_tag(columns, metric_keys, key, expanded=expanded))
     return key
 
 

@@ -149,13 +149,22 @@ class SweepResult:
     table: Any                     #: the paper-style ``pandas.DataFrame``
     tracking_uri: Optional[str] = None
 
+    @property
+    def best_run_id(self) -> Optional[str]:
+        """The MLflow run of the best trial (the run whose model to use), when it has one."""
+        best = next((t for t in self.trials if t.trial_id == self.summary.best_trial), None)
+        return best.run_id if best is not None else None
+
     def report(self) -> dict[str, Any]:
-        """The JSON the CLI prints last: parent run id, means as ``best/*``, ``sd/*``, ``ensemble/*``."""
+        """The JSON the CLI prints last: parent run id, the best trial and its run and model
+        (``best_run_id``, ``best_model_uri``: ``runs:/<id>/model``), means as ``best/*``,
+        ``sd/*``, ``ensemble/*``."""
         out: dict[str, Any] = {"run_id": self.parent_run_id, "tracking_uri": self.tracking_uri,
                                "sweep_dir": self.directory,
                                "n_trials": self.summary.n_trials, "n_finished": self.summary.n_finished,
                                "n_stopped_early": self.summary.n_stopped, "n_errored": self.summary.n_errored,
-                               "best_trial": self.summary.best_trial}
+                               "best_trial": self.summary.best_trial, "best_run_id": self.best_run_id,
+                               "best_model_uri": f"runs:/{self.best_run_id}/model" if self.best_run_id else None}
         out.update({k: v for k, v in self.summary.mean.items()})
         out.update({f"sd/{k}": v for k, v in self.summary.sd.items() if math.isfinite(v)})
         out.update({f"ensemble/{k}": v for k, v in self.ensemble.items()})
@@ -473,6 +482,19 @@ def _log_parent(plan: SweepPlan, tracker: trk.Tracker, trials: Sequence[TrialOut
         tracker.tags({"sweep.best_trial": best.trial_id, "sweep.best_run_id": best.run_id or ""})
 
 
+def _save_sweep_view(experiment, plan: SweepPlan, tracker: trk.Tracker, ensemble: Mapping[str, float]) -> None:
+    """The experiment's saved view as the trials' runs save it, plus the parent's figures as
+    columns (``mean/best/test/<m>``, ``sd/best/test/<m>``, ``ensemble/test/<m>`` of the key
+    metrics), the parent expanded so its trials show as rows and as curves in the chart view."""
+    from .train import save_training_view
+
+    keys = experiment.key_metrics or (experiment.selection_metric,)
+    extra = [f"{agg}/best/test/{m}" for m in keys for agg in ("mean", "sd")]
+    extra += [f"ensemble/test/{m}" for m in keys if f"test/{m}" in ensemble]
+    save_training_view(experiment, plan.config, tracker, extra_columns=extra,
+                       expanded=[plan.parent_run_id] if plan.parent_run_id else ())
+
+
 # --------------------------------------------------------------------------- driver
 
 def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
@@ -510,6 +532,7 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
             tracker.params({"ensemble.members": ",".join(members), "ensemble.split": "test"})
         table = paper_table(summary, _layout(experiment), experiment.name, ensemble, summary.n_finished)
         _log_parent(plan, tracker, trials, summary, ensemble, table)
+        _save_sweep_view(experiment, plan, tracker, ensemble)
         status = "FINISHED" if summary.n_finished else "FAILED"
         tracker.end(status)
         if not tracker.drain():

@@ -326,13 +326,15 @@ def _log_loaded(tracker: trk.Tracker, loaded: Loaded, params: Mapping[str, Any],
     logger.info("%s: %s", verb, loaded.line())
 
 
-def _save_runs_view(experiment: Experiment, cfg: dict, tracker: trk.Tracker,
-                    metric_keys: Optional[Sequence[str]] = None) -> None:
+def save_training_view(experiment: Experiment, cfg: dict, tracker: trk.Tracker,
+                       metric_keys: Optional[Sequence[str]] = None, extra_columns: Sequence[str] = (),
+                       expanded: Sequence[str] = ()) -> None:
     """The experiment's saved view (:mod:`pipelines.runs_view`, an experiment tag sent through
     ``tracker``): the experiment's key metrics, timing and the params that tell runs apart as
-    columns; the chart view's sections of ``metric_keys`` (None: the keys a run of
-    ``experiment`` logs per epoch and at its end, ``<split>/<metric>``, ``best/...``, ``time/...``)
-    with the learning curves first."""
+    columns, then ``extra_columns`` (metric keys: a sweep's ``mean/*``, ``sd/*``, ``ensemble/*``);
+    the chart view's sections of ``metric_keys`` (None: the keys a run of ``experiment`` logs per
+    epoch and at its end, ``<split>/<metric>``, ``best/...``, ``time/...``) with the learning
+    curves first; the parent runs ``expanded`` show their nested runs."""
     flat = trk.flatten_params(cfg)
     params = [p for p in ("scheduler", "seed", "epochs", "batch_size", "optimizer.lr", "precision") if p in flat]
     key_metrics = experiment.key_metrics or (experiment.selection_metric,)
@@ -340,7 +342,9 @@ def _save_runs_view(experiment: Experiment, cfg: dict, tracker: trk.Tracker,
         names = ("loss", experiment.selection_metric, *key_metrics)
         metric_keys = ["train/objective", "best/epoch", "time/epoch_s", "time/records_per_s"] + [
             f"{prefix}{split}/{m}" for prefix in ("", "best/") for split in ("train", "dev", "test") for m in names]
-    save_runs_view(tracker, columns_for(key_metrics, params), metric_keys)
+    columns = columns_for(key_metrics, params)
+    columns[len(columns) - len(params):len(columns) - len(params)] = [f"metrics.`{m}`" for m in extra_columns]
+    save_runs_view(tracker, columns, metric_keys, expanded=expanded)
 
 
 def configure_ray_data(cfg: dict) -> None:
@@ -464,12 +468,13 @@ def _log_results(experiment: Experiment, cfg: dict, tracker: trk.Tracker, state:
                                         "best": state.best or {}, "config": cfg})
         model_context = experiment.model_context(cfg, context)
         if model_context is not None and tracker.enabled:
-            from .model_package import write_package
+            from .model_package import PACKAGE_ARTIFACT, write_package
 
             key = f"best/dev/{experiment.selection_metric}"
             with tempfile.TemporaryDirectory(prefix="fold-model-") as d:
-                write_package(d, experiment, cfg, model_context, best_model)
-                sent = tracker.model(d, register_as=cfg["tracking"]["register_model"],
+                pkg = os.path.join(d, PACKAGE_ARTIFACT)
+                write_package(pkg, experiment, cfg, model_context, best_model)
+                sent = tracker.model(pkg, register_as=cfg["tracking"]["register_model"],
                                      version_tags={key.replace("/", "_"): final[key]} if key in final else None)
             if sent:
                 logger.info("model logged: runs:/%s/model%s", tracker.run_id,
@@ -602,7 +607,7 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
         tracker.params(trk.flatten_params(cfg))
         tracker.params({**trk.system_info(world, cfg["ray"]["use_gpu"]),
                         "sys.cpus_per_worker": str(resources["CPU"])})
-        _save_runs_view(experiment, cfg, tracker)
+        save_training_view(experiment, cfg, tracker)
 
         configure_ray_data(cfg)
         splits = _read_splits(experiment, cfg, tracker)
@@ -622,7 +627,7 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
             monitor.finish()  # its last sample before the outbox is drained and the run ended
         drained = tracker.drain()  # the epochs the callback buffered go first
         _log_results(experiment, cfg, tracker, state, best_model, final, splits.context)
-        _save_runs_view(experiment, cfg, tracker, sorted(tracker.metric_keys))  # the keys this run logged
+        save_training_view(experiment, cfg, tracker, sorted(tracker.metric_keys))  # the keys this run logged
         tracker.end("FINISHED")
         if not tracker.drain(None if drained else 0.0):
             msg = f"{tracker.outage_message()}; the checkpoint is {result.checkpoint.path}"

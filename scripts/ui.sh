@@ -26,5 +26,6 @@ else
   MLFLOW="$(command -v mlflow || true)"
 fi
 [ -n "$MLFLOW" ] || { echo "ui.sh: no mlflow found: run bash scripts/test.sh or bash scripts/reproduce.sh first (they install .venv)" >&2; exit 1; }
-echo "MLflow UI for $STORE at http://127.0.0.1:$PORT (Ctrl-C stops it)" >&2
+# workflowType=machine_learning: MLflow 3.17 opens in its GenAI view otherwise
+echo "MLflow UI for $STORE at http://127.0.0.1:$PORT/#/experiments?workflowType=machine_learning (Ctrl-C stops it)" >&2
 exec "$MLFLOW" ui --backend-store-uri "$STORE" --host 127.0.0.1 --port "$PORT"

@@ -172,3 +172,39 @@ def test_served_model_answers_like_predict(logged, tmp_path):
     assert body["predictions"][1]["prob_0"] is None and body["predictions"][1]["label"] is None
     np.testing.assert_allclose(served[["prob_0", "prob_4"]].to_numpy(dtype=float)[[0, 2]],
                                local[["prob_0", "prob_4"]].to_numpy(dtype=float)[[0, 2]], rtol=1e-6)
+
+
+def test_a_model_logged_with_its_package_in_a_temp_named_folder_still_loads(logged, data_dir, tmp_path):
+    """Training runs before the fix logged the package from a folder named ``fold-model-XXXX``
+    (``artifacts/fold-model-XXXX/`` in the model); batch inference finds the package by its file."""
+    from pipelines.mlflow_model import FoldModel
+    from pipelines.model_package import write_package
+    from pipelines.predict import load_package_bytes, predictor_from_package
+
+    exp, cfg, mc, model, lines = untrained_sst(data_dir)
+    legacy = tmp_path / "fold-model-k3x9q2"
+    write_package(str(legacy), exp, cfg, mc, model.state_dict())
+    client = mlflow.MlflowClient(logged["uri"])
+    run_id = client.create_run(client.get_experiment_by_name("export-test").experiment_id).info.run_id
+    mlflow.set_tracking_uri(logged["uri"])
+    with mlflow.start_run(run_id=run_id):
+        mlflow.pyfunc.log_model(name="model", python_model=FoldModel(), artifacts={"package": str(legacy)},
+                                pip_requirements=["torch"])
+    files = load_package_bytes(f"runs:/{run_id}/model")
+    out = predictor_from_package(files).predict(lines[:3])
+    assert out["error"].isna().all() and len(out) == 3
+
+
+def test_a_model_logged_through_the_outbox_keeps_its_package_folder(logged, data_dir, tmp_path):
+    """A package replayed from an outbox (``files/<id>/``) is logged as ``artifacts/package``."""
+    from pipelines.mlflow_model import log_package
+    from pipelines.model_package import PACKAGE_ARTIFACT, write_package
+
+    exp, cfg, mc, model, lines = untrained_sst(data_dir)
+    staged = tmp_path / "files" / "0123456789abcdef0123456789abcdef"
+    write_package(str(staged), exp, cfg, mc, model.state_dict())
+    client = mlflow.MlflowClient(logged["uri"])
+    run_id = client.create_run(client.get_experiment_by_name("export-test").experiment_id).info.run_id
+    log_package(logged["uri"], run_id, str(staged))
+    names = [a.path for a in client.list_artifacts(run_id, "model/artifacts")]
+    assert names == [f"model/artifacts/{PACKAGE_ARTIFACT}"]

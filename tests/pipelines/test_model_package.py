@@ -51,3 +51,37 @@ def test_crafted_weights_run_no_code(tmp_path):
     with pytest.raises(ValueError, match="weights.pt"):
         load_predictor(str(pkg))
     assert not marker.exists()
+
+
+def test_a_package_naming_an_unregistered_module_is_refused_without_importing_it(tmp_path, monkeypatch):
+    """``package.json`` names the experiment class; only registered classes are imported (importing
+    an arbitrary module can run its code)."""
+    import json
+    import sys
+
+    from pipelines.model_package import EXPERIMENTS_ENV, PACKAGE_FILE, load_predictor
+
+    marker = tmp_path / "imported"
+    (tmp_path / "evil_module.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\nclass Exp: pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pkg = tmp_path / "package"
+    pkg.mkdir()
+    (pkg / PACKAGE_FILE).write_text(json.dumps({"experiment": "evil_module.Exp", "config": {}, "model_context": {}}))
+    torch.save({}, pkg / "weights.pt")
+    with pytest.raises(ValueError, match=r"experiment 'evil_module.Exp' is not a registered experiment class"):
+        load_predictor(str(pkg))
+    assert not marker.exists() and "evil_module" not in sys.modules
+    monkeypatch.setenv(EXPERIMENTS_ENV, "evil_module.Exp")        # the operator trusts it: now it is imported
+    with pytest.raises(AttributeError):
+        load_predictor(str(pkg))
+    assert marker.exists()
+
+
+def test_a_deeply_nested_package_description_is_a_named_error(tmp_path):
+    from pipelines.model_package import PACKAGE_FILE, load_predictor
+
+    pkg = tmp_path / "package"
+    pkg.mkdir()
+    (pkg / PACKAGE_FILE).write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=r"package.json: not a package description \(JSON: RecursionError\)"):
+        load_predictor(str(pkg))

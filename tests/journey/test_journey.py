@@ -1,0 +1,285 @@
+"""The user's journey as the README writes it, on what the main job itself produced.
+
+One module, in the order a new user goes: ``bash scripts/reproduce.sh --quick`` (the main job,
+exactly as written, into a fresh MLflow store), then, with the model URIs it printed, every
+command of the README's "Using a trained model" *as written* (only the placeholders a user fills
+in are filled in: ``<run_id>``, the port, the input files), then the MLflow UI the README opens
+(``bash scripts/ui.sh``) in headless Chromium.  Nothing here logs a model of its own: a failure
+means the product's own output does not work the way its front door says.
+
+The commands run from a fresh working directory holding ``.venv`` (a link to this Python's
+environment) and the main job's store ``mlflow.db``, so the README's ``.venv/bin/python`` and
+``sqlite:///mlflow.db`` mean what they say.
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pandas as pd
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+MODEL_LINE = re.compile(r"model, (?P<name>[^:]+): (?P<uri>runs:/[0-9a-f]{32}/model)")
+BAD_TREE = "(3 (2 unbalanced) (3 tree)"
+BAD_SMILES = "C1CC(not a smiles"
+CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+
+pytestmark = [pytest.mark.integration, pytest.mark.journey, pytest.mark.timeout(2400)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def readme_section(title: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def readme_commands(title: str) -> list[str]:
+    """The shell commands of the ``bash`` blocks of README section ``title``, continuation lines
+    joined, comments dropped."""
+    section = readme_section(title)
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        for line in joined.splitlines():
+            line = re.sub(r"\s+#[^'\"]*$", "", line).strip()
+            if line and not line.startswith("#"):
+                out.append(line)
+    return out
+
+
+def _command(title: str, needle: str) -> str:
+    found = [c for c in readme_commands(title) if needle in c]
+    assert found, f"README '{title}' has no command with {needle!r}: {readme_commands(title)}"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def journey(tmp_path_factory, data_dir):
+    """The main job, as the README runs it, in a fresh working directory and MLflow store."""
+    home = tmp_path_factory.mktemp("journey")
+    (home / ".venv").symlink_to(sys.prefix)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{home}/mlflow.db", "FOLD_DATA_DIR": str(data_dir),
+           "PATH": f"{sys.prefix}/bin:{os.environ.get('PATH', '')}"}
+    if pathlib.Path(sys.prefix).resolve() != (REPO / ".venv").resolve():
+        env["VIRTUAL_ENV"] = sys.prefix          # reproduce.sh then uses this Python as it is
+    env.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
+    t0 = time.monotonic()
+    res = subprocess.run(["bash", str(REPO / "scripts" / "reproduce.sh"), "--quick"], cwd=home, env=env,
+                         capture_output=True, text=True, timeout=1800)
+    out = res.stdout + res.stderr
+    (home / "reproduce.log").write_text(out)
+    assert res.returncode == 0, out[-5000:]
+    models = {m["name"]: m["uri"] for m in MODEL_LINE.finditer(out)}
+    return {"home": home, "env": env, "out": out, "models": models, "seconds": time.monotonic() - t0,
+            "uri": env["MLFLOW_TRACKING_URI"]}
+
+
+def _model(journey, name: str) -> str:
+    found = [uri for key, uri in journey["models"].items() if key.startswith(name)]
+    assert found, f"the main job printed no {name} model: {journey['out'][-3000:]}"
+    return found[0]
+
+
+def _sh(journey, command: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", command], cwd=journey["home"], env=journey["env"], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------------------- 1
+
+def test_the_main_job_ends_with_the_models_to_use(journey):
+    import mlflow
+
+    assert set(journey["models"]) == {"SST Tree-LSTM (best seed)", "Tox21 weave"}, journey["out"][-3000:]
+    client = mlflow.MlflowClient(journey["uri"])
+    for uri in journey["models"].values():
+        run_id = uri.split("/")[1]
+        assert client.get_run(run_id).info.status == "FINISHED"
+    assert "bash scripts/ui.sh" in journey["out"]
+
+
+def test_the_readme_pyfunc_one_liner_predicts_with_the_sst_model(journey):
+    cmd = _command("Using a trained model", "mlflow.pyfunc.load_model")
+    run_id = _model(journey, "SST").split("/")[1]
+    res = _sh(journey, cmd.replace("<run_id>", run_id))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(r"label\s+prob_0.*error", res.stdout, flags=re.S), res.stdout
+    assert "Downloading artifacts" not in res.stderr, res.stderr[-2000:]       # no bar on a non-terminal
+
+
+def _rows(out_dir: pathlib.Path) -> pd.DataFrame:
+    files = sorted(glob.glob(str(out_dir / "**" / "*.parquet"), recursive=True))
+    assert files, f"no Parquet under {out_dir}"
+    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+
+
+def test_batch_inference_with_the_sst_model_on_a_text_file(journey, data_dir):
+    home = journey["home"]
+    lines = (data_dir / "sst" / "test.txt").read_text().splitlines()[:40]
+    (home / "trees").mkdir(exist_ok=True)
+    (home / "trees" / "test.txt").write_text("\n".join(lines[:20] + [BAD_TREE] + lines[20:]) + "\n")
+    cmd = _command("Using a trained model", "--input 'trees/*.txt'").replace("<run_id>",
+                                                                             _model(journey, "SST").split("/")[1])
+    res = _sh(journey, cmd.replace("preds/", "preds-sst/"))
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    rows = _rows(home / "preds-sst").sort_values("line").reset_index(drop=True)
+    assert len(rows) == 41 and rows["line"].tolist() == list(range(1, 42))
+    assert rows["error"].notna().tolist() == [i == 20 for i in range(41)]
+    assert "unbalanced" in rows["error"][20]
+    assert rows["label"].drop(index=20).between(0, 4).all()
+
+
+def test_batch_inference_with_the_tox21_model_on_a_csv(journey, data_dir):
+    home = journey["home"]
+    source = pd.read_csv(data_dir / "molecules" / "tox21.csv.gz").head(30)
+    frame = pd.DataFrame({"smiles": [*source["smiles"][:10], BAD_SMILES, *source["smiles"][10:]]})
+    with gzip.open(home / "molecules.csv.gz", "wt") as f:
+        frame.to_csv(f, index=False)
+    cmd = _command("Using a trained model", "--input molecules.csv.gz").replace(
+        "<run_id>", _model(journey, "Tox21").split("/")[1])
+    res = _sh(journey, cmd.replace("preds/", "preds-tox21/"))
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    rows = _rows(home / "preds-tox21").sort_values("line").reset_index(drop=True)
+    assert len(rows) == 31
+    bad = rows["error"].notna()
+    assert bad.tolist() == [i == 10 for i in range(31)], rows["error"].tolist()
+    assert "SMILES" in rows["error"][10]
+    assert rows.loc[~bad, "NR-AR"].between(0, 1).all()
+
+
+def _refuse_constant(name):
+    raise ValueError(f"not strict JSON: {name}")
+
+
+def test_the_served_sst_model_answers_strict_json(journey):
+    cmd = _command("Using a trained model", "mlflow models serve")
+    port = _free_port()
+    cmd = cmd.replace("<run_id>", _model(journey, "SST").split("/")[1]).replace("-p 5001", f"-p {port}")
+    proc = subprocess.Popen(["bash", "-c", f"exec {cmd}"], cwd=journey["home"], env=journey["env"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "the served model did not answer /ping within 240 s"
+            time.sleep(1)
+        good = "(3 (2 a) (3 (3 good) (2 movie)))"
+        body = json.dumps({"dataframe_records": [{"tree": good}, {"tree": BAD_TREE}]}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            answer = json.loads(r.read(), parse_constant=_refuse_constant)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    first, second = answer["predictions"]
+    assert first["error"] is None and 0 <= first["label"] <= 4 and 0 <= first["prob_3"] <= 1
+    assert second["label"] is None and second["prob_0"] is None and "unbalanced" in second["error"]
+
+
+def test_the_quick_sst_model_beats_one_class_guessing_on_the_full_test_split(journey, data_dir):
+    """The quick model learned: on the whole SST test split (not the slice it was evaluated on)
+    its binary accuracy is clearly above guessing one class."""
+    import mlflow
+
+    mlflow.set_tracking_uri(journey["uri"])
+    model = mlflow.pyfunc.load_model(_model(journey, "SST"))
+    lines = (data_dir / "sst" / "test.txt").read_text().splitlines()
+    out = model.predict(pd.DataFrame({"tree": lines}))
+    gold = pd.Series([_root_label(x) for x in lines])
+    keep = gold != 2
+    truth = gold[keep] > 2
+    guess = out["positive"][keep].astype(float) > 0.5
+    accuracy = float((guess == truth).mean())
+    one_class = float(max(truth.mean(), 1 - truth.mean()))
+    assert len(lines) > 2000 and out["error"].isna().all()
+    assert accuracy >= 0.70 and accuracy > one_class + 0.1, (accuracy, one_class)
+
+
+def _root_label(line: str) -> int:
+    return int(re.match(r"\(\s*(\d)", line).group(1))
+
+
+# ---------------------------------------------------------------------------------------------- UI
+
+def _page_text(url: str, screenshot: pathlib.Path) -> str:
+    base = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=2000,1200",
+            "--virtual-time-budget=25000"]
+    subprocess.run(base + [f"--screenshot={screenshot}", url], capture_output=True, timeout=180)
+    res = subprocess.run(base + ["--dump-dom", url], capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return re.sub(r"<[^>]+>", " ", res.stdout)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install chromium)")
+def test_the_ui_shows_the_figures_of_every_experiment_the_main_job_made(journey):
+    import mlflow
+
+    from pipelines.runs_view import VIEW_KEY, charts_view_url, runs_view_url
+
+    port = _free_port()
+    ui = subprocess.Popen(["bash", str(REPO / "scripts" / "ui.sh"), "--port", str(port)], cwd=journey["home"],
+                          env={**journey["env"], "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    shots = journey["home"] / "ui"
+    shots.mkdir(exist_ok=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2):
+                    break
+            except OSError:
+                assert ui.poll() is None and time.monotonic() < deadline, ui.stdout.read()[-3000:]
+                time.sleep(0.5)
+        client = mlflow.MlflowClient(journey["uri"])
+        experiments = [e for e in client.search_experiments() if e.name != "Default"]
+        assert {e.name.split("-")[0] for e in experiments} >= {"table1", "sst", "molecules", "reproduce"}
+        for exp in experiments:
+            tag = exp.tags.get(f"mlflow.sharedViewState.{VIEW_KEY}")
+            assert tag, f"experiment {exp.name} has no saved view"
+            columns = [c.split("`")[1] for c in json.loads(tag)["selectedColumns"] if c.startswith("metrics.")]
+            text = _page_text(runs_view_url(base, exp.experiment_id), shots / f"{exp.name}-runs.png")
+            shown = [c for c in columns if c in text]
+            assert shown, f"{exp.name}: none of the view's columns {columns} shows"
+            assert re.search(r"\b0\.\d{2,}|\b\d+\.\d+\b", text), f"{exp.name}: no figure in the runs table"
+            charts = _page_text(charts_view_url(base, exp.experiment_id), shots / f"{exp.name}-charts.png")
+            assert "No charts in this section" not in charts, f"{exp.name}: an empty chart section"
+            assert (shots / f"{exp.name}-runs.png").stat().st_size > 20_000
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        try:
+            ui.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(ui.pid, signal.SIGKILL)
