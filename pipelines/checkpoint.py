@@ -69,9 +69,15 @@ def plain(obj: Any, where: str = "checkpoint") -> Any:
 def load_plain(path: str) -> Any:
     """``torch.load(path, map_location="cpu", weights_only=True)``: tensors and plain data only.
     Raises :class:`CheckpointError` naming ``path`` when the file holds anything else (then none
-    of its objects is built and none of its code runs), ``FileNotFoundError`` when it is missing."""
+    of its objects is built and none of its code runs) or cannot be read (empty, truncated,
+    corrupted), ``FileNotFoundError`` when it is missing."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
+    except (EOFError, RuntimeError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise CheckpointError(f"{path}: not a readable checkpoint ({os.path.getsize(path)} bytes: empty, truncated "
+                              f"or corrupted; torch said: {first or type(err).__name__}); resume from another "
+                              f"checkpoint_NNNNNN directory or start a fresh run") from None
     except pickle.UnpicklingError as err:
         lines = [ln.strip() for ln in str(err).splitlines()]
         why = next((ln for ln in lines if "GLOBAL" in ln or "Unsupported" in ln), lines[-1] if lines else "")
@@ -118,10 +124,16 @@ def write(directory: str, state: TrainingState, best_model: Optional[dict]) -> N
 def read_state(directory: str) -> TrainingState:
     """:data:`STATE_FILE` of a checkpoint directory, tensors on the CPU, loaded with
     ``weights_only=True`` (:func:`load_plain`: :class:`CheckpointError` if it is not plain data)."""
-    d = load_plain(os.path.join(directory, STATE_FILE))
+    path = os.path.join(directory, STATE_FILE)
+    d = load_plain(path)
     if not isinstance(d, dict) or "epoch" not in d:
-        raise CheckpointError(f"{os.path.join(directory, STATE_FILE)}: not a training state "
-                              f"(a {type(d).__name__} without the key 'epoch')")
+        raise CheckpointError(f"{path}: not a training state (a {type(d).__name__} without the key 'epoch')")
+    expected = {"epoch": int, "model": dict, "optimizer": dict, "history": list}
+    for key, kind in expected.items():
+        value = d.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise CheckpointError(f"{path}: not a training state: {key!r} is a {type(value).__name__}, "
+                                  f"expected a {kind.__name__}")
     return TrainingState.from_dict(d)
 
 

@@ -195,8 +195,13 @@ def _guess_experiment(config_path: Optional[str]) -> str:
 
     if not config_path:
         raise ConfigError("give --experiment (sst, molecules, package.module.Class) or a --config", source="--experiment")
-    with open(config_path) as f:
-        raw = yaml.safe_load(f) or {}
+    try:
+        with open(config_path) as f:
+            raw = yaml.safe_load(f) or {}
+    except yaml.YAMLError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"not plain YAML ({first}; tags such as !!python/... are refused)",
+                          source=config_path) from None
     found = [k for k in EXPERIMENTS if isinstance(raw, dict) and k in raw]
     if len(found) != 1:
         raise ConfigError(f"cannot tell the experiment from the config's sections; give --experiment "

@@ -642,12 +642,13 @@ def replay_main(argv: Optional[list[str]] = None) -> int:
     if not os.path.isdir(args.path):
         parser.error(f"{args.path}: no such outbox directory")
     uri = resolve_uri(args.uri)
-    try:
+    from .errors import entry_point
+
+    with entry_point("python -m pipelines.tracking replay", argv,
+                     interrupted="interrupted: what was sent is gone from the outbox; run the same command "
+                                 "again to send the rest"):
         info = outbox.describe(args.path)
         sent = outbox.Outbox(args.path).replay(client_for(uri), wait=False)
-    except (outbox.OutboxError, outbox.OutboxBusy) as err:
-        print(f"python -m pipelines.tracking replay: {err}", file=sys.stderr)
-        return 2
     print(f"sent {sent} of {info['operations']} buffered operation(s) of run(s) {', '.join(info['runs'])} "
           f"to {uri}" + (f"; {info['foreign']} line(s) not written by the run were left untouched"
                          if info["foreign"] else ""))

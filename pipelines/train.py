@@ -652,12 +652,14 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
 def main(experiment: Experiment, argv=None, description: str = "") -> RunResult:
     """Entry-point helper: ``python -m pipelines.sst.train --config conf/sst.yaml lr=0.1``."""
     from .config import parse_cli
+    from .errors import entry_point
 
-    cfg, args = parse_cli(argv, merged_schema(experiment.config_schema),
-                          description or f"Train {experiment.name}")
-    console.configure(cfg["verbose"])
-    res = run(experiment, cfg)
-    report(experiment, res, {}, args.result_json, args.brief)
+    with entry_point(f"train {experiment.name}", argv):
+        cfg, args = parse_cli(argv, merged_schema(experiment.config_schema),
+                              description or f"Train {experiment.name}")
+        console.configure(cfg["verbose"])
+        res = run(experiment, cfg)
+        report(experiment, res, {}, args.result_json, args.brief)
     return res
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from pipelines import console
 from pipelines.config import merged_schema, parse_cli
 from pipelines.checkpoint import read_best_model
+from pipelines.errors import entry_point
 from pipelines.train import BEST_FILE, RunResult, report, run
 
 from .experiment import SCHEMA, MoleculeExperiment, TargetScaling
@@ -180,14 +181,15 @@ def after_run(experiment: MoleculeExperiment, cfg: dict, res: RunResult) -> dict
 
 
 def main(argv: Optional[Sequence[str]] = None) -> RunResult:
-    cfg, args = parse_cli(argv, merged_schema(SCHEMA), "Train the weave model (Tox21 / ESOL)")
-    console.configure(cfg["verbose"])
-    try:
-        experiment = MoleculeExperiment.from_config(cfg)
-    except ValueError as e:  # ConfigError included
-        raise SystemExit(f"error: {e}") from None
-    res = run(experiment, cfg)
-    report(experiment, res, after_run(experiment, cfg, res), args.result_json, args.brief)
+    with entry_point("pipelines.molecules.train", argv):
+        cfg, args = parse_cli(argv, merged_schema(SCHEMA), "Train the weave model (Tox21 / ESOL)")
+        console.configure(cfg["verbose"])
+        try:
+            experiment = MoleculeExperiment.from_config(cfg)
+        except ValueError as e:  # ConfigError included
+            raise SystemExit(f"pipelines.molecules.train: {e}") from None
+        res = run(experiment, cfg)
+        report(experiment, res, after_run(experiment, cfg, res), args.result_json, args.brief)
     return res
 
 

@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 
 from pipelines import console
 from pipelines.config import merged_schema, parse_cli
+from pipelines.errors import entry_point
 from pipelines.train import RunResult, report, run
 
 from .experiment import SCHEMA, SSTExperiment
@@ -68,13 +69,14 @@ def after_run(experiment: SSTExperiment, res: RunResult) -> dict[str, float]:
 
 def main(argv: Optional[Sequence[str]] = None) -> RunResult:
     argv = _split_embeddings_flag(list(sys.argv[1:] if argv is None else argv))
-    cfg, args = parse_cli(argv, merged_schema(SCHEMA),
-                          "Train the SST Tree-LSTM (fine-grained + binary root accuracy, paper Table 2). "
-                          "--embeddings PATH: a GloVe text file (default GloVe 6B 50d).")
-    console.configure(cfg["verbose"])
-    experiment = SSTExperiment()
-    res = run(experiment, cfg)
-    report(experiment, res, after_run(experiment, res), args.result_json, args.brief)
+    with entry_point("pipelines.sst.train", argv):
+        cfg, args = parse_cli(argv, merged_schema(SCHEMA),
+                              "Train the SST Tree-LSTM (fine-grained + binary root accuracy, paper Table 2). "
+                              "--embeddings PATH: a GloVe text file (default GloVe 6B 50d).")
+        console.configure(cfg["verbose"])
+        experiment = SSTExperiment()
+        res = run(experiment, cfg)
+        report(experiment, res, after_run(experiment, res), args.result_json, args.brief)
     return res
 
 
