@@ -479,7 +479,7 @@ class Compiler(nn.Module):
         end_input = tracer.end_input
         roots = []
         old = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(old, self.recursion_limit))
+        sys.setrecursionlimit(max(old, self._recursion_limit()))
         try:
             trace_fn = compile_tracer(self.root, tracer, getattr(self, "trace_templates", None))
             for i, x in enumerate(inputs):
@@ -685,8 +685,11 @@ class Compiler(nn.Module):
             A :class:`Batch`, the same as ``build_batch`` of the traced inputs.
 
         Raises:
+            TypeError: ``traces`` is not a sequence of :class:`~foldengine.plan.InputTrace`
+                (raw inputs: use :meth:`build_batch`; a :class:`Batch` is built already).
             ValueError: a trace comes from a different compiler.
         """
+        _check_traces(traces)
         if self.row_layout == "concat":
             return self._concat_batch(traces, 0.0)
         t0 = time.perf_counter()
@@ -694,7 +697,11 @@ class Compiler(nn.Module):
         return self._plan(merged, time.perf_counter() - t0)
 
     def _concat_batch(self, traces: Sequence[InputTrace], trace_s: float) -> Batch:
-        """The batch of ``traces`` in the ``"concat"`` row layout (:func:`concat_plans`)."""
+        """The batch of ``traces`` in the ``"concat"`` row layout (:func:`concat_plans`); no
+        traces: the empty batch (no calls, outputs of 0 rows), as the ``"readers"`` layout lowers it."""
+        if not traces:
+            empty = merge_traces([], self.metric_tids, self._output_is_handle, self._empty_consts)
+            return self._plan(empty, trace_s, layout="readers")
         t1 = time.perf_counter()
         for i, t in enumerate(traces):
             if t.signature != self.signature:
@@ -717,18 +724,35 @@ class Compiler(nn.Module):
                                      outputs=plan.outputs, metrics=plan.metrics, stats=stats,
                                      signature=self.signature, metric_lengths=metric_lengths))
 
-    def _plan(self, merged: MergedTraces, trace_s: float) -> Batch:
-        if self.row_layout == "concat":
+    def _plan(self, merged: MergedTraces, trace_s: float, layout: Optional[str] = None) -> Batch:
+        layout = layout or self.row_layout
+        if layout == "concat":
             raise ValueError("row_layout='concat' builds batches from traces (build_batch_from_traces)")
         t1 = time.perf_counter()
         steps = self.scheduler.assign(merged.graph, self.op_info)
         plan = lower(merged.graph, self.op_info, steps, self.types, self.output_type, merged.outputs,
-                     merged.metrics, self.row_layout)
+                     merged.metrics, layout)
         stats = dict(plan.stats, trace_s=trace_s, schedule_s=time.perf_counter() - t1)
         return self._with_rows(Batch(size=merged.size, consts=merged.consts, calls=plan.calls,
                                      step_bounds=plan.step_bounds, index_data=plan.index_data,
                                      outputs=plan.outputs, metrics=plan.metrics, stats=stats,
                                      signature=self.signature, metric_lengths=dict(merged.metric_lengths)))
+
+    def _recursion_limit(self) -> int:
+        """``recursion_limit``, checked: a positive int (``ValueError`` naming the value)."""
+        limit = self.recursion_limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"Compiler.recursion_limit must be a positive int (Python frames while tracing), "
+                             f"got {limit!r}")
+        return limit
+
+    def __getstate__(self):
+        """The module's state for ``copy.deepcopy`` and pickling, with the last forward's
+        ``metrics`` detached: they are results (tensors of an autograd graph, which cannot be
+        deep-copied), not state, and a copy keeps their values."""
+        state = dict(super().__getstate__())
+        state["metrics"] = {k: v.detach() for k, v in state.get("metrics", {}).items()}
+        return state
 
     def _with_rows(self, batch: Batch) -> Batch:
         """``batch`` with its row plan when the ``"tables"`` executor is to run it (timed in
@@ -794,7 +818,7 @@ class Compiler(nn.Module):
         values = []
         counts = []
         old = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(old, self.recursion_limit))
+        sys.setrecursionlimit(max(old, self._recursion_limit()))
         try:
             for i, x in enumerate(inputs):
                 try:
@@ -894,3 +918,17 @@ def evaluate_block(block: Block, inp, tolist: bool = False, input_type: Optional
 
 
 bind(evaluate=evaluate_block)
+
+
+def _check_traces(traces) -> None:
+    """``TypeError`` unless ``traces`` is a sequence of :class:`InputTrace`, naming what it is."""
+    if isinstance(traces, Batch):
+        raise TypeError("build_batch_from_traces takes the InputTraces of compiler.trace(inputs), got a Batch "
+                        "(it is built already: call the compiler on it)")
+    if isinstance(traces, (str, bytes)) or not hasattr(traces, "__len__") or not hasattr(traces, "__getitem__"):
+        raise TypeError(f"build_batch_from_traces takes a list of the InputTraces of compiler.trace(inputs), "
+                        f"got a {type(traces).__name__}")
+    for i, t in enumerate(traces):
+        if not isinstance(t, InputTrace):
+            raise TypeError(f"build_batch_from_traces: item {i} is a {type(t).__name__}, not an InputTrace of "
+                            f"compiler.trace(inputs) (for raw inputs call compiler.build_batch(inputs))")
