@@ -18,7 +18,7 @@ from torch import nn
 
 from .blocks import Block, BlockTypeError, Pending
 from .blocks.base import where
-from .module_discovery import find_modules, module_label
+from .module_discovery import BoundFunction, find_modules, module_bindings, module_label
 from .ops import Operation, unflatten_value
 from .types import TensorType, TupleType, Type, flatten_tensor_types, torch_dtype
 
@@ -112,7 +112,8 @@ class CompileContext:
         self._module_refs = {id(m): (m, name) for m, name in refs}
         self.module_names = {id(m): name for m, name in refs}
         self._registered = {id(sub) for m, _ in refs if isinstance(m, nn.Module) for sub in m.modules()}
-        self._op_keys = {(("fn", id(op.fn)) + tuple(k[2:]) if k[0] == "fn" else k): op for k, op in op_keys}
+        self._op_keys = {(("fn", id(op.fn.fn if isinstance(op.fn, BoundFunction) else op.fn)) + tuple(k[2:])
+                          if k[0] == "fn" else k): op for k, op in op_keys}
 
     def restart(self) -> None:
         """A new compilation pass with the same tables (``Compiler`` rebinding its blocks)."""
@@ -147,7 +148,12 @@ class CompileContext:
         fn = block.fn
         path = block._scope  # names of the enclosing named blocks, ending with the Function's
         name = ".".join(path)
-        op = self._new_op(("fn", id(fn), in_type, out_type), "call", name, in_type, out_type, fn, block)
+        call = fn
+        if getattr(block, "modules", None) is None and not isinstance(fn, nn.Module):
+            by_name = module_bindings(fn)
+            if by_name[0] or by_name[1]:
+                call = BoundFunction(fn, *by_name)   # copies of the compiler call their own modules
+        op = self._new_op(("fn", id(fn), in_type, out_type), "call", name, in_type, out_type, call, block)
         if getattr(self, "_fn_inplace", {}).get((id(fn), in_type)):
             op.copies_inputs = True    # it modifies its inputs in place: give it copies
         self._register_modules(block)

@@ -3,18 +3,21 @@ Compiler can register them (``parameters()``, ``state_dict()``, optimizers and D
 
 :func:`find_modules` follows a callable into what it holds or reaches (a bound ``forward``, a
 ``functools.partial``'s arguments, a callable object's attributes, a function's closure and
-globals); :func:`module_label` names a module found that way.
+globals); :func:`module_label` names a module found that way.  :class:`BoundFunction` holds a
+plain function together with the modules it reaches by name (globals, closure), so a copied or
+unpickled compiler calls its own copies of them, not the originals.
 """
 from __future__ import annotations
 
 import functools
-from typing import List, Optional, Tuple
+import types
+from typing import Any, Dict, List, Optional, Tuple
 
 from torch import nn
 
 from .blocks.base import snake_case
 
-__all__ = ["find_modules", "module_label"]
+__all__ = ["find_modules", "module_label", "module_bindings", "BoundFunction"]
 
 
 _MODULE_METHODS = frozenset(nn.Module.__dict__)
@@ -128,3 +131,91 @@ def find_modules(fn) -> Tuple[List[Tuple[Optional[str], nn.Module]], List[str]]:
                 add_value(k, v)
     visit(fn, None, 0)
     return found, unresolved
+
+
+def _is_module_value(v) -> bool:
+    return isinstance(v, (nn.Module, nn.Parameter)) or (
+        isinstance(v, (list, tuple)) and bool(v) and all(isinstance(i, nn.Module) for i in v))
+
+
+def module_bindings(fn) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """``(globals, closure)``: the modules and parameters (or lists of modules) a plain function
+    or lambda ``fn`` reaches by name, ``{name: value}`` from its globals and from its closure
+    cells; both empty for anything else (a module, a bound method, a partial, a callable object:
+    those hold their modules themselves, and copies copy them)."""
+    code = getattr(fn, "__code__", None)
+    if code is None or getattr(fn, "__self__", None) is not None or not isinstance(fn, types.FunctionType):
+        return {}, {}
+    closure = {}
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        try:
+            v = cell.cell_contents
+        except ValueError:   # an empty cell
+            continue
+        if _is_module_value(v):
+            closure[name] = v
+    g = fn.__globals__
+    found = {name: g[name] for name in code.co_names if name in g and name not in closure and _is_module_value(g[name])}
+    return found, closure
+
+
+class BoundFunction:
+    """``fn`` (a plain function or lambda) called with the modules it reached by name when it
+    was compiled: ``globals`` and ``closure`` (``{name: module}``, :func:`module_bindings`).
+
+    The compiler registers those modules as its own submodules and calls this object instead of
+    ``fn``.  Pickling or ``copy.deepcopy`` of the compiler copies the modules with the compiler
+    (the same objects as its submodules), while ``fn`` itself is shared or pickled by reference;
+    a call then runs ``fn``'s code with the names bound to the copies (a new function object over
+    the same code, made once), so a copy computes with its own weights and its parameters get the
+    gradients.  While the names still hold the same objects, ``fn`` is called as it is.
+
+    Args:
+      fn: the plain function.
+      globals, closure: ``{name: module}`` of :func:`module_bindings` at compile time.
+    """
+
+    def __init__(self, fn, globals: Dict[str, Any], closure: Dict[str, Any]):
+        self.fn = fn
+        self.globals = dict(globals)
+        self.closure = dict(closure)
+        self._call = None
+        functools.update_wrapper(self, fn)
+
+    def __getstate__(self):
+        return {"fn": self.fn, "globals": self.globals, "closure": self.closure}
+
+    def __setstate__(self, state):
+        self.__init__(state["fn"], state["globals"], state["closure"])
+
+    def _bound(self):
+        fn = self.fn
+        g = fn.__globals__
+        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+        same = (all(g.get(k) is v for k, v in self.globals.items())
+                and all(_cell_value(cells.get(k)) is v for k, v in self.closure.items()))
+        if same:
+            return fn
+        new_globals = {**g, **self.globals} if self.globals else g
+        closure = fn.__closure__
+        if self.closure:
+            closure = tuple(types.CellType(self.closure[name]) if name in self.closure else cell
+                            for name, cell in zip(fn.__code__.co_freevars, fn.__closure__))
+        bound = types.FunctionType(fn.__code__, new_globals, fn.__name__, fn.__defaults__, closure)
+        bound.__kwdefaults__ = fn.__kwdefaults__
+        return bound
+
+    def __call__(self, *args, **kwargs):
+        if self._call is None:
+            self._call = self._bound()
+        return self._call(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"BoundFunction({self.fn!r})"
+
+
+def _cell_value(cell):
+    try:
+        return cell.cell_contents if cell is not None else None
+    except ValueError:
+        return None
