@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch
 
@@ -54,17 +54,47 @@ def format_table(rows: List[Dict[str, object]], columns: Optional[List[str]] = N
     return "\n".join(lines)
 
 
+#: the most metric columns a benchmark's saved view shows (the charts show every metric)
+VIEW_COLUMNS = 12
+_KEY_WORDS = ("ratio", "speedup", "per_s", "over_")
+
+
+def view_columns(metric_keys: Iterable[str], limit: int = VIEW_COLUMNS) -> List[str]:
+    """The metrics a benchmark's runs table shows as columns: the ratios, speed-ups and rates
+    (keys holding one of ``ratio``, ``speedup``, ``per_s``, ``over_``), else every key, sorted,
+    at most ``limit``."""
+    keys = sorted(metric_keys)
+    key = [k for k in keys if any(w in k for w in _KEY_WORDS)]
+    return (key or keys)[:limit]
+
+
+def save_view(experiment_id: str, metric_keys: Iterable[str], columns: Optional[Sequence[str]] = None) -> None:
+    """The experiment's saved view (:mod:`pipelines.runs_view`): ``columns`` (default
+    :func:`view_columns`) in the runs table, a chart per metric in the chart view."""
+    import mlflow
+
+    from pipelines.runs_view import runs_view_tag
+
+    keys = sorted(metric_keys)
+    cols = list(columns) if columns is not None else view_columns(keys)
+    for tag, value in runs_view_tag([f"metrics.`{k}`" for k in cols], keys).items():
+        mlflow.MlflowClient().set_experiment_tag(experiment_id, tag, value)
+
+
 def log_to_mlflow(experiment: str, params: Dict[str, object], tables: Dict[str, List[Dict]],
                   metrics: Dict[str, float], figures: Iterable = (), run_name: Optional[str] = None,
-                  json_path: Optional[str] = None) -> str:
-    """Log one benchmark run (params, tables as ``mlflow.log_table``, metrics, PNG figures);
-    returns the run id.  Tracking URI: ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db``."""
+                  json_path: Optional[str] = None, view_metrics: Optional[Sequence[str]] = None) -> str:
+    """Log one benchmark run (params, tables as ``mlflow.log_table``, metrics, PNG figures) and
+    the experiment's saved view (:func:`save_view`: ``view_metrics`` as columns, default
+    :func:`view_columns`); returns the run id.  Tracking URI: ``MLFLOW_TRACKING_URI`` or
+    ``sqlite:///mlflow.db``."""
     import mlflow
     import pandas as pd
 
     mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
-    mlflow.set_experiment(experiment)
+    exp = mlflow.set_experiment(experiment)
     mlflow.set_experiment_tag("mlflow.experimentKind", "custom_model_development")  # model-training view
+    save_view(exp.experiment_id, metrics, view_metrics)
     with mlflow.start_run(run_name=run_name) as run:
         mlflow.log_params({k: str(v)[:500] for k, v in {**params, **system_info()}.items()})
         for name, rows in tables.items():

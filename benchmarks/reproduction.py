@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from pipelines.runs_view import run_url
 
-from .reporting import REPO_ROOT, echo
+from .reporting import REPO_ROOT, echo, save_view
 
 __all__ = ["PAPER_SST", "PAPER_SST_SD", "PAPER_SST_ENSEMBLE", "TAI_SST", "MOLECULENET_TOX21", "EXPECTED_RANGES",
            "Row", "expected_ranges", "table1_rows", "training_rows", "sst_rows", "summary_rows", "markdown",
@@ -260,8 +260,10 @@ def run(table1: Optional[str] = None, sst: Optional[str] = None, tox21: Optional
         import mlflow as mlf
 
         mlf.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
-        mlf.set_experiment("reproduce")
+        exp = mlf.set_experiment("reproduce")
         mlf.set_experiment_tag("mlflow.experimentKind", "custom_model_development")
+        keys = [r.key for r in rows if r.ours is not None and math.isfinite(r.ours)]
+        save_view(exp.experiment_id, keys + ["figures_outside_expected"], keys + ["figures_outside_expected"])
         links = {f"{r.key.split('.')[0]}_run": r.run.split("/")[1] for r in rows if r.run}
         with mlf.start_run(run_name="reproduce-quick" if quick else "reproduce") as mrun:
             mlf.set_tags({**links, "quick": str(quick),
