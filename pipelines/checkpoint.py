@@ -25,6 +25,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from .errors import user_error
+
 __all__ = ["STATE_FILE", "BEST_FILE", "CheckpointError", "TrainingState", "write", "read_state",
            "read_best_model", "load_plain", "plain"]
 
@@ -32,6 +34,7 @@ STATE_FILE = "state.pt"
 BEST_FILE = "best_model.pt"
 
 
+@user_error
 class CheckpointError(ValueError):
     """A checkpoint file is not plain data (tensors, numbers, strings, plain containers), so it
     is not loaded: unpickling it could run code."""

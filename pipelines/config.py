@@ -24,6 +24,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import yaml
 
 from .data.skips import DEFAULT_MAX_NAMED
+from .errors import user_error
 
 __all__ = [
     "REQUIRED", "Field", "ConfigError", "BASE_SCHEMA", "merged_schema", "load_config",
@@ -39,6 +40,7 @@ class _Required:
 REQUIRED: Any = _Required()
 
 
+@user_error
 class ConfigError(ValueError):
     """A config key is unknown, missing, or has a bad value.  ``key`` and ``source`` are set."""
 
@@ -326,6 +328,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         help="train even if the MLflow server is unreachable")
     parser.add_argument("--no-tracking", action="store_true", help="tracking.mode=off")
     parser.add_argument("--print-config", action="store_true", help="print the config and exit")
+    parser.add_argument("--check", action="store_true",
+                        help="check the config, ray.storage_path and the data files (a missing one is downloaded "
+                             "into the cache when it can be), then exit: neither Ray nor an MLflow run starts")
     parser.add_argument("--verbose", "-v", action="store_true", help="verbose=true: everything the libraries log")
     parser.add_argument("--brief", action="store_true",
                         help="end with the model line only (no results table or UI links): for scripts that "

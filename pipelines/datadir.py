@@ -1,26 +1,70 @@
-"""Locating dataset files: ``FOLD_DATA_DIR``, a user cache, or a verified download.
+"""Locating dataset files: the data directory, a user cache, or a verified download.
+
+The data directory (:func:`default_data_dir`): ``$FOLD_DATA_DIR`` when set, else
+``../shared/data`` beside the checkout (relative to the repository root) when that directory
+exists, else none.  The shell scripts take theirs from ``python -m pipelines.datadir``, which
+prints it (an empty line for none), so Python and the scripts follow one rule.
 
 Contract: :func:`resolve_data_file` returns a local ``pathlib.Path`` to an existing file.
-It looks, in order, in an explicit ``data_dir`` argument, in ``$FOLD_DATA_DIR``, and in the
+It looks, in order, in an explicit ``data_dir`` argument, in the data directory, and in the
 user cache (``$FOLD_CACHE_DIR`` or ``~/.cache/foldengine``).  If the file is in none of them
 and a download URL is known, the file is downloaded into the cache, its SHA-256 checked, and
-(for archives) the wanted member extracted.  Offline, with no local copy, it raises
-:class:`DataNotFoundError` naming every place it looked.
+(for archives) the wanted member extracted.  Offline, with no local copy, or when the download
+fails, it raises :class:`DataNotFoundError` with a one-line message
+``<file>: missing; set FOLD_DATA_DIR=<a directory holding it> or put the file there (...)``
+(``<file>``: where it was looked for first), naming ``$FOLD_DATA_DIR``, every place looked in
+and why the download failed.
+
+Preflight: an experiment declares the files a config makes it read
+(:meth:`pipelines.experiment.Experiment.data_files`) as :class:`DatasetFile` (a published
+dataset's file, found or downloaded as above) and :class:`OwnFile` (the user's own file, named
+by a config key) records; :func:`check_files` resolves them all, so that a run fails in seconds,
+before Ray starts and before any MLflow run, when one is missing.  :func:`probe_writable` checks
+that a local directory takes a file.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import http.client
 import os
 import pathlib
 import shutil
 import tempfile
+import time
 import urllib.request
 import zipfile
-from typing import BinaryIO, Callable, Optional
+from typing import BinaryIO, Callable, Iterable, Optional, Sequence, Union
+
+#: The data directory when ``$FOLD_DATA_DIR`` is unset, relative to the repository root: the
+#: data folder beside the checkout (used when it exists).
+BESIDE_CHECKOUT = os.path.join("..", "shared", "data")
 
 
 class DataNotFoundError(FileNotFoundError):
-    """A dataset file is neither on disk nor downloadable."""
+    """A dataset file is neither on disk nor downloadable; the message is one line,
+    ``<file>: missing; <what to do> (...)``."""
+
+
+def repo_root() -> Optional[pathlib.Path]:
+    """The root of the checkout this package runs from (the directory holding ``pipelines/`` and
+    ``pyproject.toml``); None when the package is installed without its checkout."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+def default_data_dir() -> Optional[pathlib.Path]:
+    """The data directory, absolute: ``$FOLD_DATA_DIR`` when set (and not empty; ``~`` expanded,
+    a relative path taken from the working directory), else :data:`BESIDE_CHECKOUT` from
+    :func:`repo_root` when it is a directory, else None (files come from the cache or a download).
+    The directory given by ``$FOLD_DATA_DIR`` need not exist."""
+    given = os.environ.get("FOLD_DATA_DIR")
+    if given:
+        return pathlib.Path(os.path.abspath(os.path.expanduser(given)))
+    root = repo_root()
+    if root is not None and (root / BESIDE_CHECKOUT).is_dir():
+        return (root / BESIDE_CHECKOUT).resolve()
+    return None
 
 
 def cache_dir() -> pathlib.Path:
@@ -29,6 +73,13 @@ def cache_dir() -> pathlib.Path:
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "foldengine")
     return pathlib.Path(root)
 
+
+def data_dirs(data_dir=None) -> list[pathlib.Path]:
+    """The directories :func:`resolve_data_file` looks in, in order: ``data_dir`` (when given),
+    :func:`default_data_dir` (when there is one) and :func:`cache_dir`."""
+    dirs = [pathlib.Path(data_dir)] if data_dir else []
+    default = default_data_dir()
+    return dirs + ([default] if default is not None else []) + [cache_dir()]
 
 def write_atomic(path: pathlib.Path, write: Callable[[BinaryIO], None]) -> None:
     """``write(f)`` into a new file of this user only (mode 0600) beside ``path``, then renamed to
@@ -59,22 +110,41 @@ def download(url: str, dest: pathlib.Path, sha256: Optional[str] = None, timeout
     return dest
 
 
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _missing(relpath: str, looked: Sequence[pathlib.Path], url: Optional[str] = None,
+             err: Optional[BaseException] = None) -> str:
+    """The one-line message of a dataset file found nowhere (see the module docstring)."""
+    given = os.environ.get("FOLD_DATA_DIR")
+    default = default_data_dir()
+    if given:
+        setting = f"FOLD_DATA_DIR={given}"
+    elif default is not None:
+        setting = f"FOLD_DATA_DIR unset: the data directory is {default}, beside the checkout"
+    else:
+        setting = f"FOLD_DATA_DIR unset and no {BESIDE_CHECKOUT} beside the checkout"
+    fetch = f"download from {url} failed: {_one_line(err)}" if url and err is not None else "no download known"
+    return (f"{looked[0]}: missing; set FOLD_DATA_DIR=<a directory holding {relpath}> or put the file there "
+            f"({setting}; looked in {', '.join(map(str, looked))}; {fetch})")
+
+
 def resolve_data_file(relpath: str, *, data_dir=None, url: Optional[str] = None,
                       sha256: Optional[str] = None, archive_member: Optional[str] = None) -> pathlib.Path:
     """Find ``relpath`` under the data directories (module docstring), else download it.
 
     ``url`` points at the file itself, or at a zip archive when ``archive_member`` names the
     member to extract to ``<cache>/<relpath>``.  ``sha256`` is the checksum of what ``url`` serves.
+    Raises :class:`DataNotFoundError` (one line) when the file is nowhere and there is no ``url``
+    or its download fails (unreachable, refused, cut short, wrong checksum, no such member).
     """
-    looked = []
-    for d in [pathlib.Path(d) for d in (data_dir, os.environ.get("FOLD_DATA_DIR")) if d] + [cache_dir()]:
-        p = d / relpath
-        looked.append(str(p))
+    looked = [d / relpath for d in data_dirs(data_dir)]
+    for p in looked:
         if p.is_file():
             return p
     if url is None:
-        raise DataNotFoundError(f"{relpath} not found; looked in: {', '.join(looked)}. "
-                                "Set FOLD_DATA_DIR to a directory holding it.")
+        raise DataNotFoundError(_missing(relpath, looked))
     target = cache_dir() / relpath
     try:
         if archive_member is None:
@@ -83,6 +153,83 @@ def resolve_data_file(relpath: str, *, data_dir=None, url: Optional[str] = None,
         with zipfile.ZipFile(archive) as zf, zf.open(archive_member) as src:
             write_atomic(target, lambda out: shutil.copyfileobj(src, out))
         return target
-    except OSError as err:
-        raise DataNotFoundError(f"{relpath} not found locally (looked in: {', '.join(looked)}) and "
-                                f"download from {url} failed: {err}. Set FOLD_DATA_DIR.") from err
+    except (OSError, ValueError, KeyError, http.client.HTTPException, zipfile.BadZipFile) as err:
+        raise DataNotFoundError(_missing(relpath, looked, url, err)) from err
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetFile:
+    """A published dataset's file: found under the data directories, else downloaded into the
+    cache (:func:`resolve_data_file`)."""
+
+    relpath: str                          #: its path under a data directory, e.g. ``sst/train.txt``
+    url: Optional[str] = None             #: where to download it from (None: no download)
+    sha256: Optional[str] = None          #: the checksum of what ``url`` serves
+    archive_member: Optional[str] = None  #: ``url`` is a zip archive holding the file as this member
+    data_dir: Optional[str] = None        #: a directory looked in first (a config key such as ``sst.data_dir``)
+
+    def resolve(self) -> pathlib.Path:
+        """The local file (found or downloaded); :class:`DataNotFoundError` (one line) when there is none."""
+        return resolve_data_file(self.relpath, data_dir=self.data_dir, url=self.url, sha256=self.sha256,
+                                 archive_member=self.archive_member)
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnFile:
+    """The user's own file, named by a config key: it must exist as given."""
+
+    path: str   #: as the config gives it (``~`` expanded, a relative path taken from the working directory)
+    key: str    #: the config key that names it, e.g. ``sst.train_file``
+
+    def resolve(self) -> pathlib.Path:
+        """The file's absolute path; :class:`DataNotFoundError` (one line,
+        ``<path>: missing; set <key> to an existing file or put the file there``) when it is no file."""
+        path = pathlib.Path(os.path.abspath(os.path.expanduser(self.path)))
+        if not path.is_file():
+            raise DataNotFoundError(f"{path}: missing; set {self.key} to an existing file or put the file there")
+        return path
+
+
+#: A file an experiment reads (:meth:`pipelines.experiment.Experiment.data_files`).
+DataFile = Union[DatasetFile, OwnFile]
+
+
+def check_files(files: Iterable[DataFile]) -> list[pathlib.Path]:
+    """The local paths of ``files``, in order, each found (or downloaded into the cache); raises
+    :class:`DataNotFoundError` (one line) at the first that is missing."""
+    return [f.resolve() for f in files]
+
+
+def probe_writable(directory: str) -> None:
+    """Write and delete a small probe file in the local ``directory``; the directories made for the
+    probe are removed again (leaf first).  Raises ``OSError`` (``PermissionError``,
+    ``NotADirectoryError``, ...) when the directory cannot take a file."""
+    probe = f".foldengine-probe-{os.getpid()}-{time.time_ns()}"
+    created = []
+    d = os.path.abspath(directory)
+    while not os.path.exists(d):
+        created.append(d)
+        d = os.path.dirname(d)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, probe)
+        with open(path, "wb") as f:
+            f.write(b"probe")
+        os.remove(path)
+    finally:
+        for d in created:
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
+
+
+def main() -> None:
+    """``python -m pipelines.datadir``: print :func:`default_data_dir` (an empty line when there is
+    none), for the shell scripts."""
+    found = default_data_dir()
+    print("" if found is None else found)
+
+
+if __name__ == "__main__":
+    main()

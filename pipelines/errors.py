@@ -14,21 +14,27 @@ import contextlib
 import sys
 from typing import Iterator, Optional, Sequence
 
-__all__ = ["EXIT_USER_ERROR", "EXIT_INTERRUPTED", "known_errors", "entry_point", "one_line"]
+__all__ = ["EXIT_USER_ERROR", "EXIT_INTERRUPTED", "user_error", "known_errors", "entry_point", "one_line"]
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
 
+_KNOWN: list = [FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError]
+
+
+def user_error(cls: type) -> type:
+    """Class decorator: ``cls`` is an error a user causes and fixes, whose message is the whole
+    story (it names its input); :func:`entry_point` prints it as one line.  The modules that define
+    such errors (config, checkpoint, tracking, outbox) register them here."""
+    if cls not in _KNOWN:
+        _KNOWN.append(cls)
+    return cls
+
 
 def known_errors() -> tuple[type, ...]:
-    """The exception classes whose message is the whole story (each names its input)."""
-    from .checkpoint import CheckpointError
-    from .config import ConfigError
-    from .outbox import OutboxBusy, OutboxError
-    from .tracking import TrackingUnavailable
-
-    return (ConfigError, CheckpointError, TrackingUnavailable, OutboxError, OutboxBusy, FileNotFoundError,
-            PermissionError, IsADirectoryError, NotADirectoryError)
+    """The exception classes :func:`entry_point` reports as one line: the OS's file errors and
+    every class registered with :func:`user_error`."""
+    return tuple(_KNOWN)
 
 
 def one_line(err: BaseException) -> str:

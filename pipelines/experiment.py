@@ -31,6 +31,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import torch
 
 from .config import Field
+from .datadir import DataFile
 
 
 class Experiment(abc.ABC):
@@ -87,6 +88,16 @@ class Experiment(abc.ABC):
         for the dev split)."""
 
     # ------------------------------------------------------------------ optional
+    def data_files(self, config: dict) -> Sequence[DataFile]:
+        """The files ``read_splits(config)`` reads: :class:`pipelines.datadir.DatasetFile` (a
+        published dataset's file, found under the data directories or downloaded into the cache)
+        and :class:`pipelines.datadir.OwnFile` (the user's own file, named by a config key)
+        records.  :func:`pipelines.train.run` and the entry points (``pipelines.sweep`` before
+        Ray starts) resolve them all first (:func:`pipelines.datadir.check_files`), so that a
+        missing file fails in seconds with one line naming it and ``FOLD_DATA_DIR``, before Ray
+        and before any MLflow run.  Runs on the driver; must not change ``self``.  Default: none."""
+        return ()
+
     # ------------------------------------------------------------------ trained models
     #: pip requirements of :meth:`predictor` beyond torch, numpy, pandas and mlflow (e.g. rdkit)
     inference_requirements: Sequence[str] = ()

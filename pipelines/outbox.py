@@ -61,6 +61,8 @@ import threading
 import uuid
 from typing import Any, Optional
 
+from .errors import user_error
+
 logger = logging.getLogger(__name__)
 
 KINDS = ("metrics", "params", "tags", "artifacts", "model", "table", "text", "inputs", "experiment_tags", "end")
@@ -72,11 +74,13 @@ _MLFLOW_BATCH_METRICS = 900
 _MLFLOW_BATCH_PARAMS = 90
 
 
+@user_error
 class OutboxError(ValueError):
     """An outbox file holds a line that is not a valid operation, or one that points outside the
     outbox (names the file and line), or the outbox directory is not safe to replay."""
 
 
+@user_error
 class OutboxBusy(RuntimeError):
     """Another process is replaying this outbox (raised by a replay told not to wait)."""
 

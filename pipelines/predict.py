@@ -35,11 +35,12 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from .console import private_local_token
+from .datadir import probe_writable
 from .model_package import PACKAGE_FILE, WEIGHTS_FILE, find_package
 from .prediction import DEFAULT_CHUNK_SIZE
 
-__all__ = ["PredictResult", "PredictActor", "resolve_inputs", "load_package_bytes", "predictor_from_package",
-           "input_rows", "actor_pool_size", "run", "main"]
+__all__ = ["PredictResult", "PredictActor", "resolve_inputs", "check_output", "load_package_bytes",
+           "predictor_from_package", "input_rows", "actor_pool_size", "run", "main"]
 
 #: CPUs kept free of actors for the read tasks (a Ray Data read task reserves one CPU)
 READ_CPUS = 1.0
@@ -63,14 +64,29 @@ class PredictResult:
 
 def resolve_inputs(patterns: Sequence[str]) -> list[str]:
     """The files that ``patterns`` (paths or globs) name, sorted and absolute; raises
-    ``FileNotFoundError`` naming a pattern that matches no file."""
+    ``FileNotFoundError`` with one line, ``<pattern, absolute>: missing; ...``, naming the first
+    pattern that matches no file."""
     files: list[str] = []
     for pattern in patterns:
         found = sorted(p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p))
         if not found:
-            raise FileNotFoundError(f"--input {pattern!r}: no such file")
+            given = os.path.expanduser(pattern)
+            where = "" if os.path.isabs(given) else f" (a relative one is taken from {os.getcwd()})"
+            raise FileNotFoundError(f"{os.path.abspath(given)}: missing; put the file there or "
+                                    f"give --input paths or globs that exist{where}")
         files += [os.path.abspath(p) for p in found]
     return files
+
+
+def check_output(output: str) -> None:
+    """Raise ``ValueError`` with one line, ``<output, absolute>: not writable (<reason>); ...``,
+    when the local directory ``output`` cannot take a file (what it made for the check is removed
+    again: :func:`pipelines.datadir.probe_writable`)."""
+    try:
+        probe_writable(output)
+    except OSError as err:
+        raise ValueError(f"{os.path.abspath(output)}: not writable ({type(err).__name__}: {err.strerror or err}); "
+                         "give --output a directory this user can write") from None
 
 
 def load_package_bytes(model_uri: str) -> dict[str, bytes]:
@@ -226,7 +242,8 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
     ``$RAY_ADDRESS`` or starts a local instance when none is initialised).  ``actors``: the
     predictor actors, each reserving ``cpus_per_actor`` CPUs and ``gpus_per_actor`` GPUs; None:
     as many as the cluster holds (:func:`actor_pool_size`, which also refuses a pool that leaves
-    the read tasks no CPU)."""
+    the read tasks no CPU).  Checks ``inputs`` (:func:`resolve_inputs`) and ``output``
+    (:func:`check_output`) first, before the model is fetched and before Ray starts."""
     import mlflow
     import ray
     import ray.data
@@ -236,6 +253,7 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
     files = resolve_inputs(inputs)
+    check_output(output)   # before the model is fetched and Ray starts
     package = load_package_bytes(model_uri)
     if any(is_csv(f) for f in files):
         column = column or predictor_from_package(package).input_column
@@ -295,7 +313,10 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
     return result
 
 
-def main(argv: Optional[Sequence[str]] = None) -> PredictResult:
+def main(argv: Optional[Sequence[str]] = None) -> Optional[PredictResult]:
+    """``python -m pipelines.predict`` (the module docstring): a missing input or an unwritable
+    output is one line, ``pipelines.predict: <file>: ...``, and exit status 1, before Ray starts
+    and before any MLflow run; None after ``--check``."""
     ap = argparse.ArgumentParser(description="Batch inference with a logged foldengine model on Ray Data "
                                              "(raw inputs: text lines or a CSV column; Parquet out).")
     ap.add_argument("--model", required=True, help="runs:/<run_id>/model, models:/<name>/<version>, or a path")
@@ -311,7 +332,17 @@ def main(argv: Optional[Sequence[str]] = None) -> PredictResult:
     ap.add_argument("--gpus-per-actor", type=float, default=0.0)
     ap.add_argument("--tracking-uri", help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     ap.add_argument("--no-tracking", dest="tracking", action="store_false")
+    ap.add_argument("--check", action="store_true", help="check the --input files and that --output is writable, "
+                                                         "then exit: neither Ray nor an MLflow run starts")
     a = ap.parse_args(argv)
+    if a.check:
+        try:
+            files = resolve_inputs(a.input)
+            check_output(a.output)
+        except (FileNotFoundError, ValueError) as err:
+            raise SystemExit(f"pipelines.predict: {err}")
+        print(f"pipelines.predict: check passed: {len(files)} input file(s), --output {os.path.abspath(a.output)}")
+        return None
     private_local_token()   # before Ray is imported
     uri = a.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
     try:

@@ -62,6 +62,8 @@ from typing import Any, Mapping, Optional, Sequence
 from . import console
 from . import tracking as trk
 from .config import ConfigError, load_config, merged_schema, validate
+from .datadir import check_files
+from .errors import entry_point
 from .experiment import Experiment
 from .sweep_report import (ERROR, FINISHED, STOPPED, SweepSummary, TableLayout, TrialOutcome, curves_figure,
                            paper_table, summarize, trial_table)
@@ -641,10 +643,14 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--brief", action="store_true", help="no paper table at the end (scripts that summarise, "
                                                           "e.g. scripts/reproduce.sh, print their own)")
     ap.add_argument("--verbose", "-v", action="store_true", help="verbose=true: everything the libraries log")
+    ap.add_argument("--check", action="store_true",
+                    help="check the config and the data files (a missing one is downloaded into the cache when it "
+                         "can be), then exit: neither Ray nor an MLflow run starts")
     return ap
 
 
-def main(argv: Optional[Sequence[str]] = None) -> SweepResult:
+def main(argv: Optional[Sequence[str]] = None) -> Optional[SweepResult]:
+    """``python -m pipelines.sweep`` (the module docstring); None after ``--check``."""
     from .train import connect_ray
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -652,15 +658,23 @@ def main(argv: Optional[Sequence[str]] = None) -> SweepResult:
     args = ap.parse_args(argv)
     try:
         if args.resume:
-            plan_cfg = SweepPlan.load(args.resume).config
+            saved = SweepPlan.load(args.resume)
+            plan_cfg, cls = saved.config, experiment_class(saved.experiment)
         else:
             exp = args.experiment or _guess_experiment(args.config)
             cls = experiment_class(exp)
             plan_cfg = load_config(args.config, list(args.overrides) + (["verbose=true"] if args.verbose else []),
                                    _schema(cls))
+        experiment = _experiment(cls, plan_cfg)
     except (ConfigError, OSError) as err:
         ap.error(str(err))
     console.configure(plan_cfg["verbose"] or args.verbose)
+    with entry_point("pipelines.sweep", argv):  # before Ray and the parent run: a missing data file is one line
+        found = check_files(experiment.data_files(plan_cfg))
+    if args.check:
+        print(f"pipelines.sweep: check passed: the config and {len(found)} data file(s)"
+              + (f": {', '.join(map(str, found))}" if found else ""))
+        return None
     started = connect_ray(plan_cfg)
     try:
         if args.resume:
@@ -698,7 +712,7 @@ def main(argv: Optional[Sequence[str]] = None) -> SweepResult:
         print(text)
     if not result.summary.n_finished:
         log.error("no trial finished (%d errored, %d stopped early): see the trials' errors in %s",
-                  result.summary.n_errored, result.summary.n_stopped, plan_cfg["tracking"]["uri"])
+                  result.summary.n_errored, result.summary.n_stopped, result.tracking_uri)
         raise SystemExit(1)
     return result
 

@@ -22,6 +22,7 @@ import urllib.request
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from . import outbox
+from .errors import user_error
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 
@@ -35,6 +36,7 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING_KIND = "custom_model_development"
 
 
+@user_error
 class TrackingUnavailable(RuntimeError):
     """The MLflow tracking store cannot be reached."""
 

@@ -29,6 +29,7 @@ import dataclasses
 import json
 import logging
 import os
+import pathlib
 import sys
 import tempfile
 import time
@@ -41,6 +42,7 @@ from . import console
 from . import tracking as trk
 from .checkpoint import BEST_FILE, STATE_FILE
 from .config import ConfigError, merged_schema, validate
+from .datadir import check_files, probe_writable
 from .dataset_inputs import dataset_inputs, log_dataset_inputs
 from .runs_view import charts_view_url, columns_for, run_url, runs_view_url, save_runs_view
 from .experiment import Experiment
@@ -53,8 +55,8 @@ from .data.skips import SKIP_REPORT_ARTIFACT, SkipReport
 from .data.splits import StreamSplits
 from .worker import TrainPlan, train_loop
 
-__all__ = ["run", "main", "report", "connect_ray", "configure_ray_data", "check_resume", "storage_path",
-           "probe_storage", "storage_failure", "StorageError", "RunResult",
+__all__ = ["run", "check_run", "check_only", "main", "report", "connect_ray", "configure_ray_data", "check_resume",
+           "storage_path", "probe_storage", "storage_failure", "StorageError", "RunResult",
            "STATE_FILE", "BEST_FILE"]
 
 logger = logging.getLogger("pipelines.train")
@@ -178,37 +180,21 @@ class StorageError(RuntimeError):
 
 def probe_storage(storage: str) -> None:
     """Write and delete a small probe file in ``storage`` (a local path, whose missing directories
-    are made for the probe and removed again, or a URI pyarrow can open: ``s3://``, ``gs://``,
-    ...); raises :class:`ConfigError` (key
+    are made for the probe and removed again: :func:`pipelines.datadir.probe_writable`, or a URI
+    pyarrow can open: ``s3://``, ``gs://``, ...); raises :class:`ConfigError` (key
     ``ray.storage_path``) naming the path and the reason when that fails."""
-    probe = f".foldengine-probe-{os.getpid()}-{time.time_ns()}"
     try:
         if "://" in storage:
             import pyarrow.fs
 
+            probe = f".foldengine-probe-{os.getpid()}-{time.time_ns()}"
             fs, root = pyarrow.fs.FileSystem.from_uri(storage)
             fs.create_dir(root, recursive=True)
             with fs.open_output_stream(f"{root.rstrip('/')}/{probe}") as f:
                 f.write(b"probe")
             fs.delete_file(f"{root.rstrip('/')}/{probe}")
         else:
-            created = []  # the directories this probe makes, removed again (leaf first) when empty
-            d = os.path.abspath(storage)
-            while not os.path.exists(d):
-                created.append(d)
-                d = os.path.dirname(d)
-            os.makedirs(storage, exist_ok=True)
-            path = os.path.join(storage, probe)
-            try:
-                with open(path, "wb") as f:
-                    f.write(b"probe")
-                os.remove(path)
-            finally:
-                for d in created:
-                    try:
-                        os.rmdir(d)
-                    except OSError:
-                        break
+            probe_writable(storage)
     except Exception as err:  # noqa: BLE001 - OSError, pyarrow's errors, ...: all mean "cannot write"
         raise ConfigError(f"{storage} is not writable ({type(err).__name__}: {err}); checkpoints go there: "
                           "point ray.storage_path at a writable directory or URI", "ray.storage_path") from None
@@ -557,6 +543,29 @@ def link_interrupted(tracker: trk.Tracker, cfg: dict) -> None:
     tracker.tags(tags)
 
 
+def check_run(experiment: Experiment, cfg: dict) -> list[pathlib.Path]:
+    """What :func:`run` checks before the MLflow run and Ray, in this order: ``ray.worker_resources``,
+    the ``resume_from`` checkpoint (:func:`check_resume`), that ``ray.storage_path`` takes a file
+    (:func:`probe_storage`), and the files of ``experiment.data_files(cfg)``
+    (:func:`pipelines.datadir.check_files`: found, or downloaded into the cache).  ``cfg``: a
+    validated config.  Returns the data files' local paths; raises ``ConfigError``,
+    ``CheckpointError`` or :class:`pipelines.datadir.DataNotFoundError` (one line each) at the
+    first check that fails."""
+    _extra_worker_resources(cfg)
+    if cfg["resume_from"]:
+        check_resume(cfg)
+    probe_storage(storage_path(cfg))
+    return check_files(experiment.data_files(cfg))
+
+
+def check_only(command: str, experiment: Experiment, cfg: dict) -> None:
+    """An entry point's ``--check``: :func:`check_run`, then one line on stdout,
+    ``<command>: check passed: ...``, naming the data files found."""
+    found = check_run(experiment, cfg)
+    print(f"{command}: check passed: the config, ray.storage_path and {len(found)} data file(s)"
+          + (f": {', '.join(map(str, found))}" if found else ""))
+
+
 def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[Any] = ()) -> RunResult:
     """Train ``experiment`` as configured; return the MLflow run id and final metrics.
 
@@ -564,8 +573,11 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
     in here; see :data:`pipelines.config.BASE_SCHEMA`).  ``batch_size`` is the global number of
     records per optimizer step; each step's records are split evenly over ``ray.num_workers``.
 
-    Raises :class:`pipelines.tracking.TrackingUnavailable` before any Ray/training work when the
-    tracking store is unreachable and ``tracking.mode`` is ``required``; ``ConfigError`` for a bad
+    Raises :class:`pipelines.datadir.DataNotFoundError` before any Ray work and before the MLflow
+    run when a file of ``experiment.data_files(config)`` is neither on disk nor downloadable
+    (:func:`check_run`); :class:`pipelines.tracking.TrackingUnavailable` before any Ray/training
+    work when the tracking store is unreachable and ``tracking.mode`` is ``required``;
+    ``ConfigError`` for a bad
     config, including a ``resume_from`` checkpoint that is not plain data (read with
     ``weights_only=True`` before Ray starts: see :mod:`pipelines.checkpoint`);
     ``ray.train.TrainingFailedError`` when training fails more than
@@ -586,10 +598,7 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
     import ray
 
     cfg = validate(dict(config), merged_schema(experiment.config_schema), source="run() config")
-    _extra_worker_resources(cfg)  # a bad ray.worker_resources fails here, before any work
-    if cfg["resume_from"]:
-        check_resume(cfg)
-    probe_storage(storage_path(cfg))  # before the MLflow run and Ray: an unwritable path fails in seconds
+    check_run(experiment, cfg)  # before the MLflow run and Ray: what cannot work fails in seconds
     seed_all(int(cfg["seed"]))
 
     tracker = _setup_tracking(experiment, cfg)  # fail fast, before Ray
@@ -649,8 +658,9 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
             ray.shutdown()
 
 
-def main(experiment: Experiment, argv=None, description: str = "") -> RunResult:
-    """Entry-point helper: ``python -m pipelines.sst.train --config conf/sst.yaml lr=0.1``."""
+def main(experiment: Experiment, argv=None, description: str = "") -> Optional[RunResult]:
+    """Entry-point helper: ``python -m pipelines.sst.train --config conf/sst.yaml lr=0.1``
+    (None after ``--check``)."""
     from .config import parse_cli
     from .errors import entry_point
 
@@ -658,6 +668,9 @@ def main(experiment: Experiment, argv=None, description: str = "") -> RunResult:
         cfg, args = parse_cli(argv, merged_schema(experiment.config_schema),
                               description or f"Train {experiment.name}")
         console.configure(cfg["verbose"])
+        if args.check:
+            check_only(f"train {experiment.name}", experiment, cfg)
+            return None
         res = run(experiment, cfg)
         report(experiment, res, {}, args.result_json, args.brief)
     return res

@@ -1,8 +1,9 @@
 # Sourced by scripts/test.sh and scripts/reproduce.sh (with ROOT set and the cwd at ROOT).
 # Picks the Python to use, installing the project into .venv when needed, and sets PY, PATH
-# and FOLD_DATA_DIR.  .venv is (re)installed when missing or when pyproject.toml changed:
-# torch==2.13.0 FIRST (a CPU build; an unpinned torch would pull a multi-GB CUDA build),
-# then the project with its test extra.  FOLD_USE_CURRENT_PYTHON=1 uses `python3` as it is.
+# and FOLD_DATA_DIR (python -m pipelines.datadir: the rule the Python code follows).  .venv is
+# (re)installed when missing or when pyproject.toml changed: torch==2.13.0 FIRST (a CPU build;
+# an unpinned torch would pull a multi-GB CUDA build), then the project with its test extra.
+# FOLD_USE_CURRENT_PYTHON=1 uses `python3` as it is.
 
 say() { printf '[%s] %s\n' "${SCRIPT_NAME:-foldengine}" "$*" >&2; }
 quiet_pip() {  # pip, minus this machine's notes about missing local index dirs
@@ -53,10 +54,10 @@ else
   PY="$ROOT/.venv/bin/python"
 fi
 
-if [ -z "${FOLD_DATA_DIR:-}" ] && [ -d "$ROOT/../shared/data" ]; then
-  FOLD_DATA_DIR="$(cd "$ROOT/../shared/data" && pwd)"
-  export FOLD_DATA_DIR
-fi
+# The data directory by pipelines.datadir's rule ($FOLD_DATA_DIR, else ../shared/data beside the
+# checkout when it exists, else none: the download cache), absolute; unset when there is none.
+FOLD_DATA_DIR="$("$PY" -m pipelines.datadir)"
+if [ -n "$FOLD_DATA_DIR" ]; then export FOLD_DATA_DIR; else unset FOLD_DATA_DIR; fi
 # Console scripts (ray, mlflow) of that Python come first on PATH.
 PATH="$(dirname "$PY"):$PATH"
 export PATH

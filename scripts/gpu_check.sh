@@ -32,10 +32,9 @@ done
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 PY="${FOLD_PYTHON:-python3}"
-if [ -z "${FOLD_DATA_DIR:-}" ] && [ -d "$ROOT/../shared/data" ]; then
-  FOLD_DATA_DIR="$(cd "$ROOT/../shared/data" && pwd)"
-fi
-export FOLD_DATA_DIR="${FOLD_DATA_DIR:-}" PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
+# the data directory by pipelines.datadir's rule (empty: none, the download cache)
+FOLD_DATA_DIR="$(cd "$ROOT" && "$PY" -m pipelines.datadir)"
+export FOLD_DATA_DIR PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export MLFLOW_TRACKING_URI="${MLFLOW_TRACKING_URI:-sqlite:///$OUT_DIR/mlflow.db}"
 t_start=$SECONDS

@@ -19,7 +19,9 @@
 #
 # The job gets the repository as its working dir (without .git, .venv, .cluster, mlruns, ...) and
 # the environment variables MLFLOW_TRACKING_URI (the cluster's MLflow server, or
-# FOLD_MLFLOW_TRACKING_URI) and FOLD_DATA_DIR (absolute; default ../shared/data when it exists).
+# FOLD_MLFLOW_TRACKING_URI) and FOLD_DATA_DIR (absolute; default ../shared/data when it exists:
+# python -m pipelines.datadir). The pipelines' entry points are checked locally first (their
+# --check: the config and data files, predict's inputs and output): a missing file is not submitted.
 # Other settings: see scripts/_common.sh. Ctrl-C stops the job too.
 set -euo pipefail
 
@@ -74,6 +76,25 @@ case "$1" in
 esac
 CMD+=("$@")
 
+# ---------------------------------------------------------------- local checks
+# The job's data directory: pipelines.datadir's rule ($FOLD_DATA_DIR, else ../shared/data beside
+# the checkout when it exists), absolute; empty: none (the job's download cache).
+DATA_DIR="$("$FOLD_PYTHON" -m pipelines.datadir)"
+# A pipelines entry point first runs its own checks here (--check: the config and the data files
+# with the job's FOLD_DATA_DIR; predict: its --input files and --output), so that a missing file
+# stops the submission in seconds with the entry point's one line, before anything is sent.
+if [ "${CMD[0]}" = python ] && [ "${CMD[1]:-}" = -m ]; then
+  case "${CMD[2]:-}" in
+    pipelines.sst.train|pipelines.molecules.train|pipelines.sweep|pipelines.predict)
+      check_rc=0
+      FOLD_DATA_DIR="$DATA_DIR" "$FOLD_PYTHON" "${CMD[@]:1}" --check >&2 || check_rc=$?
+      if [ "$check_rc" -ne 0 ]; then
+        fold_log "not submitted: the local check of ${CMD[2]} failed (exit status $check_rc)"
+        exit "$check_rc"
+      fi ;;
+  esac
+fi
+
 # ---------------------------------------------------------------- environment for the job
 fold_ray_client_env
 if [ "$(fold_http_status "$FOLD_DASHBOARD_URL/api/version" token)" != 200 ]; then
@@ -84,12 +105,6 @@ TRACKING_URI="${FOLD_MLFLOW_TRACKING_URI:-$FOLD_MLFLOW_URL}"
 if [ -z "${FOLD_MLFLOW_TRACKING_URI:-}" ] && [ "$(fold_http_status "$FOLD_MLFLOW_URL/health")" != 200 ]; then
   fold_log "warning: no MLflow server answers at $FOLD_MLFLOW_URL; the job's MLflow logging will fail"
 fi
-DATA_DIR="${FOLD_DATA_DIR:-}"
-if [ -z "$DATA_DIR" ] && [ -d "$FOLD_REPO_ROOT/../shared/data" ]; then
-  DATA_DIR="$FOLD_REPO_ROOT/../shared/data"
-fi
-[ -n "$DATA_DIR" ] && DATA_DIR="$(cd "$DATA_DIR" && pwd)"
-
 SUBMISSION_ID="${FOLD_SUBMISSION_ID:-fold_$(date +%Y%m%d_%H%M%S)_$$}"
 RUNTIME_ENV_JSON="$("$FOLD_PYTHON" - "$TRACKING_URI" "$DATA_DIR" <<'PY'
 import json, sys

@@ -1,6 +1,7 @@
 """Test-wide settings and fixtures shared by every test package.
 
-* ``FOLD_DATA_DIR`` defaults to ``<repo>/../shared/data`` (where CI puts the datasets) when unset.
+* ``FOLD_DATA_DIR`` defaults to the data directory of :func:`pipelines.datadir.default_data_dir`
+  (``<repo>/../shared/data``, where CI puts the datasets) when unset, for the tests' subprocesses too.
 * Ray started inside tests (``ray.init()``) runs without token auth and without usage stats, so
   no token is written to ``~/.ray`` and nothing is reported.
 * Every test starts with MLflow's process-wide tracking URI unset (autouse fixture).
@@ -14,11 +15,12 @@ import pathlib
 
 import pytest
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-_DEFAULT_DATA_DIR = (REPO_ROOT.parent / "shared" / "data").resolve()
+from pipelines.datadir import default_data_dir
 
-if not os.environ.get("FOLD_DATA_DIR") and _DEFAULT_DATA_DIR.is_dir():
-    os.environ["FOLD_DATA_DIR"] = str(_DEFAULT_DATA_DIR)
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+if not os.environ.get("FOLD_DATA_DIR") and default_data_dir() is not None:
+    os.environ["FOLD_DATA_DIR"] = str(default_data_dir())
 
 # Embedded Ray clusters in tests: loopback-only, single user.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")

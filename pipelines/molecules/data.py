@@ -38,7 +38,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from pipelines.datadir import resolve_data_file
+from pipelines.datadir import DataFile, DatasetFile, OwnFile, resolve_data_file
 
 TOX21_TASKS: tuple[str, ...] = (
     "NR-AR", "NR-AR-LBD", "NR-AhR", "NR-Aromatase", "NR-ER", "NR-ER-LBD", "NR-PPAR-gamma",
@@ -287,6 +287,19 @@ def _verify(report: LoadReport, expected: str, verify: bool) -> None:
             f"{report.path}: content sha256 {report.sha256} differs from the known release "
             f"{expected}; this is another version of the dataset (see data README). "
             "Pass verify=False to load it anyway.")
+
+
+def data_files(dataset: str, csv_path: Optional[str] = None) -> list[DataFile]:
+    """The file a run on ``dataset`` reads (see :meth:`pipelines.experiment.Experiment.data_files`):
+    Tox21's or ESOL's release under the data directories (downloaded when missing), or for
+    ``"csv"`` the user's ``csv_path`` (config key ``molecules.csv``)."""
+    if dataset == "csv":
+        return [OwnFile(str(csv_path or ""), "molecules.csv")]
+    if dataset == "tox21":
+        return [DatasetFile(TOX21_RELPATH, url=TOX21_URL)]
+    if dataset == "esol":
+        return [DatasetFile(ESOL_RELPATH, url=ESOL_URL, sha256=ESOL_SHA256)]
+    raise ValueError(f"unknown dataset {dataset!r}")
 
 
 def load_tox21(data_dir=None, *, on_bad_row: str = "raise", verify: bool = True):

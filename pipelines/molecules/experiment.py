@@ -237,6 +237,12 @@ class MoleculeExperiment(Experiment):
         return cls(mc["dataset"])
 
     # ------------------------------------------------------------------ driver
+    def data_files(self, config: dict) -> list:
+        """The file ``read_splits(config)`` reads: :func:`pipelines.molecules.data.data_files`."""
+        from .data import data_files
+
+        return data_files(self.dataset, config["molecules"].get("csv"))
+
     def _csv_path(self, mc: dict) -> str:
         """The absolute path of ``molecules.csv``, checked against this experiment's tasks.
 

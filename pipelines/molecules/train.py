@@ -24,7 +24,7 @@ from pipelines import console
 from pipelines.config import merged_schema, parse_cli
 from pipelines.checkpoint import read_best_model
 from pipelines.errors import entry_point
-from pipelines.train import BEST_FILE, RunResult, report, run
+from pipelines.train import BEST_FILE, RunResult, check_only, report, run
 
 from .experiment import SCHEMA, MoleculeExperiment, TargetScaling
 
@@ -180,7 +180,7 @@ def after_run(experiment: MoleculeExperiment, cfg: dict, res: RunResult) -> dict
     return extra
 
 
-def main(argv: Optional[Sequence[str]] = None) -> RunResult:
+def main(argv: Optional[Sequence[str]] = None) -> Optional[RunResult]:
     with entry_point("pipelines.molecules.train", argv):
         cfg, args = parse_cli(argv, merged_schema(SCHEMA), "Train the weave model (Tox21 / ESOL)")
         console.configure(cfg["verbose"])
@@ -188,6 +188,9 @@ def main(argv: Optional[Sequence[str]] = None) -> RunResult:
             experiment = MoleculeExperiment.from_config(cfg)
         except ValueError as e:  # ConfigError included
             raise SystemExit(f"pipelines.molecules.train: {e}") from None
+        if args.check:
+            check_only("pipelines.molecules.train", experiment, cfg)
+            return None
         res = run(experiment, cfg)
         report(experiment, res, after_run(experiment, cfg, res), args.result_json, args.brief)
     return res

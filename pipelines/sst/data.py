@@ -43,6 +43,7 @@ __all__ = [
     "SPLITS", "SST_URL", "SST_SHA256", "LABELS",
     "SSTFormatError", "SSTChecksumError", "check_sha256", "LoadReport", "TreeStats",
     "parse_line", "parse_line_checked", "load_file", "load_split", "load_split_source", "resolve_split_path",
+    "split_file", "data_files",
     "is_leaf", "leaves", "iter_nodes", "to_string", "tree_depth",
     "binary_label", "binary_trees", "tree_stats", "normalize_token",
 ]
@@ -327,16 +328,41 @@ def load_file(path: Union[str, os.PathLike], skip_bad: bool = False,
     return trees, report
 
 
+def split_file(split: str, data_dir=None, url: str = SST_URL) -> datadir.DatasetFile:
+    """The canonical file of SST ``split``: ``sst/<split>.txt`` under ``data_dir`` or the data
+    directories, else ``trees/<split>.txt`` of the Stanford zip at ``url``."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown SST split {split!r}; expected one of {SPLITS}")
+    return datadir.DatasetFile(f"sst/{split}.txt", url=url, archive_member=f"trees/{split}.txt",
+                               data_dir=None if data_dir is None else str(data_dir))
+
+
 def resolve_split_path(split: str, data_dir=None, url: str = SST_URL) -> pathlib.Path:
-    """Local path of ``sst/<split>.txt``: ``data_dir``, ``$FOLD_DATA_DIR``, the cache, or a download.
+    """Local path of ``sst/<split>.txt``: ``data_dir``, the data directory (``$FOLD_DATA_DIR``, else
+    ``../shared/data`` beside the checkout), the cache, or a download.
 
     The download fetches ``url`` (the Stanford zip) and extracts ``trees/<split>.txt``; offline
     it raises :class:`pipelines.datadir.DataNotFoundError` naming every place looked in.
     """
-    if split not in SPLITS:
-        raise ValueError(f"unknown SST split {split!r}; expected one of {SPLITS}")
-    return datadir.resolve_data_file(f"sst/{split}.txt", data_dir=data_dir, url=url,
-                                     archive_member=f"trees/{split}.txt")
+    return split_file(split, data_dir, url).resolve()
+
+
+def data_files(sst_config: dict) -> list[datadir.DataFile]:
+    """The files an SST run with the ``sst`` section ``sst_config`` reads (see
+    :meth:`pipelines.experiment.Experiment.data_files`): per split, the user's ``sst.<split>_file``
+    (an :class:`~pipelines.datadir.OwnFile`) or, when it is null, the canonical split
+    (:func:`split_file`, under ``sst.data_dir`` first); none for a split set to ``""``; and the
+    ``sst.embeddings`` file when one is named."""
+    files: list[datadir.DataFile] = []
+    for split in SPLITS:
+        own = sst_config.get(f"{split}_file")
+        if own is None:
+            files.append(split_file(split, sst_config.get("data_dir")))
+        elif own != "":
+            files.append(datadir.OwnFile(str(own), f"sst.{split}_file"))
+    if sst_config.get("embeddings"):
+        files.append(datadir.OwnFile(str(sst_config["embeddings"]), "sst.embeddings"))
+    return files
 
 
 def load_split(split: str, data_dir=None, skip_bad: bool = False, verify: bool = True,

@@ -118,6 +118,12 @@ class SSTExperiment(Experiment):
     config_schema = SCHEMA
 
     # ------------------------------------------------------------------ driver
+    def data_files(self, config: dict) -> list:
+        """The files ``read_splits(config)`` reads: :func:`pipelines.sst.data.data_files`."""
+        from .data import data_files
+
+        return data_files(config["sst"])
+
     def read_splits(self, config: dict):
         """The SST splits (``sst.<split>_file``; null: the canonical release, "": none) read and
         parsed in Ray Data tasks (:func:`pipelines.sst.reading.read_sst_file`; trees as Ray Data

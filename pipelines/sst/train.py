@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 from pipelines import console
 from pipelines.config import merged_schema, parse_cli
 from pipelines.errors import entry_point
-from pipelines.train import RunResult, report, run
+from pipelines.train import RunResult, check_only, report, run
 
 from .experiment import SCHEMA, SSTExperiment
 
@@ -67,7 +67,7 @@ def after_run(experiment: SSTExperiment, res: RunResult) -> dict[str, float]:
     return extra
 
 
-def main(argv: Optional[Sequence[str]] = None) -> RunResult:
+def main(argv: Optional[Sequence[str]] = None) -> Optional[RunResult]:
     argv = _split_embeddings_flag(list(sys.argv[1:] if argv is None else argv))
     with entry_point("pipelines.sst.train", argv):
         cfg, args = parse_cli(argv, merged_schema(SCHEMA),
@@ -75,6 +75,9 @@ def main(argv: Optional[Sequence[str]] = None) -> RunResult:
                               "--embeddings PATH: a GloVe text file (default GloVe 6B 50d).")
         console.configure(cfg["verbose"])
         experiment = SSTExperiment()
+        if args.check:
+            check_only("pipelines.sst.train", experiment, cfg)
+            return None
         res = run(experiment, cfg)
         report(experiment, res, after_run(experiment, res), args.result_json, args.brief)
     return res

@@ -49,15 +49,16 @@ def logged(data_dir, tmp_path_factory):
 
 
 def _fresh_predict(uri: str, model_uri: str, frame: pd.DataFrame, tmp, params=None) -> pd.DataFrame:
-    """``mlflow.pyfunc.load_model(model_uri).predict(frame)`` in a fresh process, elsewhere, with no
-    FOLD_DATA_DIR (the model must carry what it needs)."""
+    """``mlflow.pyfunc.load_model(model_uri).predict(frame)`` in a fresh process, elsewhere, with
+    FOLD_DATA_DIR an empty directory (the model must carry what it needs)."""
     src = tmp / "in.json"
     frame.to_json(src, orient="records")
     code = ("import sys, json, mlflow, pandas as pd; mlflow.set_tracking_uri(sys.argv[1]); "
             "m = mlflow.pyfunc.load_model(sys.argv[2]); "
             "out = m.predict(pd.read_json(sys.argv[3], orient='records'), params=json.loads(sys.argv[4])); "
             "print(out.to_json(orient='records'))")
-    env = {k: v for k, v in os.environ.items() if k not in ("FOLD_DATA_DIR", "MLFLOW_TRACKING_URI")}
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["FOLD_DATA_DIR"] = str(tmp / "no-data")    # not the default, the data beside the checkout
     res = subprocess.run([sys.executable, "-c", code, uri, model_uri, str(src), json.dumps(params or {})],
                          cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -135,7 +136,7 @@ def test_served_model_answers_like_predict(logged, tmp_path):
     port = _free_port()
     bin_dir = os.path.dirname(sys.executable)      # mlflow execs uvicorn from PATH
     env = {**os.environ, "MLFLOW_TRACKING_URI": logged["uri"], "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
-    env.pop("FOLD_DATA_DIR", None)
+    env["FOLD_DATA_DIR"] = str(tmp_path / "no-data")    # not the default, the data beside the checkout
     mlflow_bin = os.path.join(bin_dir, "mlflow")
     proc = subprocess.Popen([mlflow_bin, "models", "serve", "-m", logged["runs"]["sst"].model_uri,
                              "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],

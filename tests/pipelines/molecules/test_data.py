@@ -160,7 +160,7 @@ def test_checksum_mismatch_is_loud(tmp_path):
 def test_download_from_url_into_cache(tmp_path, monkeypatch):
     """The download branch, exercised offline with a file:// URL (checksum verified)."""
     src = _real(D.ESOL_RELPATH)
-    monkeypatch.delenv("FOLD_DATA_DIR", raising=False)
+    monkeypatch.setenv("FOLD_DATA_DIR", str(tmp_path / "no-data"))  # not the data beside the checkout
     monkeypatch.setenv("FOLD_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(D, "ESOL_URL", src.resolve().as_uri())
     records, report = D.load_esol(tmp_path / "nothing_here")
@@ -169,7 +169,7 @@ def test_download_from_url_into_cache(tmp_path, monkeypatch):
 
 
 def test_download_failure_is_clear(tmp_path, monkeypatch):
-    monkeypatch.delenv("FOLD_DATA_DIR", raising=False)
+    monkeypatch.setenv("FOLD_DATA_DIR", str(tmp_path / "no-data"))  # not the data beside the checkout
     monkeypatch.setenv("FOLD_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(D, "TOX21_URL", (tmp_path / "missing.csv.gz").as_uri())
     with pytest.raises(DataNotFoundError, match="tox21.csv.gz.*FOLD_DATA_DIR"):
