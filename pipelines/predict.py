@@ -34,12 +34,13 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from .console import private_local_token
+from .console import configure, private_local_token
 from .datadir import probe_writable
 from .model_package import PACKAGE_FILE, WEIGHTS_FILE, find_package
 from .prediction import DEFAULT_CHUNK_SIZE
 
-__all__ = ["PredictResult", "PredictActor", "resolve_inputs", "check_output", "load_package_bytes",
+__all__ = ["PredictResult", "PredictActor", "SUCCESS_FILE", "resolve_inputs", "output_files", "check_output",
+           "load_package_bytes",
            "predictor_from_package", "input_rows", "actor_pool_size", "run", "main"]
 
 #: CPUs kept free of actors for the read tasks (a Ray Data read task reserves one CPU)
@@ -78,15 +79,31 @@ def resolve_inputs(patterns: Sequence[str]) -> list[str]:
     return files
 
 
-def check_output(output: str) -> None:
-    """Raise ``ValueError`` with one line, ``<output, absolute>: not writable (<reason>); ...``,
-    when the local directory ``output`` cannot take a file (what it made for the check is removed
-    again: :func:`pipelines.datadir.probe_writable`)."""
+#: written into ``--output`` when every row is there (a directory without it holds partial output)
+SUCCESS_FILE = "_SUCCESS"
+
+
+def output_files(output: str) -> list:
+    """The files an earlier run wrote into ``output``: its Parquet parts and :data:`SUCCESS_FILE`."""
+    return sorted(glob.glob(os.path.join(output, "part-*.parquet"))
+                  + glob.glob(os.path.join(output, SUCCESS_FILE)))
+
+
+def check_output(output: str, overwrite: bool = False) -> None:
+    """Raise ``ValueError`` with one line when the local directory ``output`` cannot take a file
+    (``<output, absolute>: not writable (<reason>); ...``; what it made for the check is removed
+    again: :func:`pipelines.datadir.probe_writable`), or holds an earlier run's output and not
+    ``overwrite`` (its rows would be read back with the new ones)."""
     try:
         probe_writable(output)
     except OSError as err:
         raise ValueError(f"{os.path.abspath(output)}: not writable ({type(err).__name__}: {err.strerror or err}); "
                          "give --output a directory this user can write") from None
+    earlier = output_files(output)
+    if earlier and not overwrite:
+        state = "complete" if os.path.exists(os.path.join(output, SUCCESS_FILE)) else "partial (no _SUCCESS)"
+        raise ValueError(f"{os.path.abspath(output)}: holds the output of an earlier run ({len(earlier)} file(s), "
+                         f"{state}); give a new --output, or --overwrite to replace it")
 
 
 def load_package_bytes(model_uri: str) -> dict[str, bytes]:
@@ -96,9 +113,17 @@ def load_package_bytes(model_uri: str) -> dict[str, bytes]:
 
     from .mlflow_model import quiet_model_logging
 
+    from mlflow.exceptions import MlflowException
+
     with tempfile.TemporaryDirectory(prefix="fold-predict-") as tmp:
-        with quiet_model_logging():     # no download bar: a log line per update where stderr is a file
-            local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp)
+        try:
+            with quiet_model_logging():     # no download bar: a log line per update where stderr is a file
+                local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp)
+        except (MlflowException, OSError) as err:
+            why = (str(getattr(err, "message", err)).strip().splitlines() or [type(err).__name__])[0][:300]
+            raise ValueError(f"{model_uri}: no such model in {mlflow.get_tracking_uri()} ({why}); give the "
+                             f"runs:/<run_id>/model a training run printed, models:/<name>/<version>, or a "
+                             f"model directory") from None
         try:
             pkg = find_package(local)
         except ValueError as err:
@@ -236,14 +261,16 @@ def actor_pool_size(actors: Optional[int], cpus_per_actor: float, cluster_cpus: 
 
 def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
         actors: Optional[int] = None, cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0,
-        tracking_uri: Optional[str] = None, tracking: bool = True, column: Optional[str] = None, log=print) -> PredictResult:
+        tracking_uri: Optional[str] = None, tracking: bool = True, column: Optional[str] = None, log=print,
+        overwrite: bool = False) -> PredictResult:
     """Predict every input of ``inputs`` (text files' lines, CSV files' ``column``: by default the
     model's input column) with ``model_uri``; Parquet into ``output``. Needs Ray (connects to
     ``$RAY_ADDRESS`` or starts a local instance when none is initialised).  ``actors``: the
     predictor actors, each reserving ``cpus_per_actor`` CPUs and ``gpus_per_actor`` GPUs; None:
     as many as the cluster holds (:func:`actor_pool_size`, which also refuses a pool that leaves
     the read tasks no CPU).  Checks ``inputs`` (:func:`resolve_inputs`) and ``output``
-    (:func:`check_output`) first, before the model is fetched and before Ray starts."""
+    (:func:`check_output`; ``overwrite``: an earlier run's files there are removed) first, before
+    the model is fetched and before Ray starts.  :data:`SUCCESS_FILE` is written last."""
     import mlflow
     import ray
     import ray.data
@@ -253,8 +280,10 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
     files = resolve_inputs(inputs)
-    check_output(output)   # before the model is fetched and Ray starts
+    check_output(output, overwrite)   # before the model is fetched and Ray starts
     package = load_package_bytes(model_uri)
+    for f in output_files(output):    # --overwrite: the earlier run's files go
+        os.remove(f)
     if any(is_csv(f) for f in files):
         column = column or predictor_from_package(package).input_column
         for f in filter(is_csv, files):   # before Ray starts: a file without the column is named at once
@@ -290,6 +319,8 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
             rows += len(good)
             bad += int(good["error"].notna().sum())
         seconds = time.perf_counter() - t0
+        with open(os.path.join(output, SUCCESS_FILE), "w") as f:
+            f.write(f"{rows} rows\n")
     finally:
         if started:
             ray.shutdown()
@@ -332,25 +363,32 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[PredictResult]:
     ap.add_argument("--gpus-per-actor", type=float, default=0.0)
     ap.add_argument("--tracking-uri", help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     ap.add_argument("--no-tracking", dest="tracking", action="store_false")
+    ap.add_argument("--overwrite", action="store_true", help="replace an earlier run's output in --output")
     ap.add_argument("--check", action="store_true", help="check the --input files and that --output is writable, "
                                                          "then exit: neither Ray nor an MLflow run starts")
     a = ap.parse_args(argv)
     if a.check:
         try:
             files = resolve_inputs(a.input)
-            check_output(a.output)
+            check_output(a.output, a.overwrite)
         except (FileNotFoundError, ValueError) as err:
             raise SystemExit(f"pipelines.predict: {err}")
         print(f"pipelines.predict: check passed: {len(files)} input file(s), --output {os.path.abspath(a.output)}")
         return None
     private_local_token()   # before Ray is imported
+    configure(False)        # MLflow's and Ray's notes at WARNING
     uri = a.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+    out = os.path.abspath(a.output)
     try:
         return run(a.model, a.input, a.output, chunk_size=a.chunk_size, actors=a.actors,
                    cpus_per_actor=a.cpus_per_actor, gpus_per_actor=a.gpus_per_actor, tracking_uri=uri,
-                   tracking=a.tracking, column=a.column)
+                   tracking=a.tracking, column=a.column, overwrite=a.overwrite)
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"pipelines.predict: {err}")
+    except KeyboardInterrupt:
+        parts = len(glob.glob(os.path.join(out, "part-*.parquet")))
+        raise SystemExit(f"pipelines.predict: interrupted: {parts} Parquet file(s) in {out} hold partial output "
+                         f"(no {SUCCESS_FILE}); rerun the same command with --overwrite") from None
 
 
 if __name__ == "__main__":

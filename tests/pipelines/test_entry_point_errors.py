@@ -74,3 +74,64 @@ def test_a_python_tag_in_a_sweep_config_is_one_line(tmp_path):
     assert res.returncode == 2 and "Traceback" not in res.stderr and "pwned" not in res.stdout, res.stderr
     assert "not plain YAML" in res.stderr and str(cfg) in res.stderr
     assert seconds < 15
+
+
+def test_predict_with_a_run_that_does_not_exist_is_one_line(tmp_path):
+    (tmp_path / "in.txt").write_text("(3 (2 a) (3 good))\n")
+    res, seconds = _run(["-m", "pipelines.predict", "--model", "runs:/0123456789abcdef0123456789abcdef/model",
+                         "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "preds")], tmp_path)
+    assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "runs:/0123456789abcdef0123456789abcdef/model: no such model" in lines[0], lines
+    assert seconds < 15
+
+
+def test_predict_refuses_to_mix_its_rows_with_an_earlier_runs_output(tmp_path):
+    (tmp_path / "in.txt").write_text("(3 (2 a) (3 good))\n")
+    out = tmp_path / "preds"
+    out.mkdir()
+    (out / "part-000000000000.parquet").write_bytes(b"earlier")
+    args = ["-m", "pipelines.predict", "--model", "runs:/0123456789abcdef0123456789abcdef/model",
+            "--input", str(tmp_path / "in.txt"), "--output", str(out)]
+    res, _ = _run(args, tmp_path)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert "holds the output of an earlier run (1 file(s), partial (no _SUCCESS))" in res.stderr
+    assert "--overwrite" in res.stderr
+    res, _ = _run(args + ["--overwrite", "--check"], tmp_path)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_an_interrupted_predict_says_what_it_wrote_and_how_to_rerun(tmp_path, data_dir):
+    import signal
+
+    from pipelines.mlflow_model import log_model
+    from tests.pipelines.helpers import untrained_sst
+
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    exp, cfg, mc, model, lines = untrained_sst(data_dir)
+    client = mlflow.MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("predict-interrupt",
+                                                        artifact_location=str(tmp_path / "art"))).info.run_id
+    logged = log_model(uri, run_id, exp, cfg, mc, model.state_dict())
+    trees = (data_dir / "sst" / "train.txt").read_text().splitlines()
+    (tmp_path / "big.txt").write_text("\n".join(trees * 40) + "\n")
+    out = tmp_path / "preds"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": REPO}
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.predict", "--model", logged.model_uri, "--input",
+                             str(tmp_path / "big.txt"), "--output", str(out), "--no-tracking"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 200
+    while not list(out.glob("part-*.parquet")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    last = [ln for ln in err.splitlines() if ln.strip()][-1]
+    assert last.startswith("pipelines.predict: interrupted: ") and "partial output" in last and "--overwrite" in last
+    assert "KeyboardInterrupt" not in err, err[-3000:]
+    assert not (out / "_SUCCESS").exists()
