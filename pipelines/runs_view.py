@@ -58,6 +58,8 @@ def chart_section(metric_key: str) -> str:
 
 def _section_rank(name: str) -> tuple:
     parts = name.split("/")
+    if parts[0] == "trials":
+        return (-1, name)
     if name == MODEL_METRICS:
         return (4, name)
     if name == SYSTEM_METRICS:
@@ -73,7 +75,8 @@ def _section_rank(name: str) -> tuple:
 
 
 def chart_sections(metric_keys: Sequence[str]) -> list[str]:
-    """The sections of ``metric_keys`` in display order: the learning curves ``train``, ``dev``,
+    """The sections of ``metric_keys`` in display order: a sweep's trial curves (``trials/*``, on
+    its parent run), the learning curves ``train``, ``dev``,
     ``test`` (each followed by its subsections, e.g. ``dev/auc``), then ``best`` and ``best/*``
     (``best/train``, ``best/dev``, ``best/test``, then the others), ``time``, the rest by name,
     :data:`MODEL_METRICS`, :data:`SYSTEM_METRICS` last."""

@@ -55,6 +55,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from typing import Any, Mapping, Optional, Sequence
@@ -480,6 +481,9 @@ def _log_parent(plan: SweepPlan, tracker: trk.Tracker, trials: Sequence[TrialOut
                 ensemble: Mapping[str, float], table) -> None:
     tracker.metrics(summary.metrics())
     tracker.metrics({f"ensemble/{k}": v for k, v in ensemble.items()})
+    for key, points in trial_curves(trials, plan.metric).items():
+        for epoch, value in points:
+            tracker.metrics({key: value}, step=epoch)
     tracker.table(trial_table(trials), "trials.json")
     tracker.figures([("dev_curves", curves_figure(trials, plan.metric.split("/", 1)[1], summary.best_trial,
                                                   plan.mode))])
@@ -489,16 +493,34 @@ def _log_parent(plan: SweepPlan, tracker: trk.Tracker, trials: Sequence[TrialOut
         tracker.tags({"sweep.best_trial": best.trial_id, "sweep.best_run_id": best.run_id or ""})
 
 
-def _save_sweep_view(experiment, plan: SweepPlan, tracker: trk.Tracker, ensemble: Mapping[str, float]) -> None:
+def trial_curves(trials: Sequence[TrialOutcome], metric: str) -> dict[str, list[tuple[int, float]]]:
+    """The parent run's copy of each trial's learning curve, ``{"trials/<metric>/<trial>":
+    [(epoch, value), ...]}`` (``<trial>``: its swept values, e.g. ``seed_3``, else its id), so the
+    parent's chart view shows every trial's curve (its trials are nested runs, which the UI's
+    chart view leaves out while the parent is collapsed)."""
+    out = {}
+    for t in trials:
+        label = "_".join(f"{k.rsplit('.', 1)[-1]}_{v}" for k, v in sorted(t.params.items())) or t.trial_id
+        label = re.sub(r"[^0-9A-Za-z_.-]", "_", label)
+        if t.curve:
+            out[f"trials/{metric}/{label}"] = [(int(e), float(v)) for e, v in t.curve]
+    return out
+
+
+def _save_sweep_view(experiment, plan: SweepPlan, tracker: trk.Tracker, ensemble: Mapping[str, float],
+                     trials: Sequence[TrialOutcome]) -> None:
     """The experiment's saved view as the trials' runs save it, plus the parent's figures as
     columns (``mean/best/test/<m>``, ``sd/best/test/<m>``, ``ensemble/test/<m>`` of the key
-    metrics), the parent expanded so its trials show as rows and as curves in the chart view."""
+    metrics) and the trials' curves (:func:`trial_curves`) as the chart view's first section; the
+    parent is expanded (its trials show as rows)."""
     from .train import save_training_view
 
     keys = experiment.key_metrics or (experiment.selection_metric,)
     extra = [f"{agg}/best/test/{m}" for m in keys for agg in ("mean", "sd")]
     extra += [f"ensemble/test/{m}" for m in keys if f"test/{m}" in ensemble]
-    save_training_view(experiment, plan.config, tracker, extra_columns=extra,
+    charts = sorted(trial_curves(trials, plan.metric)) + [f"mean/best/test/{m}" for m in keys] + [
+        f"ensemble/test/{m}" for m in keys if f"test/{m}" in ensemble]
+    save_training_view(experiment, plan.config, tracker, metric_keys=charts, extra_columns=extra,
                        expanded=[plan.parent_run_id] if plan.parent_run_id else ())
 
 
@@ -539,7 +561,7 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
             tracker.params({"ensemble.members": ",".join(members), "ensemble.split": "test"})
         table = paper_table(summary, _layout(experiment), experiment.name, ensemble, summary.n_finished)
         _log_parent(plan, tracker, trials, summary, ensemble, table)
-        _save_sweep_view(experiment, plan, tracker, ensemble)
+        _save_sweep_view(experiment, plan, tracker, ensemble, trials)
         status = "FINISHED" if summary.n_finished else "FAILED"
         tracker.end(status)
         if not tracker.drain():

@@ -296,8 +296,9 @@ def run_tags(cfg: Mapping[str, Any], experiment: str, entry_point: Optional[str]
     what = ", ".join(f"{k} {v}" for k, v in (("scheduler", cfg.get("scheduler")), ("seed", cfg.get("seed")),
                                              ("epochs", cfg.get("epochs")), ("batch", cfg.get("batch_size")))
                      if v is not None)
+    workers = (cfg.get("ray") or {}).get("num_workers", 1)
     tags["mlflow.note.content"] = (f"{preset}: {experiment} trained with foldengine on Ray Train "
-                                   f"({(cfg.get('ray') or {}).get('num_workers', 1)} workers); {what}")
+                                   f"({workers} worker{'' if workers == 1 else 's'}); {what}")
     return tags
 
 

@@ -694,8 +694,9 @@ def report(experiment: Experiment, res: RunResult, extra: Mapping[str, float], r
             from mlflow import MlflowClient
 
             exp_id = MlflowClient(res.tracking_uri).get_run(res.run_id).info.experiment_id
-            ui = os.environ.get("FOLD_MLFLOW_UI", "http://127.0.0.1:5000")
-            print(f"MLflow UI (bash scripts/ui.sh): run {run_url(ui, exp_id, res.run_id)}  "
+            served = str(res.tracking_uri).startswith(("http://", "https://"))   # a server: its own UI
+            ui = res.tracking_uri.rstrip("/") if served else os.environ.get("FOLD_MLFLOW_UI", "http://127.0.0.1:5000")
+            print(f"MLflow UI{'' if served else ' (bash scripts/ui.sh)'}: run {run_url(ui, exp_id, res.run_id)}  "
                   f"runs table {runs_view_url(ui, exp_id)}  charts {charts_view_url(ui, exp_id)}")
         except Exception:  # noqa: BLE001  (the links are a convenience)
             pass

@@ -251,8 +251,8 @@ def _root_label(line: str) -> int:
 def _page_text(url: str, screenshot: pathlib.Path) -> str:
     base = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=2000,1200",
             "--virtual-time-budget=25000"]
-    subprocess.run(base + [f"--screenshot={screenshot}", url], capture_output=True, timeout=180)
-    res = subprocess.run(base + ["--dump-dom", url], capture_output=True, text=True, timeout=180)
+    subprocess.run(base + [f"--screenshot={screenshot}", url], capture_output=True, timeout=400)
+    res = subprocess.run(base + ["--dump-dom", url], capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stderr[-2000:]
     return re.sub(r"<[^>]+>", " ", res.stdout)
 
@@ -292,6 +292,8 @@ def test_the_ui_shows_the_figures_of_every_experiment_the_main_job_made(journey)
             assert re.search(r"\b0\.\d{2,}|\b\d+\.\d+\b", text), f"{exp.name}: no figure in the runs table"
             charts = _page_text(charts_view_url(base, exp.experiment_id), shots / f"{exp.name}-charts.png")
             assert "No charts in this section" not in charts, f"{exp.name}: an empty chart section"
+            if exp.name.startswith("sst"):         # the sweep's parent: every trial's curve, first
+                assert re.search(r"trials/dev/\w+ \(\d+\)", charts), f"{exp.name}: no trial curves"
             assert (shots / f"{exp.name}-runs.png").stat().st_size > 20_000
     finally:
         _stop(ui)
