@@ -268,7 +268,8 @@ def run(table1: Optional[str] = None, sst: Optional[str] = None, tox21: Optional
         with mlf.start_run(run_name="reproduce-quick" if quick else "reproduce") as mrun:
             mlf.set_tags({**links, "quick": str(quick),
                           "mlflow.note.content": text})  # the run page's description shows the table
-            mlf.log_metrics({r.key: float(r.ours) for r in rows if r.ours is not None and math.isfinite(r.ours)})
+            # the figures as the summary table shows them: 4 significant digits
+            mlf.log_metrics({r.key: float(f"{r.ours:.4g}") for r in rows if r.ours is not None and math.isfinite(r.ours)})
             mlf.log_metric("figures_outside_expected", float(sum(r.inside is False for r in rows)))
             mlf.log_table(frame, artifact_file="summary_table.json")
             mlf.log_artifact(out)
