@@ -29,6 +29,7 @@ def test_epoch_line_shows_the_key_metrics_of_dev_and_the_best_so_far():
     assert "train auc 0.700" in no_dev and "test" not in no_dev
 
 
+@pytest.mark.integration
 def test_progress_printer_shows_lines_once_and_periodic_progress(ray_cluster, caplog):
     import ray
 

@@ -64,6 +64,7 @@ def _sst_cfg(*overrides):
     return load_config(os.path.join(REPO, "conf", "sst_tai2015.yaml"), list(overrides), merged_schema(SCHEMA))
 
 
+@pytest.mark.integration
 def test_sst_read_splits_from_own_files(tmp_path, trees, ray_data_ordered):
     from pipelines.sst.experiment import SSTExperiment
 
@@ -85,6 +86,7 @@ def test_sst_read_splits_from_own_files(tmp_path, trees, ray_data_ordered):
         SSTExperiment().read_splits(_sst_cfg(f"sst.train_file={train}", f"sst.dev_file={dev}"))
 
 
+@pytest.mark.integration
 def test_sst_default_files_are_canonical(data_dir, ray_data_ordered):
     from pipelines.sst.experiment import SSTExperiment
 
@@ -147,6 +149,7 @@ def test_from_config_checks_the_csv_keys(tmp_path):
     assert MoleculeExperiment.from_config(_mol_cfg("molecules.dataset=tox21")).dataset == "tox21"
 
 
+@pytest.mark.integration
 def test_custom_regression_with_missing_labels(tmp_path, smiles, ray_data_ordered):
     path = _csv_regression(tmp_path, gz=True, smiles=smiles)
     cfg = _mol_cfg(f"molecules.csv={path}", "molecules.task_columns=[logS,logP]", "molecules.task_type=regression",
@@ -172,6 +175,7 @@ def test_custom_regression_with_missing_labels(tmp_path, smiles, ray_data_ordere
     assert math.isfinite(m["rmse"]) and math.isfinite(m["mae"])
 
 
+@pytest.mark.integration
 def test_custom_classification_csv(tmp_path, smiles, ray_data_ordered):
     rows = ["smiles,active,toxic"] + [f"{s},{i % 2},{'' if i % 3 == 0 else (i // 2) % 2}"
                                       for i, s in enumerate(smiles * 2)]
@@ -201,6 +205,7 @@ def test_esol_scaling_and_loss_unchanged_without_missing_labels(smiles):
     assert stats["labelled"] == stats["count"] == 4.0
 
 
+@pytest.mark.integration
 def test_a_task_without_labels_in_a_split_is_named(tmp_path, smiles, ray_data_ordered):
     """Every label of a task empty: named in a warning, a skip count and a param when another task
     has labels; an error naming the file and split when no task has any."""
@@ -215,6 +220,7 @@ def test_a_task_without_labels_in_a_split_is_named(tmp_path, smiles, ray_data_or
         MoleculeExperiment.from_config(cfg).read_splits(cfg)
 
 
+@pytest.mark.integration
 def test_molecules_over_max_atoms_are_skipped_and_named(tmp_path, smiles, ray_data_ordered, caplog):
     from rdkit import Chem
 

@@ -43,6 +43,7 @@ def test_head_steps_in_whole_steps_and_at_most_the_epoch():
     assert head_steps({"batch_size": 25, "data": {"head_rows": 3}}, 100, 2) == 1
 
 
+@pytest.mark.integration
 def test_gather_positions_returns_rows_in_the_asked_order(ray_cluster):
     import ray
 
@@ -66,6 +67,7 @@ def _blocks(ranges, extra=False):
                                        if extra else {})}) for a, b in ranges]
 
 
+@pytest.mark.integration
 def test_gather_positions_takes_the_asked_columns_and_checks_the_tiling(ray_cluster):
     import ray
 
@@ -88,6 +90,7 @@ def test_gather_positions_takes_the_asked_columns_and_checks_the_tiling(ray_clus
         block_starts(refs, 10)
 
 
+@pytest.mark.integration
 def test_step_ranges_cover_the_steps_once_in_order(ray_data_ordered):
     from pipelines.data.assembly import step_ranges_dataset
 
@@ -98,6 +101,7 @@ def test_step_ranges_cover_the_steps_once_in_order(ray_data_ordered):
         assert all(r["stop"] - r["first"] <= per for r in rows)
 
 
+@pytest.mark.integration
 def test_step_assembly_choice(ray_cluster):
     from pipelines.data.feed import GATHER_STORE_SHARE, smallest_object_store, step_assembly
 

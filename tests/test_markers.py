@@ -1,0 +1,77 @@
+"""The fast tier (``bash scripts/test.sh -m "not integration"``) is defined by a rule, checked
+here: every test that starts Ray, an MLflow or model server, or the main job carries the ``integration`` marker (on the function, its class, or the module's
+``pytestmark``).  A test is taken to start one when it asks for a fixture that does
+(:data:`SERVICE_FIXTURES`) or its source names what starts one (:data:`SERVICE_CALLS`)."""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+TESTS = pathlib.Path(__file__).resolve().parent
+
+#: fixtures (in tests/) that start Ray or a server for the tests that use them
+SERVICE_FIXTURES = {"ray_cluster", "ray_data_ordered", "nodes", "journey", "served", "server", "ui"}
+#: source text that starts Ray, a server or the main job
+SERVICE_CALLS = ("ray.init(", "MlflowServer(", "\"models\", \"serve\"", "pipelines.serve import", "scripts/reproduce.sh")
+
+
+def _marks(decorators) -> set:
+    out = set()
+    for d in decorators:
+        for node in ast.walk(d):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and \
+                    node.value.attr == "mark":
+                out.add(node.attr)
+    return out
+
+
+def _module_marks(tree) -> set:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            return _marks([node.value])
+    return set()
+
+
+def _starts_services(fn, source: str) -> bool:
+    args = {a.arg for a in fn.args.args}
+    if args & SERVICE_FIXTURES:
+        return True
+    text = ast.get_source_segment(source, fn) or ""
+    return any(call in text for call in SERVICE_CALLS)
+
+
+def unmarked_service_tests() -> list[str]:
+    """``path::test`` of every test that starts a service without the ``integration`` marker."""
+    out = []
+    for path in sorted(TESTS.rglob("test_*.py")):
+        if path.name == "test_markers.py":
+            continue
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+        module = _module_marks(tree)
+        scopes = [(node, set()) for node in tree.body]
+        for node, inherited in scopes:
+            if isinstance(node, ast.ClassDef):
+                scopes += [(child, inherited | _marks(node.decorator_list)) for child in node.body]
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                marks = module | inherited | _marks(node.decorator_list)
+                if "integration" not in marks and _starts_services(node, source):
+                    out.append(f"{path.relative_to(TESTS.parent)}::{node.name}")
+    return out
+
+
+def test_every_test_that_starts_a_service_is_marked_integration():
+    assert unmarked_service_tests() == []
+
+
+def test_the_rule_sees_a_fixture_and_a_call(tmp_path, monkeypatch):
+    """The check can fail: an unmarked test asking for ``ray_cluster`` or calling ``ray.init(`` is found."""
+    probe = TESTS / "test_zz_marker_probe.py"
+    probe.write_text("import pytest\n\ndef test_a(ray_cluster):\n    pass\n\n"
+                     "def test_b():\n    import ray; ray.init()\n\n"
+                     "@pytest.mark.integration\ndef test_c(ray_cluster):\n    pass\n")
+    try:
+        assert unmarked_service_tests() == ["tests/test_zz_marker_probe.py::test_a",
+                                            "tests/test_zz_marker_probe.py::test_b"]
+    finally:
+        probe.unlink()
