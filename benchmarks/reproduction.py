@@ -1,5 +1,9 @@
 """Summary of a reproduction (``scripts/reproduce.sh``): one table, accuracy and timing, our
-figures beside the paper's and the anchors', each with the range it is expected in.
+figures beside the paper's and the anchors', each with the range it is expected in and, for an
+accuracy, its trivial baseline (what a model that learned nothing scores on the evaluated data:
+for SST the majority-class accuracy of the evaluated test trees, ``best/test/majority_fine`` /
+``majority_binary`` of the result JSON; for Tox21 ROC-AUC 0.5, chance).  A figure outside its
+range, or not above its baseline, is marked and listed under the table.
 
 Inputs: the Table 1 JSON (:func:`benchmarks.table1.run`) and the result JSON files the training
 entry points write with ``--result-json`` (run id, ``best/*``, ``time/*``).  Expected ranges:
@@ -14,21 +18,23 @@ import dataclasses
 import json
 import math
 import os
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from pipelines.runs_view import run_url
 
 from .reporting import REPO_ROOT, echo, save_view
 
-__all__ = ["PAPER_SST", "PAPER_SST_SD", "PAPER_SST_ENSEMBLE", "TAI_SST", "MOLECULENET_TOX21", "EXPECTED_RANGES",
-           "Row", "expected_ranges", "table1_rows", "training_rows", "sst_rows", "summary_rows", "markdown",
-           "terminal_table", "run"]
+__all__ = ["PAPER_SST", "PAPER_SST_SD", "PAPER_SST_ENSEMBLE", "TAI_SST", "MOLECULENET_TOX21", "CHANCE_AUC",
+           "EXPECTED_RANGES", "Row", "expected_ranges", "table1_rows", "training_rows", "sst_rows", "summary_rows",
+           "markdown", "terminal_table", "run"]
 
 PAPER_SST = {"fine": 52.3, "binary": 89.4}          # Looks et al. 2017, Table 2, single model: mean of 30 runs
 PAPER_SST_SD = {"fine": 0.7, "binary": 0.4}         # ... its standard deviation over the 30 runs
 PAPER_SST_ENSEMBLE = {"fine": 53.6, "binary": 90.2}  # ... the 30-model ensemble
 TAI_SST = {"fine": 51.0, "binary": 88.0}            # Tai et al. 2015
 MOLECULENET_TOX21 = {"weave": 0.820, "graphconv": 0.829}  # MoleculeNet (Wu et al. 2018), random split
+#: ROC-AUC of a model that ranks at random: the trivial baseline of an AUC.
+CHANCE_AUC = 0.5
 #: Paper Table 1, CPU, inference (vector 1024, 32 threads): cost ratio at batch 1.
 PAPER_TABLE1_B1_COST = 0.49
 EXPECTED_RANGES = os.path.join(REPO_ROOT, "conf", "reproduce.yaml")
@@ -49,13 +55,29 @@ class Row:
     expected: Optional[Tuple[float, float]] = None  #: ``[lo, hi]`` from ``conf/reproduce.yaml``
     run: Optional[str] = None       #: ``<experiment id>/<run id>`` of the MLflow run it comes from
     sd: Optional[float] = None      #: standard deviation when ``ours`` is a mean over seeds
+    #: the trivial baseline (same unit as ``ours``; higher is better): what a model that learned
+    #: nothing scores on the evaluated data (majority class, chance AUC); None for timings
+    baseline: Optional[float] = None
 
     @property
     def inside(self) -> Optional[bool]:
         """Whether ``ours`` lies in ``expected`` (None where either is missing)."""
-        if self.expected is None or self.ours is None or not math.isfinite(self.ours):
+        if self.expected is None or not _finite(self.ours):
             return None
         return self.expected[0] <= self.ours <= self.expected[1]
+
+    @property
+    def above_baseline(self) -> Optional[bool]:
+        """Whether ``ours`` is strictly above ``baseline`` (None where either is missing)."""
+        if not (_finite(self.ours) and _finite(self.baseline)):
+            return None
+        return self.ours > self.baseline
+
+    @property
+    def flags(self) -> List[str]:
+        """What is wrong with the figure: ``outside`` (its expected range), ``not above baseline``."""
+        return (["outside"] if self.inside is False else []) + (
+            ["not above baseline"] if self.above_baseline is False else [])
 
     def record(self) -> Dict[str, object]:
         """A flat, rounded dict (CSV / JSON row)."""
@@ -63,8 +85,13 @@ class Row:
         return {"experiment": self.experiment, "figure": self.figure, "ours": r(self.ours),
                 "expected_low": r(self.expected[0]) if self.expected else None,
                 "expected_high": r(self.expected[1]) if self.expected else None,
-                "sd": r(self.sd), "inside": self.inside, "paper": r(self.paper), "anchor": r(self.anchor),
+                "sd": r(self.sd), "inside": self.inside, "baseline": r(self.baseline),
+                "above_baseline": self.above_baseline, "paper": r(self.paper), "anchor": r(self.anchor),
                 "run": self.run, "key": self.key}
+
+
+def _finite(v: Optional[float]) -> bool:
+    return v is not None and math.isfinite(v)
 
 
 def expected_ranges(quick: bool, path: str = EXPECTED_RANGES) -> Dict[str, Tuple[float, float]]:
@@ -106,16 +133,22 @@ def table1_rows(result: Dict) -> List[Row]:
     return out
 
 
-def training_rows(name: str, prefix: str, result: Dict, accuracy: List[Tuple[str, str, str, float, Optional[float],
-                                                                 Optional[float], int]],
+def training_rows(name: str, prefix: str, result: Dict,
+                  accuracy: List[Tuple[str, str, str, float, Optional[float], Optional[float], int,
+                                       Union[str, float, None]]],
                   unit: str) -> List[Row]:
-    """Accuracy rows ``(key, figure, metric, scale, paper, anchor, digits)`` then the timing rows
-    (``<prefix>.epoch_s``, ``.per_s`` in ``unit``/s, ``.build_share``) of one training run's
-    result JSON."""
+    """Accuracy rows ``(key, figure, metric, scale, paper, anchor, digits, baseline)`` then the
+    timing rows (``<prefix>.epoch_s``, ``.per_s`` in ``unit``/s, ``.build_share``) of one training
+    run's result JSON; ``baseline``: the trivial baseline as a number (in the figure's unit) or
+    the result JSON's metric holding it (scaled like the figure; None when the JSON lacks it)."""
     run = result.get("mlflow_run")
-    out = [Row(key, name, figure, None if result.get(metric) is None else scale * result[metric], digits,
-               paper, anchor, run=run)
-           for key, figure, metric, scale, paper, anchor, digits in accuracy]
+
+    def scaled(metric: Optional[str], scale: float) -> Optional[float]:
+        return None if metric is None or result.get(metric) is None else scale * result[metric]
+
+    out = [Row(key, name, figure, scaled(metric, scale), digits, paper, anchor, run=run,
+               baseline=scaled(base, scale) if isinstance(base, str) else base)
+           for key, figure, metric, scale, paper, anchor, digits, base in accuracy]
     out.append(Row(f"{prefix}.epoch_s", name, "seconds per epoch (mean)", result.get("time/mean_epoch_s"), 1, run=run))
     out.append(Row(f"{prefix}.per_s", name, f"{unit} per second, training (mean)",
                    result.get("time/mean_records_per_s"), 0, run=run))
@@ -157,7 +190,7 @@ def summary_rows(table1: Optional[str] = None, sst: Optional[str] = None, tox21:
     if tox_r:
         rows += training_rows("App. B (Tox21 weave)", "tox21", tox_r, [
             ("tox21.test_auc", "mean test ROC-AUC (12 tasks)", "best/test/auc", 1.0, None,
-             MOLECULENET_TOX21["weave"], 3)], "molecules")
+             MOLECULENET_TOX21["weave"], 3, CHANCE_AUC)], "molecules")
     ranges = expected_ranges(quick, ranges_path)
     for r in rows:
         r.expected = ranges.get(r.key)
@@ -168,23 +201,28 @@ def sst_rows(result: Dict) -> List[Row]:
     """Table 2 rows from the result JSON of ``pipelines.sst.train`` (one run) or of
     ``pipelines.sweep --seeds N`` (``n_finished`` runs: ``best/test/*`` are means, ``sd/best/test/*``
     their standard deviations, ``ensemble/test/*`` the ensemble of the runs' best models): the
-    accuracy (mean and sd over the seeds), the ensemble beside the paper's, then the timings."""
+    accuracy (mean and sd over the seeds), the ensemble beside the paper's, then the timings.
+    Baselines: the majority-class accuracy of the evaluated test trees (``best/test/majority_fine``
+    / ``majority_binary``, a mean over the seeds' slices for a sweep; ``ensemble/test/majority_*``
+    for the ensemble)."""
     n = result.get("n_finished")
     over = f", mean (sd) over {n} seeds (paper: sd {{}} over 30)" if n else ""
     rows = training_rows("Table 2 (SST)", "sst", result, [
         ("sst.test_fine", "test fine-grained accuracy %" + over.format(PAPER_SST_SD["fine"]), "best/test/fine",
-         100.0, PAPER_SST["fine"], TAI_SST["fine"], 1),
+         100.0, PAPER_SST["fine"], TAI_SST["fine"], 1, "best/test/majority_fine"),
         ("sst.test_binary", "test binary accuracy %" + over.format(PAPER_SST_SD["binary"]), "best/test/binary",
-         100.0, PAPER_SST["binary"], TAI_SST["binary"], 1)], "trees")
+         100.0, PAPER_SST["binary"], TAI_SST["binary"], 1, "best/test/majority_binary")], "trees")
     for r, k in zip(rows, ("fine", "binary")):
         if result.get(f"sd/best/test/{k}") is not None:
             r.sd = 100.0 * result[f"sd/best/test/{k}"]
     for k, figure in (("fine", "test fine-grained accuracy %"), ("binary", "test binary accuracy %")):
         if result.get(f"ensemble/test/{k}") is not None:
+            base = result.get(f"ensemble/test/majority_{k}")
             rows.insert(2 + (k == "binary"), Row(f"sst.ensemble_{k}", "Table 2 (SST)",
                                                  f"{figure}, ensemble of {n} (paper: of 30)",
                                                  100.0 * result[f"ensemble/test/{k}"], 1, PAPER_SST_ENSEMBLE[k],
-                                                 run=result.get("mlflow_run")))
+                                                 run=result.get("mlflow_run"),
+                                                 baseline=None if base is None else 100.0 * base))
     return rows
 
 
@@ -197,45 +235,61 @@ def _ours(r: Row) -> str:
     return _fmt(r.ours, r.digits) + (f" ({_fmt(r.sd, r.digits)})" if r.sd is not None else "")
 
 
+def _verdict(rows: List[Row]) -> Tuple[List[str], List[str]]:
+    """``(figures outside their range, figures not above their baseline)``."""
+    return ([r.figure for r in rows if r.inside is False], [r.figure for r in rows if r.above_baseline is False])
+
+
 def markdown(rows: List[Row], quick: bool = False) -> str:
-    """The summary table in Markdown; figures outside their expected range are marked."""
+    """The summary table in Markdown, each accuracy beside its trivial baseline; figures outside
+    their expected range, or not above their baseline, are marked and listed under the table."""
     title = "foldengine reproduction" + (" (quick: slices and few epochs; a smoke run, its figures are not "
                                          "comparable with the paper's)" if quick else "")
-    md = [f"# {title}", "", "| experiment | figure | ours | expected | paper | anchor | run |",
-          "| --- | --- | ---: | --- | ---: | ---: | --- |"]
+    md = [f"# {title}", "", "| experiment | figure | ours | baseline | expected | paper | anchor | run |",
+          "| --- | --- | ---: | ---: | --- | ---: | ---: | --- |"]
     for r in rows:
         exp = f"{_fmt(r.expected[0], r.digits)} to {_fmt(r.expected[1], r.digits)}" if r.expected else ""
-        ours = _ours(r) + (" (outside)" if r.inside is False else "")
+        ours = _ours(r) + "".join(f" ({f})" for f in r.flags)
         run = ""
         if r.run:
             exp_id, run_id = r.run.split("/")
             run = f"[{run_id[:8]}]({run_url(UI_URL, exp_id, run_id)})"
-        md.append(f"| {r.experiment} | {r.figure} | **{ours}** | {exp} | {_fmt(r.paper, r.digits)} | "
-                  f"{_fmt(r.anchor, r.digits)} | {run} |")
-    outside = [r.figure for r in rows if r.inside is False]
+        md.append(f"| {r.experiment} | {r.figure} | **{ours}** | {_fmt(r.baseline, r.digits)} | {exp} | "
+                  f"{_fmt(r.paper, r.digits)} | {_fmt(r.anchor, r.digits)} | {run} |")
+    outside, not_above = _verdict(rows)
     md += ["", "Paper: Looks et al. 2017 (Table 1 CPU rows: vector 1024, 32 threads; Table 2: single model). "
                "Anchors: Tai et al. 2015 (SST); MoleculeNet weave, random split (Tox21). "
+               "Baseline: what a model that learned nothing scores on the evaluated data (SST: the majority "
+               "class of the evaluated test trees; Tox21: chance ROC-AUC). "
                f"Expected ranges: `conf/reproduce.yaml` ({'quick' if quick else 'full'}); timings for a 2-core CPU "
                "machine.",
-           f"Run links open the MLflow UI at {UI_URL} (`bash scripts/ui.sh`).",
-           "All figures inside their expected ranges." if not outside else
-           "OUTSIDE the expected range: " + "; ".join(outside) + "."]
+           f"Run links open the MLflow UI at {UI_URL} (`bash scripts/ui.sh`)."]
+    if not_above:
+        md.append("NOT ABOVE the trivial baseline (the model learned nothing measurable): "
+                  + "; ".join(not_above) + ".")
+    if outside:
+        md.append("OUTSIDE the expected range: " + "; ".join(outside) + ".")
+    if not (outside or not_above):
+        md.append("All figures inside their expected ranges and above their baselines.")
     return "\n".join(md) + "\n"
 
 
 def terminal_table(rows: List[Row], quick: bool = False) -> str:
-    """The summary for a terminal: aligned columns, no links; figures outside their range marked."""
-    head = ["experiment", "figure", "ours", "expected", "paper", "anchor"]
-    body = [[r.experiment, r.figure, _ours(r) + (" OUTSIDE" if r.inside is False else ""),
+    """The summary for a terminal: aligned columns, no links; figures outside their range, or not
+    above their baseline, marked and listed."""
+    head = ["experiment", "figure", "ours", "baseline", "expected", "paper", "anchor"]
+    body = [[r.experiment, r.figure, _ours(r) + "".join(f" {f.upper()}" for f in r.flags),
+             _fmt(r.baseline, r.digits),
              f"{_fmt(r.expected[0], r.digits)}-{_fmt(r.expected[1], r.digits)}" if r.expected else "",
              _fmt(r.paper, r.digits), _fmt(r.anchor, r.digits)] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     line = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
-    outside = [r.figure for r in rows if r.inside is False]
+    outside, not_above = _verdict(rows)
+    verdict = ((["NOT ABOVE the trivial baseline: " + "; ".join(not_above)] if not_above else [])
+               + (["OUTSIDE the expected range: " + "; ".join(outside)] if outside else [])
+               or ["all figures inside their expected ranges (conf/reproduce.yaml) and above their baselines"])
     return "\n".join([("QUICK smoke run (not comparable with the paper): " if quick else "") + "summary",
-                      line(head)] + [line(b) for b in body] +
-                     ["all figures inside their expected ranges (conf/reproduce.yaml)" if not outside else
-                      "OUTSIDE the expected range: " + "; ".join(outside)])
+                      line(head)] + [line(b) for b in body] + verdict)
 
 
 def run(table1: Optional[str] = None, sst: Optional[str] = None, tox21: Optional[str] = None,
@@ -263,7 +317,8 @@ def run(table1: Optional[str] = None, sst: Optional[str] = None, tox21: Optional
         exp = mlf.set_experiment("reproduce")
         mlf.set_experiment_tag("mlflow.experimentKind", "custom_model_development")
         keys = [r.key for r in rows if r.ours is not None and math.isfinite(r.ours)]
-        save_view(exp.experiment_id, keys + ["figures_outside_expected"], keys + ["figures_outside_expected"])
+        verdicts = ["figures_outside_expected", "figures_not_above_baseline"]
+        save_view(exp.experiment_id, keys + verdicts, keys + verdicts)
         links = {f"{r.key.split('.')[0]}_run": r.run.split("/")[1] for r in rows if r.run}
         with mlf.start_run(run_name="reproduce-quick" if quick else "reproduce") as mrun:
             mlf.set_tags({**links, "quick": str(quick),
@@ -271,6 +326,7 @@ def run(table1: Optional[str] = None, sst: Optional[str] = None, tox21: Optional
             # the figures as the summary table shows them: 4 significant digits
             mlf.log_metrics({r.key: float(f"{r.ours:.4g}") for r in rows if r.ours is not None and math.isfinite(r.ours)})
             mlf.log_metric("figures_outside_expected", float(sum(r.inside is False for r in rows)))
+            mlf.log_metric("figures_not_above_baseline", float(sum(r.above_baseline is False for r in rows)))
             mlf.log_table(frame, artifact_file="summary_table.json")
             mlf.log_artifact(out)
             mlf.log_artifact(base + ".csv")

@@ -5,7 +5,10 @@ bad records left out) and ``rec`` (the pickled record), and the splits an experi
 * :class:`SplitSource`: one split (``dataset``, ``n``); :class:`StreamSplits`: all of them, with
   the skip report (:class:`pipelines.data.skips.SkipReport`), the experiment's context and params.
 * :func:`with_positions`: :class:`pipelines.data.sources.ParsedData` (a file parsed in Ray Data
-  tasks) -> :class:`SplitSource`, ``pos`` = rank among the file's good records.
+  tasks) -> :class:`SplitSource`, ``pos`` = rank among the file's good records (among those of a
+  seeded random sample of them, :func:`sample_positions`, when limited).
+* :func:`sample_positions`: which of ``n`` records a seeded sample of ``limit`` keeps;
+  :func:`positions_in`: the rank of records (by file index) among the kept ones.
 * :func:`splits_from_records`: records held in memory -> :class:`StreamSplits` through the same
   path (small data, tests).
 * :func:`block_starts`: the first position of every block (blocks hold consecutive runs).
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import zlib
 from typing import Any, Mapping, Optional, Union
 
 import numpy as np
@@ -21,7 +25,8 @@ import numpy as np
 from .cache import cached
 from .skips import SkipReport
 
-__all__ = ["SplitSource", "StreamSplits", "with_positions", "splits_from_records", "block_starts"]
+__all__ = ["SplitSource", "StreamSplits", "with_positions", "sample_positions", "positions_in", "splits_from_records",
+           "block_starts"]
 
 
 @dataclasses.dataclass
@@ -53,27 +58,54 @@ class StreamSplits:
                             f"{type(self.skipped).__name__}")
 
 
-def _positions_block(table, good_ref, limit):
+def sample_positions(n: int, limit: Optional[int], seed: int, stream: str = "") -> np.ndarray:
+    """The positions (int64, ascending) of a seeded random sample of ``limit`` of ``n`` records: the
+    first ``limit`` of ``np.random.default_rng([seed, zlib.crc32(stream.encode())]).permutation(n)``,
+    sorted; all of ``0..n-1`` when ``limit`` is None, 0 or at least ``n``.
+
+    A pure function of its arguments (``seed`` >= 0: a run's ``seed`` config key); ``stream``
+    names what is sampled (e.g. the split) so that the samples of one run are drawn
+    independently.  For one ``(seed, stream, n)`` a larger ``limit`` keeps every record a smaller
+    one keeps."""
+    if not limit or limit >= n:
+        return np.arange(n, dtype=np.int64)
+    rng = np.random.default_rng([int(seed), zlib.crc32(stream.encode("utf-8"))])
+    return np.sort(rng.permutation(n)[:int(limit)]).astype(np.int64)
+
+
+def positions_in(selected: np.ndarray, idx) -> tuple[np.ndarray, np.ndarray]:
+    """``(pos, keep)`` for records of file indices ``idx``: ``keep[i]`` iff ``idx[i]`` is one of
+    ``selected`` (ascending file indices of the kept records), ``pos[i]`` its rank there (where
+    ``keep``; any value elsewhere)."""
+    idx = np.asarray(idx, np.int64)
+    pos = np.searchsorted(selected, idx)
+    keep = pos < len(selected)
+    keep[keep] = selected[pos[keep]] == idx[keep]
+    return pos, keep
+
+
+def _positions_block(table, selected_ref):
     import pyarrow as pa
     import ray
 
-    good = cached(("good_idx", good_ref[0].hex()), lambda: ray.get(good_ref[0]))
-    pos = np.searchsorted(good, np.asarray(table.column("idx")))
-    keep = pos < limit
+    selected = cached(("selected_idx", selected_ref[0].hex()), lambda: ray.get(selected_ref[0]))
+    pos, keep = positions_in(selected, table.column("idx"))
     return pa.table({"pos": pa.array(pos[keep], pa.int64()),
                      "rec": table.column("rec").filter(pa.array(keep))})
 
 
-def with_positions(data, limit: Optional[int] = None) -> SplitSource:
-    """A :class:`SplitSource` from :class:`pipelines.data.sources.ParsedData`: ``pos`` = rank of the
-    record among the file's good records; the first ``limit`` only when given."""
+def with_positions(data, limit: Optional[int] = None, seed: int = 0, stream: str = "") -> SplitSource:
+    """A :class:`SplitSource` from :class:`pipelines.data.sources.ParsedData`: all the file's good
+    records, or (``limit``) a seeded random sample of ``limit`` of them
+    (:func:`sample_positions` ``(n_good, limit, seed, stream)``), never the file's head;
+    ``pos`` = the record's rank among the kept records, in file order (0..n-1)."""
     import ray
 
-    n = len(data.good_idx) if not limit else min(limit, len(data.good_idx))
-    ref = [ray.put(data.good_idx)]
+    selected = np.asarray(data.good_idx, np.int64)[sample_positions(len(data.good_idx), limit, seed, stream)]
+    ref = [ray.put(selected)]
     ds = data.dataset.map_batches(_positions_block, batch_format="pyarrow", batch_size=None,
-                                  fn_kwargs={"good_ref": ref, "limit": n})
-    return SplitSource(ds, n)
+                                  fn_kwargs={"selected_ref": ref})
+    return SplitSource(ds, len(selected))
 
 
 def splits_from_records(records: dict, skipped: Union[SkipReport, Mapping, None] = None, context: Any = None,

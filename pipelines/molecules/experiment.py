@@ -81,7 +81,9 @@ SCHEMA: dict[str, Field] = {
     "molecules.split": F(str, "random", choices=("random", "scaffold")),
     "molecules.split_seed": F(int, 0, min=0, doc="seed of the random split"),
     "molecules.fractions": F(list, [0.8, 0.1, 0.1], doc="train/valid/test fractions"),
-    "molecules.limit": F(int, None, min=3, nullable=True, doc="use the first N molecules (tests)"),
+    "molecules.limit": F(int, None, min=3, nullable=True,
+                         doc="a seeded random sample of N molecules of the file, not its head (the run's seed "
+                             "picks them; before the split; tests, smoke runs)"),
     "molecules.max_atoms": F(int, 150, min=1, doc="molecules with more (heavy) atoms are skipped, counted as "
                                                   "skipped/all/over_max_atoms and each named in the run's "
                                                   "data/skipped.csv (the first ones in the log): a weave layer's "
@@ -122,24 +124,25 @@ def featurize_cached(smiles: str):
     return g
 
 
-def _check_block(table, good_ref, limit, scaffold, max_atoms):
-    """Ray Data task: parsed CSV rows -> ``rank`` (among the good CSV rows), ``ok`` (RDKit parses
+def _check_block(table, selected_ref, scaffold, max_atoms):
+    """Ray Data task: parsed CSV rows -> ``rank`` (among the selected good CSV rows: ``selected_ref``
+    holds their ascending file indices), ``ok`` (RDKit parses
     the SMILES and the molecule has at most ``max_atoms`` atoms), ``atoms`` (its atom count, 0
     when unparsable), ``scaffold`` (its Murcko scaffold, with ``scaffold``), ``rec`` and
-    ``reason`` (only where not ``ok``: which record and why it is skipped); rows of rank >=
-    ``limit`` left out."""
+    ``reason`` (only where not ``ok``: which record and why it is skipped); rows not selected
+    left out."""
     import pyarrow as pa
 
     import ray
 
     from pipelines.data.cache import cached
+    from pipelines.data.splits import positions_in
 
     from .featurize import SmilesError, parse_smiles
     from .splits import murcko_scaffold
 
-    good = cached(("good_idx", good_ref[0].hex()), lambda: ray.get(good_ref[0]))
-    rank = np.searchsorted(good, np.asarray(table.column("idx")))
-    keep = rank < limit
+    selected = cached(("selected_idx", selected_ref[0].hex()), lambda: ray.get(selected_ref[0]))
+    rank, keep = positions_in(selected, table.column("idx"))
     table = table.filter(pa.array(keep))
     ok, keys, atoms, reasons = [], [], [], []
     for blob in table.column("rec").to_pylist():
@@ -163,19 +166,20 @@ def _check_block(table, good_ref, limit, scaffold, max_atoms):
                      "reason": pa.array(reasons, pa.string())})
 
 
-def _split_block(table, good_ref, assign_ref, split):
+def _split_block(table, selected_ref, assign_ref, split):
     """Ray Data task: parsed CSV rows -> this split's rows ``pos`` / ``rec`` (a pickled
-    :class:`MolRecord` with ``id`` = ``pos``)."""
+    :class:`MolRecord` with ``id`` = ``pos``); ``assign_ref``: split and position by rank among
+    the selected rows (``selected_ref``, as :func:`_check_block`)."""
     import pyarrow as pa
 
     import ray
 
     from pipelines.data.cache import cached
+    from pipelines.data.splits import positions_in
 
-    good = cached(("good_idx", good_ref[0].hex()), lambda: ray.get(good_ref[0]))
+    selected = cached(("selected_idx", selected_ref[0].hex()), lambda: ray.get(selected_ref[0]))
     split_of, pos_of = cached(("assign", assign_ref[0].hex()), lambda: ray.get(assign_ref[0]))
-    rank = np.searchsorted(good, np.asarray(table.column("idx")))
-    inside = rank < len(split_of)
+    rank, inside = positions_in(selected, table.column("idx"))
     mine = np.zeros(len(rank), bool)
     mine[inside] = split_of[rank[inside]] == split
     pos = pos_of[rank[mine]]
@@ -260,14 +264,18 @@ class MoleculeExperiment(Experiment):
 
     def read_splits(self, config: dict):
         """The splits: the CSV read and parsed in
-        Ray Data tasks (:func:`pipelines.molecules.reading.read_molecule_csv_ds`), each SMILES checked
+        Ray Data tasks (:func:`pipelines.molecules.reading.read_molecule_csv_ds`); with
+        ``molecules.limit`` a seeded random sample of that many of its good rows
+        (:func:`pipelines.data.splits.sample_positions` ``(n, limit, seed, "molecules")``, ``seed``
+        the config's), taken before the split and kept in file order; each (sampled) SMILES checked
         with RDKit (and, for a scaffold split, its scaffold computed) in Ray Data tasks, the
         splits' :class:`MolRecord` s made there and kept as Ray Data blocks, the regression
         target statistics by a Ray Data aggregation (:func:`pipelines.molecules.reading.label_stats`).
         The driver holds per-record arrays of a few bytes (which rows are kept, which split and
         position each goes to; the scaffold keys for a scaffold split), never the records.
         Records are :class:`MolRecord` ``(id, smiles, labels)`` with ``id`` = the position in the
-        split; the skip report (``all/bad_rows``, ``all/unparsable_smiles``, ``all/over_max_atoms``,
+        split; the skip report (``all/bad_rows`` over the whole file; ``all/unparsable_smiles``,
+        ``all/over_max_atoms`` over the molecules checked;
         ``<split>/unlabeled_tasks``: each record named ``file:line`` with its id and reason, up to
         ``data.skip_report_max`` per key); without ``data.skip_bad`` the first bad row raises
         (``file:line``); params ``data.csv.*``.  The
@@ -278,7 +286,7 @@ class MoleculeExperiment(Experiment):
 
         from .reading import read_molecule_csv_ds
         from pipelines.data.skips import DEFAULT_MAX_NAMED, SkippedRecord, SkipReport
-        from pipelines.data.splits import SplitSource, StreamSplits
+        from pipelines.data.splits import SplitSource, StreamSplits, sample_positions
 
         from . import data as D
         from .featurize import parse_smiles
@@ -317,8 +325,9 @@ class MoleculeExperiment(Experiment):
         skipped.count("all/bad_rows", int(s.n_bad), s.skipped("all/bad_rows"))
         if s.n_bad:
             log.warning("%s: skipped %s", path, skipped.summary("all/bad_rows"))
-        n_rows = len(data.good_idx) if not mc["limit"] else min(mc["limit"], len(data.good_idx))
-        good_ref = [ray.put(data.good_idx)]
+        selected = data.good_idx[sample_positions(len(data.good_idx), mc["limit"], int(config["seed"]), "molecules")]
+        n_rows = len(selected)
+        selected_ref = [ray.put(selected)]
         scaffold = mc["split"] == "scaffold"
         # RDKit check (and scaffold keys) in Ray Data tasks; the driver gets 1 byte per row
         ok = np.zeros(n_rows, bool)
@@ -327,7 +336,7 @@ class MoleculeExperiment(Experiment):
         max_atoms = int(mc["max_atoms"])
         skipped.count("all/unparsable_smiles")
         checked = data.dataset.map_batches(_check_block, batch_format="pyarrow", batch_size=None,
-                                           fn_kwargs=dict(good_ref=good_ref, limit=n_rows, scaffold=scaffold,
+                                           fn_kwargs=dict(selected_ref=selected_ref, scaffold=scaffold,
                                                           max_atoms=max_atoms))
         for b in checked.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0):
             rank = np.asarray(b.column("rank"))
@@ -372,7 +381,7 @@ class MoleculeExperiment(Experiment):
         sources = {}
         for si, name in enumerate(("train", "dev", "test")):
             ds = data.dataset.map_batches(_split_block, batch_format="pyarrow", batch_size=None,
-                                          fn_kwargs=dict(good_ref=good_ref, assign_ref=assign_ref, split=si))
+                                          fn_kwargs=dict(selected_ref=selected_ref, assign_ref=assign_ref, split=si))
             sources[name] = SplitSource(ds, len(parts[si]))
         scaling = TargetScaling()
         train_stats = self._check_labels(sources, path, skipped, params)

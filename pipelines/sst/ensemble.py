@@ -9,6 +9,9 @@ is scored like one model's softmax output (fine-grained = argmax, binary = p(3)+
 p(0)+p(1) on non-neutral nodes), on the root nodes for the paper's metrics.  Members must agree
 on what defines the data and vocabulary (``sst.vocab_splits``, ``sst.embeddings``, ``sst.limit_*``,
 ``data.skip_bad``); the data directory comes from ``FOLD_DATA_DIR`` (or each run's ``sst.data_dir``).
+With ``sst.limit_<split>`` set the evaluated trees are the sample the first member's ``seed`` picks
+(:meth:`SSTExperiment.read_splits`); members of other seeds trained on other samples of the
+training trees.
 The split is read, parsed and evaluated in Ray Data tasks (:func:`evaluate_ensemble_streaming`:
 count sums per block reach the driver, not the trees; Ray is started locally or reached at
 ``ray.address`` / ``RAY_ADDRESS``).
@@ -34,7 +37,8 @@ from pipelines.sst.model import count_stats, node_outputs, summarize_counts
 __all__ = ["load_member", "evaluate_ensemble_streaming", "main"]
 
 #: Config keys that decide the trees, the vocabulary and the embedding size: every member must agree
-#: on them (seeds may differ: the logged state holds the trained embedding rows).
+#: on them (seeds may differ: the logged state holds the trained embedding rows, and the vocabulary
+#: is counted over the whole files, whatever sample of them ``sst.limit_*`` keeps).
 DATA_KEYS = ("sst.vocab_splits", "sst.embeddings", "sst.limit_train", "sst.limit_dev", "sst.limit_test",
              "data.skip_bad")
 

@@ -12,8 +12,10 @@ for :func:`pipelines.train.run` (paper Table 2).
 
 Metrics (``summarize``): ``fine`` / ``binary`` root accuracy (Table 2's columns; binary on
 non-neutral roots, positive iff p(3)+p(4) > p(0)+p(1)), ``all_fine`` / ``all_binary`` over every
-node, ``root_loss``, ``node_loss``, ``loss`` (per tree).  Model selection: dev ``fine``; one model
-gives both columns (Tai et al. trained a separate binary model).
+node, ``root_loss``, ``node_loss``, ``loss`` (per tree), and the trivial baselines of the evaluated
+trees, ``majority_fine`` / ``majority_binary`` (the majority class's share of the roots; the
+reproduction summary shows them beside ``fine`` / ``binary``).  Model selection: dev ``fine``; one
+model gives both columns (Tai et al. trained a separate binary model).
 """
 from __future__ import annotations
 
@@ -79,9 +81,13 @@ SCHEMA: dict[str, Field] = {
                    doc="cell and classifier init: nn.Linear default or Glorot uniform, zero bias (TF)"),
     "sst.max_nodes": F_(int, 1023, min=1, doc="prediction refuses a tree of more nodes (a row error; the largest "
                                               "SST tree has 111)"),
-    "sst.limit_train": F_(int, None, min=1, nullable=True, doc="first N train trees (tests, smoke runs)"),
-    "sst.limit_dev": F_(int, None, min=1, nullable=True),
-    "sst.limit_test": F_(int, None, min=1, nullable=True),
+    "sst.limit_train": F_(int, None, min=1, nullable=True,
+                          doc="a seeded random sample of N trees, not the file's head (the run's seed picks "
+                              "them; tests, smoke runs)"),
+    "sst.limit_dev": F_(int, None, min=1, nullable=True,
+                        doc="a seeded random sample of N dev trees, not the file's head (the run's seed)"),
+    "sst.limit_test": F_(int, None, min=1, nullable=True,
+                         doc="a seeded random sample of N test trees, not the file's head (the run's seed)"),
 }
 del F_
 
@@ -127,12 +133,15 @@ class SSTExperiment(Experiment):
     def read_splits(self, config: dict):
         """The SST splits (``sst.<split>_file``; null: the canonical release, "": none) read and
         parsed in Ray Data tasks (:func:`pipelines.sst.reading.read_sst_file`; trees as Ray Data
-        blocks, never on the driver), the first ``sst.limit_<split>`` of each; the vocabulary
-        (``sst.vocab_splits``) counted in the parse tasks
+        blocks, never on the driver); with ``sst.limit_<split>`` a seeded random sample of that many
+        of the split's good trees (:func:`pipelines.data.splits.sample_positions` ``(n, limit,
+        seed, split)``, ``seed`` the config's), kept in file order; the vocabulary
+        (``sst.vocab_splits``, of the whole files) counted in the parse tasks
         (:func:`pipelines.sst.reading.vocab_from_counts`), the embeddings, the skip report
         (``<split>/malformed``, each line named ``file:line`` with its reason) and params
         (``data.<split>.file`` / ``.sha256`` / ``.canonical``).
-        The same trees, in file order, as :func:`pipelines.sst.data.load_split_source`."""
+        The same trees, in file order, as :func:`pipelines.sst.data.load_split_source` (sampled the
+        same way when limited); the malformed lines are counted over the whole file."""
         import os
 
         import ray
@@ -180,7 +189,9 @@ class SSTExperiment(Experiment):
         matrix, stats = _load_embeddings(config, vocab)
         context = SSTContext(vocab=vocab, emb_dim=int(matrix.shape[1]), embeddings=ray.put(matrix),
                              embedding_stats=stats)
-        sources = {split: with_positions(data, sc[f"limit_{split}"]) for split, data in parsed.items()}
+        seed = int(config["seed"])
+        sources = {split: with_positions(data, sc[f"limit_{split}"], seed=seed, stream=split)
+                   for split, data in parsed.items()}
         return StreamSplits(sources, skipped, context, params)
 
     # ------------------------------------------------------------------ model / batches

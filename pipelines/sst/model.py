@@ -189,6 +189,8 @@ def count_stats(logits: torch.Tensor, labels: torch.Tensor, is_root: torch.Tenso
 
     Fine-grained: argmax over the 5 classes.  Binary (TF Fold's sentiment example): only nodes
     whose gold label is not neutral (2); predicted positive iff p(3) + p(4) > p(0) + p(1).
+    The roots' gold labels are counted too (``root_label<c>`` for each class ``c`` 0..4,
+    ``root_bin_pos``: non-neutral roots labelled positive), for the majority-class baselines.
     """
     with torch.no_grad():
         logits = logits.detach()
@@ -207,22 +209,35 @@ def count_stats(logits: torch.Tensor, labels: torch.Tensor, is_root: torch.Tenso
             out[f"{prefix}_bin_count"] = float(b.sum())
             out[f"{prefix}_bin_correct"] = float((bin_hit & b).sum())
             out[f"{prefix}_loss_sum"] = float(node_loss[sel].sum())
+        root_labels = labels[is_root]
+        for c in range(NUM_CLASSES):
+            out[f"root_label{c}"] = float((root_labels == c).sum())
+        out["root_bin_pos"] = float((root_labels > 2).sum())
     return out
 
 
 def summarize_counts(sums: Mapping[str, float]) -> dict:
     """Totals of :func:`count_stats` -> ``fine``, ``binary`` (root accuracies, the paper's
     Table 2 metrics), ``all_fine``, ``all_binary`` (every node), ``root_loss`` (per root),
-    ``loss`` (all-node loss per tree, the training objective)."""
-    def ratio(a, b):
+    ``loss`` (all-node loss per tree, the training objective), and the trivial baselines of the
+    evaluated trees: ``majority_fine`` (the share of the roots' most frequent label: the
+    fine-grained accuracy of always predicting it) and ``majority_binary`` (the same among the
+    non-neutral roots, positive or negative)."""
+    def share(x, b):
         d = sums.get(b, 0.0)
-        return sums.get(a, 0.0) / d if d else float("nan")
+        return x / d if d else float("nan")
 
+    def ratio(a, b):
+        return share(sums.get(a, 0.0), b)
+
+    pos = sums.get("root_bin_pos", 0.0)
     return {"fine": ratio("root_correct", "root_count"),
             "binary": ratio("root_bin_correct", "root_bin_count"),
             "all_fine": ratio("all_correct", "all_count"),
             "all_binary": ratio("all_bin_correct", "all_bin_count"),
             "root_loss": ratio("root_loss_sum", "root_count"),
             "node_loss": ratio("all_loss_sum", "all_count"),
-            "loss": ratio("all_loss_sum", "root_count")}
+            "loss": ratio("all_loss_sum", "root_count"),
+            "majority_fine": share(max(sums.get(f"root_label{c}", 0.0) for c in range(NUM_CLASSES)), "root_count"),
+            "majority_binary": share(max(pos, sums.get("root_bin_count", 0.0) - pos), "root_bin_count")}
 

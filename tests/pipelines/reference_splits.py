@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from pipelines.data.splits import sample_positions
 from pipelines.molecules.experiment import MolRecord, TargetScaling
 
 
@@ -52,10 +53,9 @@ def sst_splits(config: dict) -> Loaded:
             emb = ray.put(matrix)  # shipped once to the train workers
     except ImportError:  # pragma: no cover
         pass
-    for split in list(trees):
-        limit = sc[f"limit_{split}"]
-        if limit:
-            trees[split] = trees[split][:limit]
+    for split in list(trees):   # limited: a seeded sample of the good trees, in file order
+        keep = sample_positions(len(trees[split]), sc[f"limit_{split}"], int(config["seed"]), split)
+        trees[split] = [trees[split][int(i)] for i in keep]
     context = SSTContext(vocab=vocab, emb_dim=int(matrix.shape[1]), embeddings=emb,
                          embedding_stats=stats)
     return Loaded(trees, skipped, context, params)
@@ -90,8 +90,7 @@ def molecule_splits(exp, config: dict) -> Loaded:
     skip_bad = config["data"]["skip_bad"]
     rows, report, params = _read_rows(exp, config, skip_bad)
     skipped = {"all/bad_rows": len(report.skipped)}
-    if mc["limit"]:
-        rows = rows[:mc["limit"]]
+    rows = [rows[int(i)] for i in sample_positions(len(rows), mc["limit"], int(config["seed"]), "molecules")]
     kept, bad = [], 0
     for r in rows:
         try:

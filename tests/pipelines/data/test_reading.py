@@ -281,9 +281,9 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
         ctx.target_max_block_size = block_bytes
     try:
         sources = {"train": with_positions(SR.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=30_000,
-                                                           rows_per_block=40), 113),
+                                                           rows_per_block=40), 113, seed, "train"),
                    "dev": with_positions(SR.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=50_000,
-                                                         rows_per_block=30), 47)}
+                                                         rows_per_block=30), 47, seed, "dev")}
         new = declare_feed(exp, cfg, StreamSplits(sources, {}, legacy.context), world)
         plan = new.feed.plan
         parts = {name: [Step.from_row(row) for row in new.datasets[name].take_all()] for name in plan.datasets}

@@ -168,9 +168,24 @@ def test_metric_counting_on_hand_made_tree():
     assert m["all_fine"] == pytest.approx(2 / 6) and m["all_binary"] == pytest.approx(3 / 5)
     assert m["loss"] == pytest.approx(float(node_loss.sum()) / 2)  # per tree
     assert m["node_loss"] == pytest.approx(float(node_loss.sum()) / 6)
+    # the roots' labels (3 and 0): the majority-class baselines
+    assert [s[f"root_label{c}"] for c in range(5)] == [1, 0, 0, 1, 0] and s["root_bin_pos"] == 1
+    assert m["majority_fine"] == 0.5 and m["majority_binary"] == 0.5
     # sums over batches add up
     both = {k: s[k] * 2 for k in s}
     assert summarize_counts(both) == pytest.approx(m)
+
+
+def test_majority_baselines_are_the_most_frequent_root_labels_share():
+    """``majority_fine``: the share of the most frequent root label; ``majority_binary``: the larger
+    of positive / negative among the non-neutral roots (what always predicting it scores)."""
+    labels = torch.tensor([4, 4, 3, 2, 1, 0, 2, 2])   # five roots, then inner nodes (not counted)
+    is_root = torch.tensor([True] * 5 + [False] * 3)
+    m = summarize_counts(count_stats(torch.zeros(8, 5), labels, is_root))
+    assert m["majority_fine"] == pytest.approx(2 / 5) and m["majority_binary"] == pytest.approx(3 / 4)
+    negative = summarize_counts(count_stats(torch.zeros(3, 5), torch.tensor([0, 1, 4]),
+                                            torch.ones(3, dtype=torch.bool)))
+    assert negative["majority_binary"] == pytest.approx(2 / 3) and negative["majority_fine"] == pytest.approx(1 / 3)
 
 
 def test_param_groups_scale_embedding_lr_and_exclude_it_from_weight_decay():

@@ -7,11 +7,13 @@ import glob
 import os
 import time
 
+import numpy as np
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
 from pipelines.config import load_config, merged_schema
+from pipelines.data.splits import sample_positions
 from pipelines.train import STATE_FILE, run
 from pipelines.sst.experiment import SCHEMA, SSTExperiment
 from pipelines.sst.train import after_run
@@ -49,7 +51,7 @@ def baseline(ray_cluster, data_dir, tmp_path_factory):
 
 
 @pytest.mark.timeout(400)
-def test_mlflow_run_is_complete_and_loss_goes_down(baseline):
+def test_mlflow_run_is_complete_and_loss_goes_down(baseline, data_dir):
     res, extra, tmp = baseline
     uri = f"sqlite:///{tmp}/mlflow.db"
     r = finished_run(uri, "sst-test", res.run_id)
@@ -63,12 +65,19 @@ def test_mlflow_run_is_complete_and_loss_goes_down(baseline):
     assert m["embeddings/coverage"] > 0.9 and m["time/trees_per_s"] > 0
     client = MlflowClient(uri)
     for key in ("train/objective", "dev/fine", "dev/binary", "test/fine", "test/binary", "dev/all_fine",
-                "dev/root_loss", "time/records_per_s"):
+                "dev/root_loss", "test/majority_fine", "test/majority_binary", "time/records_per_s"):
         steps = sorted(x.step for x in client.get_metric_history(res.run_id, key))
         assert steps == list(range(1, EPOCHS + 1)), key
     for split in ("dev", "test"):
-        for k in ("fine", "binary", "all_fine", "all_binary"):
+        for k in ("fine", "binary", "all_fine", "all_binary", "majority_fine", "majority_binary"):
             assert 0.0 <= m[f"best/{split}/{k}"] <= 1.0
+    # the majority-class baselines of the evaluated test trees (the seeded sample), in the result
+    every = (data_dir / "sst" / "test.txt").read_text(encoding="utf-8").splitlines()
+    seed = int(_config(tmp)["seed"])
+    gold = np.array([int(every[int(i)][1]) for i in sample_positions(len(every), 50, seed, "test")])
+    pos, polar = int((gold > 2).sum()), int((gold != 2).sum())
+    assert res.metrics["best/test/majority_fine"] == pytest.approx(np.bincount(gold).max() / 50)
+    assert res.metrics["best/test/majority_binary"] == pytest.approx(max(pos, polar - pos) / polar)
     h = res.history
     assert h[-1]["train/objective"] < h[0]["train/objective"]
     assert all(x["params/consistent"] == 1.0 for x in h)
@@ -84,8 +93,9 @@ def test_mlflow_run_is_complete_and_loss_goes_down(baseline):
 
 @pytest.mark.timeout(300)
 def test_logged_model_predicts_the_test_split_as_evaluated(baseline, data_dir):
-    """``runs:/<id>/model`` (pyfunc) predicts the raw test lines; its root accuracy is the run's
-    best test accuracy exactly (the same best model, in eval mode)."""
+    """``runs:/<id>/model`` (pyfunc) predicts the raw test lines the run evaluated (``sst.limit_test``:
+    the seeded sample of the split); its root accuracy is the run's best test accuracy exactly (the
+    same best model, in eval mode)."""
     import mlflow
     import pandas as pd
 
@@ -94,8 +104,8 @@ def test_logged_model_predicts_the_test_split_as_evaluated(baseline, data_dir):
     res, _, tmp = baseline
     mlflow.set_tracking_uri(f"sqlite:///{tmp}/mlflow.db")
     model = mlflow.pyfunc.load_model(f"runs:/{res.run_id}/model")
-    with open(data_dir / "sst" / "test.txt", encoding="utf-8") as f:
-        lines = [line.rstrip("\n") for _, line in zip(range(50), f)]
+    every = (data_dir / "sst" / "test.txt").read_text(encoding="utf-8").splitlines()
+    lines = [every[int(i)] for i in sample_positions(len(every), 50, int(_config(tmp)["seed"]), "test")]
     out = model.predict(pd.DataFrame({"tree": lines}), params={"chunk_size": 16})
     assert out["error"].isna().all() and len(out) == 50
     gold = [parse_line(x)[0] for x in lines]
