@@ -310,7 +310,7 @@ RAY_HOST_NOW="$(cat "$FOLD_CLUSTER_DIR/ray_host" 2>/dev/null || echo 127.0.0.1)"
 if [ "$RAY_HOST_NOW" = 127.0.0.1 ]; then
   LISTENS="127.0.0.1 only (every Ray and MLflow port)"
 else
-  LISTENS="$RAY_HOST_NOW and all interfaces (Ray's RPC and metrics ports; see README, Network exposure)"
+  LISTENS="$RAY_HOST_NOW and all interfaces (Ray's RPC and metrics ports; see docs/cluster.md, Network exposure)"
 fi
 cat <<EOF
 Cluster is up (state: $FOLD_CLUSTER_DIR, logs: $FOLD_CLUSTER_DIR/logs)
