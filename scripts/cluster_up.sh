@@ -9,7 +9,7 @@
 #
 # Network: by default (--host 127.0.0.1) every port the Ray head and MLflow open listens on
 # 127.0.0.1 only. --host ADDRESS (or FOLD_RAY_HOST) with a non-loopback address, for worker nodes
-# on other machines, makes Ray's ports listen off loopback (see README, "Network exposure"); the
+# on other machines, makes Ray's ports listen off loopback (see docs/cluster.md, "Network exposure"); the
 # dashboard / job API and MLflow stay on 127.0.0.1.
 # Auth: Ray 2.60 can require a token on its dashboard/job API and its RPC services. Default:
 # disabled on loopback (a single-user machine), token for a non-loopback --host. With
