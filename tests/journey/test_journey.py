@@ -22,7 +22,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,9 @@ import urllib.request
 
 import pandas as pd
 import pytest
+
+from tests.pipelines.mlflow_server import unused_port as _free_port
+from tests.pipelines.mlflow_server import wait_for_ping
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -39,12 +41,6 @@ BAD_SMILES = "C1CC(not a smiles"
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
 pytestmark = [pytest.mark.integration, pytest.mark.journey, pytest.mark.timeout(2400)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def readme_section(title: str) -> str:
@@ -147,6 +143,7 @@ def test_batch_inference_with_the_sst_model_on_a_text_file(journey, data_dir):
     (home / "trees" / "test.txt").write_text("\n".join(lines[:20] + [BAD_TREE] + lines[20:]) + "\n")
     cmd = _command("Using a trained model", "--input 'trees/*.txt'").replace("<run_id>",
                                                                              _model(journey, "SST").split("/")[1])
+    shutil.rmtree(home / "preds-sst", ignore_errors=True)      # a reused journey dir: a new output
     res = _sh(journey, cmd.replace("preds/", "preds-sst/"))
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     rows = _rows(home / "preds-sst").sort_values("line").reset_index(drop=True)
@@ -164,6 +161,7 @@ def test_batch_inference_with_the_tox21_model_on_a_csv(journey, data_dir):
         frame.to_csv(f, index=False)
     cmd = _command("Using a trained model", "--input molecules.csv.gz").replace(
         "<run_id>", _model(journey, "Tox21").split("/")[1])
+    shutil.rmtree(home / "preds-tox21", ignore_errors=True)
     res = _sh(journey, cmd.replace("preds/", "preds-tox21/"))
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     rows = _rows(home / "preds-tox21").sort_values("line").reset_index(drop=True)
@@ -199,17 +197,7 @@ def test_the_served_sst_model_answers_strict_json(journey):
     proc = subprocess.Popen(["bash", "-c", cmd], cwd=journey["home"], env=journey["env"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, proc.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "the served model did not answer /ping within 240 s"
-            time.sleep(1)
+        wait_for_ping(f"http://127.0.0.1:{port}", proc)
         good = "(3 (2 a) (3 (3 good) (2 movie)))"
         body = json.dumps({"dataframe_records": [{"tree": good}, {"tree": BAD_TREE}]}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
@@ -257,6 +245,16 @@ def _page_text(url: str, screenshot: pathlib.Path) -> str:
     return re.sub(r"<[^>]+>", " ", res.stdout)
 
 
+def _browser_stalls(chromium: str) -> bool:
+    """True when headless Chromium cannot render a static page within 60 s either."""
+    try:
+        res = subprocess.run([chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                              "data:text/html,<p>rendered</p>"], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return True
+    return "rendered" not in res.stdout
+
+
 def _chromium(args: list, attempts: int = 3, timeout_s: int = 180) -> subprocess.CompletedProcess:
     """Headless Chromium, again when it stalls (on a loaded machine its virtual clock can hang a
     render that takes seconds when the machine is quiet)."""
@@ -264,8 +262,10 @@ def _chromium(args: list, attempts: int = 3, timeout_s: int = 180) -> subprocess
         try:
             return subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            if attempt == attempts - 1:    # a stalled browser is no product failure: say so
-                pytest.skip(f"headless Chromium stalled {attempts} times ({timeout_s} s each) on {args[-1]}")
+            if attempt == attempts - 1:
+                if _browser_stalls(args[0]):     # the browser itself, not the page: no product failure
+                    pytest.skip(f"headless Chromium stalls even on a static page; {args[-1]} not checked")
+                raise
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install chromium)")

@@ -18,6 +18,22 @@ def unused_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for_ping(base_url: str, proc: subprocess.Popen, timeout_s: float = 240.0) -> None:
+    """Wait until ``base_url/ping`` answers 200 (a model server: ``mlflow models serve``,
+    ``pipelines.serve``); fails with the process's output when it exits or the time is up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base_url}/ping", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        assert proc.poll() is None, proc.stdout.read()[-3000:] if proc.stdout else proc.returncode
+        assert time.monotonic() < deadline, f"{base_url} did not answer /ping within {timeout_s:g} s"
+        time.sleep(1)
+
+
 class MlflowServer:
     """``mlflow server`` with a sqlite backend in ``directory`` (lean: one worker, no job runner)."""
 

@@ -14,7 +14,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import numpy as np
@@ -25,6 +24,7 @@ import torch
 import mlflow
 from pipelines.mlflow_model import log_model
 from tests.pipelines.helpers import esol_smiles, sst_lines, untrained_esol, untrained_sst
+from tests.pipelines.mlflow_server import wait_for_ping
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BAD_TREE = "(3 (2 unbalanced) (3 tree)"
@@ -142,17 +142,7 @@ def test_served_model_answers_like_predict(logged, tmp_path):
                              "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.time() + 240
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, proc.stdout.read()[-3000:]
-            assert time.time() < deadline, "server did not answer /ping within 240 s"
-            time.sleep(1)
+        wait_for_ping(f"http://127.0.0.1:{port}", proc)
         trees = [logged["lines"][0], BAD_TREE, logged["lines"][11]]
         body = json.dumps({"dataframe_records": [{"tree": t} for t in trees]}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
