@@ -28,7 +28,7 @@ import torch
 from .errors import user_error
 
 __all__ = ["STATE_FILE", "BEST_FILE", "CheckpointError", "TrainingState", "write", "read_state",
-           "read_best_model", "load_plain", "plain"]
+           "read_best_model", "load_plain", "plain", "load_into", "MISFIT", "misfit_in"]
 
 STATE_FILE = "state.pt"
 BEST_FILE = "best_model.pt"
@@ -38,6 +38,57 @@ BEST_FILE = "best_model.pt"
 class CheckpointError(ValueError):
     """A checkpoint file is not plain data (tensors, numbers, strings, plain containers), so it
     is not loaded: unpickling it could run code."""
+
+
+#: The words every "this checkpoint does not fit the model" error starts with (found again in the
+#: text of the worker error Ray Train hands the driver: :func:`misfit_in`).
+MISFIT = "does not fit this model"
+
+
+def load_into(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer], state: "TrainingState",
+              where: str) -> None:
+    """Load ``state.model`` into ``model`` and ``state.optimizer`` into ``optimizer`` (when
+    given).  A checkpoint of another model (other sizes, vocabulary, blocks) raises
+    :class:`CheckpointError`: ``<where> does not fit this model: size mismatch for embed.weight:
+    checkpoint [100, 50], this model [200, 50] (and 3 more); ...``, instead of PyTorch's
+    multi-line ``RuntimeError``."""
+    own = model.state_dict()
+    problems = []
+    for k, v in state.model.items():
+        if k not in own:
+            problems.append(f"unexpected key {k}")
+        elif tuple(v.shape) != tuple(own[k].shape):
+            problems.append(f"size mismatch for {k}: checkpoint {list(v.shape)}, this model {list(own[k].shape)}")
+    problems += [f"missing key {k}" for k in own if k not in state.model]
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise CheckpointError(f"{where} {MISFIT}: {'; '.join(problems[:3])}{more}; resume with the config and "
+                              "data it was trained with, or start a fresh run")
+    model.load_state_dict(state.model)
+    if optimizer is not None:
+        try:
+            optimizer.load_state_dict(state.optimizer)
+        except (ValueError, KeyError, RuntimeError) as err:
+            raise CheckpointError(f"{where} {MISFIT}: its optimizer state does not match this optimizer "
+                                  f"({str(err).splitlines()[0][:200]}); resume with the config it was trained "
+                                  "with, or start a fresh run") from None
+
+
+def misfit_in(err: BaseException) -> Optional[CheckpointError]:
+    """The :func:`load_into` error inside ``err`` (what ``TorchTrainer.fit`` raised: a worker's
+    error, wrapped and maybe re-pickled as text), as a :class:`CheckpointError`; None when there
+    is none."""
+    seen: set[int] = set()
+    e: Optional[BaseException] = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        for line in str(e).splitlines():
+            at = line.find(MISFIT)
+            if at >= 0:
+                start = line.rfind("CheckpointError: ", 0, at)
+                return CheckpointError(line[start + len("CheckpointError: "):].strip() if start >= 0 else line.strip())
+        e = e.__cause__ or e.__context__
+    return None
 
 
 _SCALARS = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)

@@ -413,7 +413,7 @@ def _fit(plan: TrainPlan, declared: DeclaredData, resources: dict, tracker: trk.
     try:
         result = trainer.fit()
     except Exception as err:  # noqa: BLE001 - re-raised, named when the storage is the cause
-        named = storage_failure(err, storage)
+        named = storage_failure(err, storage) or checkpoint.misfit_in(err)
         if named is not None:
             raise named from err
         raise

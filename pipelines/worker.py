@@ -200,10 +200,10 @@ def restore(plan: TrainPlan, w: Worker) -> RunState:
         ckpt = ray.train.Checkpoint.from_directory(plan.config["resume_from"])
     if ckpt is None:
         return RunState()
+    where = plan.config["resume_from"] or getattr(ckpt, "path", "the run's checkpoint")
     with ckpt.as_directory() as d:
         st = checkpoint.read_state(d)
-        w.model.load_state_dict(st.model)
-        w.optimizer.load_state_dict(st.optimizer)
+        checkpoint.load_into(w.model, w.optimizer, st, f"checkpoint {where}")
         state = RunState(next_epoch=st.epoch + 1, history=st.history, best=st.best,
                          resumes=st.resumes + [st.epoch])
         set_rng_state(st.rng[w.rank] if w.rank < len(st.rng) else st.rng[0])

@@ -128,6 +128,7 @@ def test_the_readme_pyfunc_one_liner_predicts_with_the_sst_model(journey):
     res = _sh(journey, cmd.replace("<run_id>", run_id))
     assert res.returncode == 0, res.stderr[-3000:]
     assert re.search(r"label\s+prob_0.*error", res.stdout, flags=re.S), res.stdout
+    assert "Downloading artifacts" not in res.stderr, res.stderr[-2000:]     # no bar in a log
 
 
 def _rows(out_dir: pathlib.Path) -> pd.DataFrame:

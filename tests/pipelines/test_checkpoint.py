@@ -132,3 +132,30 @@ def test_resume_from_a_crafted_checkpoint_fails_before_ray_and_runs_nothing(tmp_
     assert not marker.exists()
     assert ray.is_initialized() == was_up  # failed before connecting to Ray
     assert not (tmp_path / "m.db").exists()  # and before touching tracking
+
+
+def test_load_into_names_the_first_mismatches_in_one_line():
+    state = _valid_state()
+    other = torch.nn.Sequential(torch.nn.Linear(5, 2), torch.nn.BatchNorm1d(2))
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        checkpoint.load_into(other, None, state, "checkpoint /x/ckpt")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("checkpoint /x/ckpt does not fit this model: ")
+    assert "size mismatch for 0.weight: checkpoint [2, 3], this model [2, 5]" in msg
+    same = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    opt = torch.optim.Adam(same.parameters())
+    checkpoint.load_into(same, opt, state, "checkpoint /x/ckpt")         # fits: loads
+    assert torch.equal(same[0].weight, state.model["0.weight"])
+
+
+def test_misfit_in_finds_the_error_in_a_wrapped_worker_failure():
+    try:
+        try:
+            raise checkpoint.CheckpointError("checkpoint /c does not fit this model: missing key w")
+        except checkpoint.CheckpointError as inner:     # Ray hands the driver the worker's traceback as text
+            raise RuntimeError(f"Training failed.\nTraceback ...\n{type(inner).__name__}: {inner}\n") from None
+    except RuntimeError as outer:
+        found = checkpoint.misfit_in(outer)
+    assert isinstance(found, checkpoint.CheckpointError)
+    assert str(found) == "checkpoint /c does not fit this model: missing key w"
+    assert checkpoint.misfit_in(RuntimeError("something else")) is None

@@ -150,6 +150,11 @@ def test_served_model_answers_like_predict(logged, tmp_path):
         with urllib.request.urlopen(req, timeout=60) as r:
             body = json.loads(r.read(), parse_constant=_refuse_constant)      # strict JSON: no NaN
         served = pd.DataFrame(body["predictions"])
+        empty = json.dumps({"dataframe_split": {"columns": ["tree"], "data": []}}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=empty,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert json.loads(r.read(), parse_constant=_refuse_constant)["predictions"] == []
     finally:
         proc.terminate()
         try:
@@ -163,6 +168,17 @@ def test_served_model_answers_like_predict(logged, tmp_path):
     assert body["predictions"][1]["prob_0"] is None and body["predictions"][1]["label"] is None
     np.testing.assert_allclose(served[["prob_0", "prob_4"]].to_numpy(dtype=float)[[0, 2]],
                                local[["prob_0", "prob_4"]].to_numpy(dtype=float)[[0, 2]], rtol=1e-6)
+
+
+def test_an_empty_frame_gives_an_empty_frame_with_the_model_columns(logged):
+    """No rows in, no rows out, with the columns a non-empty call has.  (A column built from an
+    empty list is float64, which MLflow's schema check refuses for a ``string`` column before the
+    model runs: an empty frame of strings is ``pd.Series(dtype=str)``.)"""
+    mlflow.set_tracking_uri(logged["uri"])
+    model = mlflow.pyfunc.load_model(logged["runs"]["sst"].model_uri)
+    out = model.predict(pd.DataFrame({"tree": pd.Series([], dtype=str)}))
+    full = model.predict(pd.DataFrame({"tree": [logged["lines"][0]]}))
+    assert len(out) == 0 and list(out.columns) == list(full.columns)
 
 
 def test_a_model_logged_with_its_package_in_a_temp_named_folder_still_loads(logged, data_dir, tmp_path):

@@ -5,6 +5,7 @@ run whose worker dies mid-epoch must reproduce its metrics exactly.
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import time
@@ -137,6 +138,27 @@ def test_resume_from_checkpoint_matches_uninterrupted(baseline, tmp_path):
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     steps = [x.step for x in client.get_metric_history(res.run_id, "dev/accuracy")]
     assert sorted(steps) == [1, 2, 3]
+
+
+@pytest.mark.timeout(480)
+def test_a_checkpoint_of_another_model_size_is_one_named_error(baseline, tmp_path):
+    """A checkpoint whose weights do not fit the model (here: toy.hidden 16 -> 4, in a checkpoint
+    without a config to compare) fails in the worker's load; the driver raises the one-line
+    ``CheckpointError`` naming the checkpoint and the first mismatched weight."""
+    from pipelines import checkpoint
+
+    _, ref_tmp = baseline
+    src = os.path.dirname(sorted(glob.glob(f"{ref_tmp}/ray_results/*/checkpoint_*/{STATE_FILE}"))[0])
+    ckpt = tmp_path / "old" / "checkpoint_000001"
+    ckpt.mkdir(parents=True)
+    state = checkpoint.read_state(src)
+    checkpoint.write(str(ckpt), dataclasses.replace(state, config=None), checkpoint.read_best_model(src))
+    exp, cfg = _config(tmp_path, f"resume_from={ckpt}", "toy.hidden=4")
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        run(exp, cfg)
+    msg = str(err.value)
+    assert "\n" not in msg and str(ckpt) in msg and "does not fit this model" in msg, msg
+    assert "size mismatch for embed.weight: checkpoint [16, 8], this model [4, 8]" in msg, msg
 
 
 @pytest.mark.timeout(600)
