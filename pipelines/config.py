@@ -92,6 +92,8 @@ class Field:
 F = Field
 #: Keys read by :func:`pipelines.train.run`.  Experiments add theirs via ``config_schema``.
 BASE_SCHEMA: dict[str, Field] = {
+    "experiment": F(str, None, nullable=True, doc="the experiment this config is for: sst, molecules or "
+                    "package.module.Class (pipelines.sweep and scripts read it; a train entry point checks it)"),
     "name": F(str, "experiment", doc="run / MLflow experiment name"),
     "seed": F(int, 0, min=0),
     "epochs": F(int, 10, min=1),

@@ -26,12 +26,49 @@ and workers and calls ``summarize`` on the totals to get the metrics
 from __future__ import annotations
 
 import abc
+import dataclasses
+import importlib
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from .config import Field
+from .config import ConfigError, Field
 from .datadir import DataFile
+
+
+#: The built-in experiments by short name (``experiment: sst`` in a config, ``--experiment sst``):
+#: class paths as strings, so that naming them imports nothing.
+EXPERIMENT_NAMES = {"sst": "pipelines.sst.experiment.SSTExperiment",
+                    "molecules": "pipelines.molecules.experiment.MoleculeExperiment"}
+
+
+def experiment_class(name: str) -> type:
+    """``sst`` / ``molecules`` (:data:`EXPERIMENT_NAMES`) or ``package.module.Class`` -> the
+    :class:`Experiment` subclass; :class:`~pipelines.config.ConfigError` (key ``experiment``)
+    naming it when it is unknown, does not import or is no ``Experiment``."""
+    path = EXPERIMENT_NAMES.get(name, name)
+    module, _, cls = path.rpartition(".")
+    if not module:
+        raise ConfigError(f"unknown experiment {name!r}: use {', '.join(EXPERIMENT_NAMES)} or package.module.Class",
+                          "experiment")
+    try:
+        found = getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"cannot import {path!r}: {err}", "experiment") from None
+    if not (isinstance(found, type) and issubclass(found, Experiment)):
+        raise ConfigError(f"{path!r} is not a pipelines.experiment.Experiment", "experiment")
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class TableLayout:
+    """A paper-style results table of a sweep (:meth:`Experiment.sweep_layout`): ``columns`` maps
+    a ``best/*`` metric to its column name, values are multiplied by ``scale`` (100: percent);
+    ``reference`` rows are ``(name, value per column ...)`` as published."""
+
+    columns: Mapping[str, str]
+    scale: float = 1.0
+    reference: tuple = ()
 
 
 class Experiment(abc.ABC):
@@ -151,6 +188,23 @@ class Experiment(abc.ABC):
         import pandas as pd
 
         return pd.DataFrame([{"model": f"{self.name} (ours)", **dict(best)}])
+
+    def sweep_layout(self) -> TableLayout:
+        """The paper-style table a sweep of this experiment prints and logs (mean (sd) over the
+        finished trials, the ensemble, the published rows).  Default: every ``best/test/*``
+        metric as it is, no published rows."""
+        return TableLayout({})
+
+    #: True when :meth:`ensemble` is implemented: a seed sweep then evaluates the ensemble of its
+    #: trials' best models.
+    supports_ensemble: bool = False
+
+    def ensemble(self, configs: Sequence[dict], states: Sequence[Mapping[str, torch.Tensor]], split: str,
+                 batch_size: int) -> dict[str, float]:
+        """The ensemble of the models ``states`` (trained with ``configs``, one per member) on
+        ``split``: its metrics (``fine``, ``binary``, ... without the split prefix).  Runs on the
+        driver with Ray up.  Only when :attr:`supports_ensemble`."""
+        raise NotImplementedError(f"{type(self).__name__} has no ensemble")
 
     def plots(self, history: Sequence[Mapping[str, float]]) -> list[tuple[str, Any]]:
         """``[(name, matplotlib Figure)]`` from the per-epoch metric history.  Default: one

@@ -39,11 +39,12 @@ import mlflow
 import pandas as pd
 import torch
 
+from . import outbox
 from .model_package import PACKAGE_ARTIFACT, load_predictor, predictor_experiment, write_package
 from .prediction import DEFAULT_CHUNK_SIZE
 
 __all__ = ["MODEL_NAME", "FoldModel", "LoggedModel", "log_model", "log_package", "logged_model_ready",
-           "quiet_model_logging"]
+           "quiet_model_logging", "replay_model"]
 
 #: the name the model is logged under in a run (``runs:/<run_id>/model``)
 MODEL_NAME = "model"
@@ -182,3 +183,13 @@ def log_package(tracking_uri: str, run_id: str, package: str, register_as: Optio
             client.set_model_version_tag(register_as, str(version), k, str(v))
     return LoggedModel(f"runs:/{run_id}/{MODEL_NAME}", register_as if version is not None else None,
                        None if version is None else str(version))
+
+
+def replay_model(client, run_id: str, files_dir: str, op: dict) -> None:
+    """The outbox's ``model`` operation (:func:`pipelines.outbox.register_kind`): the package
+    buffered in ``files_dir`` logged as run ``run_id``'s MLflow Model (:func:`log_package`)."""
+    log_package(client.tracking_uri, run_id, files_dir, op.get("register_as"), op.get("version_tags"))
+
+
+outbox.register_kind("model", replay_model)
+

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 import torch
 
+from .experiment import EXPERIMENT_NAMES
 from .prediction import Predictor
 
 __all__ = ["PACKAGE_ARTIFACT", "PACKAGE_FILE", "WEIGHTS_FILE", "ENTRY_POINT_GROUP", "EXPERIMENTS_ENV",
@@ -34,7 +35,7 @@ WEIGHTS_FILE = "weights.pt"
 #: the folder of the package inside a logged MLflow Model: ``<model>/artifacts/package``
 PACKAGE_ARTIFACT = "package"
 #: the experiment classes this project ships, which any package may name
-BUILTIN_EXPERIMENTS = ("pipelines.sst.experiment.SSTExperiment", "pipelines.molecules.experiment.MoleculeExperiment")
+BUILTIN_EXPERIMENTS = tuple(EXPERIMENT_NAMES.values())
 #: the entry-point group where an installed distribution registers its own experiment classes
 #: (``[project.entry-points."foldengine.experiments"] myexp = "mypkg.exp:MyExperiment"``)
 ENTRY_POINT_GROUP = "foldengine.experiments"

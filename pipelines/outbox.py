@@ -24,18 +24,19 @@ What a replay trusts (an outbox may sit on shared storage):
 - two replays of one outbox never run at once: a second one waits for the first, or (the
   command line) says that one is running (:class:`OutboxBusy`).
 
-Operation kinds (:data:`KINDS`): ``metrics`` (``items``: ``[key, value, timestamp_ms, step]``;
+Operation kinds (:data:`BUILTIN_KINDS`, and those registered by their owners with
+:func:`register_kind`): ``metrics`` (``items``: ``[key, value, timestamp_ms, step]``;
 MLflow identifies a metric by all four, so replaying one that already reached the store adds
 nothing; with ``unless_logged`` the whole operation is skipped when the run already has a value
 of that key at ``step``), ``params``, ``tags`` (``items``: ``{key: value}``), ``artifacts``
-(``dir`` relative to ``D``, ``artifact_path``), ``model`` (``dir``: a model package of
-:func:`pipelines.model_package.write_package`, ``register_as``, ``version_tags``: logged as the
-run's MLflow Model ``model``, unless the run holds one already), ``table`` (``table``: pandas ``orient="split"``
+(``dir`` relative to ``D``, ``artifact_path``), ``table`` (``table``: pandas ``orient="split"``
 JSON, ``name``), ``text`` (``text``, ``name``), ``inputs`` (``items``: dataset inputs, each
 ``{name, digest, source_type, source, profile, context}``; ``run_name_suffix``: appended to the
 run's name unless it already ends with it), ``experiment_tags`` (``items``: ``{key: value}`` on the
 run's experiment), ``end`` (``status``).  ``inputs`` and ``experiment_tags`` sent twice change
-nothing (MLflow keeps one copy of a dataset input; the name suffix is added once).
+nothing (MLflow keeps one copy of a dataset input; the name suffix is added once).  A registered
+kind carries a folder of files (``dir``), handed to its handler: ``model``
+(:mod:`pipelines.mlflow_model`) is a model package logged as the run's MLflow Model.
 
 :func:`replay` sends the pending operations of every file: plain operations first (file by file,
 each file in order), then the ``unless_logged`` ones, then ``end``; each one sent is removed from
@@ -59,13 +60,21 @@ import socket
 import stat
 import threading
 import uuid
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .errors import user_error
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("metrics", "params", "tags", "artifacts", "model", "table", "text", "inputs", "experiment_tags", "end")
+#: The operation kinds the outbox itself sends (:func:`apply`).
+BUILTIN_KINDS = ("metrics", "params", "tags", "artifacts", "table", "text", "inputs", "experiment_tags", "end")
+#: The entry-point group where a module registers an operation kind it owns, for a replay in a
+#: process that has not imported it (``python -m pipelines.tracking replay``):
+#: ``[project.entry-points."foldengine.outbox_operations"] model = "pipelines.mlflow_model:replay_model"``.
+KIND_GROUP = "foldengine.outbox_operations"
+#: kind -> ``handler(client, run_id, files_dir, op)``: the kinds registered by their owners
+#: (:func:`register_kind`), each carrying a folder of files (``dir``).
+_HANDLERS: dict[str, Callable[..., None]] = {}
 FILES_DIR = "files"
 KEY_FILE = ".key"
 LOCK_FILE = ".lock"
@@ -209,10 +218,12 @@ class Outbox:
         return os.path.join(self.directory, f"{socket.gethostname()}-{os.getpid()}.jsonl")
 
     def put(self, op: dict, files: Optional[str] = None) -> None:
-        """Append ``op`` (a kind of :data:`KINDS`) to this process's file; for ``artifacts`` and
-        ``model``, ``files`` is the local directory whose contents are copied into the outbox first."""
-        if op.get("op") not in KINDS:
-            raise ValueError(f"unknown outbox operation {op.get('op')!r}; expected one of {KINDS}")
+        """Append ``op`` (a kind of :func:`known_kinds`) to this process's file; for ``artifacts``
+        and a registered kind, ``files`` is the local directory whose contents are copied into the
+        outbox first."""
+        kinds = known_kinds()
+        if op.get("op") not in kinds:
+            raise ValueError(f"unknown outbox operation {op.get('op')!r}; expected one of {kinds}")
         op = {k: v for k, v in op.items() if k != "mac"}
         with self._lock:
             key = self._ensure_key()
@@ -246,6 +257,7 @@ class Outbox:
     def _read(self, own_only: bool) -> tuple[list[Pending], list[Pending]]:
         key = self.key
         out, foreign = [], []
+        kinds = known_kinds()
         for path in self.files(own_only):
             with open(path, encoding="utf-8") as f:
                 for i, line in enumerate(f, 1):
@@ -255,15 +267,15 @@ class Outbox:
                         op = json.loads(line)
                     except json.JSONDecodeError as err:
                         raise OutboxError(f"{path}:{i}: not JSON ({err.msg})") from None
-                    if not isinstance(op, dict) or op.get("op") not in KINDS or "run_id" not in op:
-                        raise OutboxError(f"{path}:{i}: not an outbox operation (needs 'op' in {KINDS} "
+                    if not isinstance(op, dict) or op.get("op") not in kinds or "run_id" not in op:
+                        raise OutboxError(f"{path}:{i}: not an outbox operation (needs 'op' in {kinds} "
                                           f"and 'run_id'): {line.strip()[:200]}")
                     p = Pending(path, i, op)
                     if key is not None and not (isinstance(op.get("mac"), str)
                                                 and hmac.compare_digest(op["mac"], _mac(key, op))):
                         foreign.append(p)
                         continue
-                    if op["op"] in ("artifacts", "model"):
+                    if _carries_files(op):
                         self._files_dir(p)
                     out.append(p)
         return out, foreign
@@ -294,7 +306,7 @@ class Outbox:
                 for p in order:
                     apply(client, p.op, self.directory)
                     done.setdefault(p.path, set()).add(p.line)
-                    if p.op["op"] in ("artifacts", "model"):
+                    if _carries_files(p.op):
                         shutil.rmtree(self._files_dir(p), ignore_errors=True)
                     self._drop(p.path, done[p.path])
             finally:
@@ -329,6 +341,36 @@ class Outbox:
         os.replace(tmp, path)
 
 
+def register_kind(kind: str, handler: Callable[..., None]) -> None:
+    """Let the outbox carry operations of ``kind`` (e.g. ``model``, registered by
+    :mod:`pipelines.mlflow_model`): ``handler(client, run_id, files_dir, op)`` sends one, with
+    ``files_dir`` the folder of files it was buffered with.  The outbox imports no owner."""
+    if kind in BUILTIN_KINDS:
+        raise ValueError(f"{kind!r} is a built-in outbox operation")
+    _HANDLERS[kind] = handler
+
+
+def known_kinds() -> tuple[str, ...]:
+    """:data:`BUILTIN_KINDS` and the registered kinds (those of the :data:`KIND_GROUP` entry
+    points loaded on first need)."""
+    missing = False
+    try:
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=KIND_GROUP):
+            if ep.name not in _HANDLERS:
+                missing = True
+                register_kind(ep.name, ep.load())
+    except Exception as err:  # noqa: BLE001  (a broken plug-in: its kind stays unknown, said once)
+        if missing:
+            logger.warning("outbox operation plug-ins of %s not loaded: %s: %s", KIND_GROUP, type(err).__name__, err)
+    return BUILTIN_KINDS + tuple(sorted(_HANDLERS))
+
+
+def _carries_files(op: dict) -> bool:
+    return op["op"] == "artifacts" or op["op"] in _HANDLERS
+
+
 def apply(client, op: dict, directory: str) -> None:
     """Send one operation ``op`` (see the module docstring) through ``client``."""
     from mlflow.entities import Metric, Param, RunTag
@@ -349,11 +391,8 @@ def apply(client, op: dict, directory: str) -> None:
         client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in op["items"].items()])
     elif kind == "artifacts":
         client.log_artifacts(run_id, os.path.join(directory, op["dir"]), artifact_path=op.get("artifact_path"))
-    elif kind == "model":
-        from .mlflow_model import log_package
-
-        log_package(client.tracking_uri, run_id, os.path.join(directory, op["dir"]), op.get("register_as"),
-                    op.get("version_tags"))
+    elif kind in _HANDLERS:
+        _HANDLERS[kind](client, run_id, os.path.join(directory, op["dir"]), op)
     elif kind == "table":
         import io
 

@@ -65,12 +65,12 @@ from . import tracking as trk
 from .config import ConfigError, load_config, merged_schema, validate
 from .datadir import check_files
 from .errors import entry_point
-from .experiment import Experiment
-from .sweep_report import (ERROR, FINISHED, STOPPED, SweepSummary, TableLayout, TrialOutcome, curves_figure,
-                           paper_table, summarize, trial_table)
+from .experiment import EXPERIMENT_NAMES, Experiment, experiment_class
+from .sweep_report import (ERROR, FINISHED, STOPPED, SweepSummary, TrialOutcome, curves_figure, paper_table, summarize,
+                           trial_table)
 from .sweep_space import SearchSpec, param_space, parse_searches
 
-__all__ = ["SweepPlan", "SweepResult", "SweepInterrupted", "EXPERIMENTS", "experiment_class", "plan_sweep", "run_sweep",
+__all__ = ["SweepPlan", "SweepResult", "SweepInterrupted", "plan_sweep", "run_sweep", "sweep_experiment",
            "resume_sweep", "seed_ensemble", "main", "PLAN_FILE", "TRIAL_CPU"]
 
 log = logging.getLogger("pipelines.sweep")
@@ -81,9 +81,6 @@ PLAN_FILE = "sweep.json"
 OUTBOX_DIR = "mlflow-outbox"
 #: CPU reserved by each trial's Tune actor (it only waits on its TorchTrainer)
 TRIAL_CPU = 0.01
-#: ``--experiment`` short names -> Experiment classes (else ``package.module.Class``)
-EXPERIMENTS = {"sst": "pipelines.sst.experiment.SSTExperiment",
-               "molecules": "pipelines.molecules.experiment.MoleculeExperiment"}
 
 
 class SweepInterrupted(RuntimeError):
@@ -176,26 +173,15 @@ class SweepResult:
 
 # --------------------------------------------------------------------------- the experiment
 
-def experiment_class(name: str) -> type:
-    """``sst`` / ``molecules`` / ``package.module.Class`` -> the Experiment class."""
-    path = EXPERIMENTS.get(name, name)
-    module, _, cls = path.rpartition(".")
-    if not module:
-        raise ConfigError(f"unknown experiment {name!r}: use {', '.join(EXPERIMENTS)} or package.module.Class",
-                          source="--experiment")
-    try:
-        found = getattr(importlib.import_module(module), cls)
-    except (ImportError, AttributeError) as err:
-        raise ConfigError(f"cannot import {path!r}: {err}", source="--experiment") from None
-    if not (isinstance(found, type) and issubclass(found, Experiment)):
-        raise ConfigError(f"{path!r} is not a pipelines.experiment.Experiment", source="--experiment")
-    return found
-
-
-def _guess_experiment(config_path: Optional[str]) -> str:
-    """The experiment a YAML config is for: its top-level ``sst`` / ``molecules`` section."""
+def sweep_experiment(flag: Optional[str], config_path: Optional[str]) -> str:
+    """The experiment a sweep runs: ``--experiment`` (``flag``), else the config file's own
+    ``experiment:`` key (``sst``, ``molecules`` or ``package.module.Class``:
+    :data:`pipelines.experiment.EXPERIMENT_NAMES`).  The sweep never guesses it from the config's
+    sections: a config without the key needs the flag (one :class:`ConfigError` saying so)."""
     import yaml
 
+    if flag:
+        return flag
     if not config_path:
         raise ConfigError("give --experiment (sst, molecules, package.module.Class) or a --config", source="--experiment")
     try:
@@ -205,11 +191,11 @@ def _guess_experiment(config_path: Optional[str]) -> str:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"not plain YAML ({first}; tags such as !!python/... are refused)",
                           source=config_path) from None
-    found = [k for k in EXPERIMENTS if isinstance(raw, dict) and k in raw]
-    if len(found) != 1:
-        raise ConfigError(f"cannot tell the experiment from the config's sections; give --experiment "
-                          f"({', '.join(EXPERIMENTS)} or package.module.Class)", source=config_path)
-    return EXPERIMENTS[found[0]]
+    name = raw.get("experiment") if isinstance(raw, dict) else None
+    if not name:
+        raise ConfigError(f"the config names no experiment: add `experiment: <name>` to it or give --experiment "
+                          f"({', '.join(EXPERIMENT_NAMES)} or package.module.Class)", source=config_path)
+    return str(name)
 
 
 def _schema(cls: type) -> dict:
@@ -218,19 +204,6 @@ def _schema(cls: type) -> dict:
 
 def _experiment(cls: type, cfg: dict) -> Experiment:
     return cls.from_config(cfg)
-
-
-def _layout(experiment: Experiment) -> TableLayout:
-    """The paper-style table of an experiment: SST's Table 2 (test fine / binary, percent), else
-    every ``best/test/*`` metric as it is."""
-    if experiment.name.startswith("sst"):
-        from .sst.experiment import PAPER_TABLE2
-
-        (fold, _, _), (ens, ef, eb), (tai, tf, tb) = PAPER_TABLE2   # single model, ensemble, anchor
-        return TableLayout({"best/test/fine": "test fine", "best/test/binary": "test binary"}, scale=100.0,
-                           reference=((fold + ", mean (sd) over 30 runs", "52.3 (0.7)", "89.4 (0.4)"),
-                                      (ens + " of 30", ef, eb), (tai, tf, tb)))
-    return TableLayout({})
 
 
 # --------------------------------------------------------------------------- planning
@@ -454,26 +427,25 @@ def _outcomes(results, plan: SweepPlan, tracker: trk.Tracker) -> list[TrialOutco
     return sorted(out, key=lambda t: t.trial_id)
 
 
-def seed_ensemble(plan: SweepPlan, trials: Sequence[TrialOutcome], client) -> tuple[list[str], dict[str, float]]:
-    """``(member run ids, metrics)``: the SST ensemble of the :data:`FINISHED` trials' best models
+def seed_ensemble(plan: SweepPlan, experiment: Experiment, trials: Sequence[TrialOutcome],
+                  client) -> tuple[list[str], dict[str, float]]:
+    """``(member run ids, metrics)``: the ensemble of the :data:`FINISHED` trials' best models
     (loaded from their MLflow runs through ``client``, an ``MlflowClient``) on the test split,
-    metrics ``test/fine``, ``test/binary``, ... (:func:`pipelines.sst.ensemble.evaluate_ensemble_streaming`,
-    on Ray Data; Ray must be up or is started).  ``([], {})`` when ``plan`` is not a seed sweep of
-    the SST experiment, has ``ensemble`` off, or fewer than two trials finished."""
+    metrics ``test/<m>`` (:meth:`Experiment.ensemble`; Ray must be up or is started).  ``([], {})``
+    when ``plan`` is not a seed sweep, has ``ensemble`` off, fewer than two trials finished, or
+    ``experiment`` has no ensemble (:attr:`Experiment.supports_ensemble`)."""
     members = [t.run_id for t in trials if t.status == FINISHED and t.run_id]
-    if not (plan.ensemble and plan.seeds and len(members) >= 2 and plan.experiment == EXPERIMENTS["sst"]):
+    if not (plan.ensemble and plan.seeds and len(members) >= 2 and experiment.supports_ensemble):
         return [], {}
-    from .sst.ensemble import evaluate_ensemble_streaming, load_member
-    from .sst.experiment import SSTExperiment
-
     configs, states = [], []
     for run_id in members:
-        cfg, state = load_member(client, run_id)
-        configs.append(cfg)
+        state, meta = trk.load_logged_state_dict(client, run_id)
+        if "config" not in meta:
+            raise ValueError(f"run {run_id}: weights/meta.json has no config")
+        configs.append(meta["config"])
         states.append(state)
     log.info("ensemble of %d trial models on test", len(members))
-    ens, _ = evaluate_ensemble_streaming(SSTExperiment(), configs, states, "test",
-                                         plan.config.get("eval_batch_size") or 250)
+    ens = experiment.ensemble(configs, states, "test", plan.config.get("eval_batch_size") or 250)
     return members, {f"test/{k}": float(v) for k, v in ens.items()}
 
 
@@ -556,10 +528,10 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
                 tracker.for_run(t.run_id).tags({"sweep.stopped_early": "true"})
         experiment = _experiment(experiment_class(plan.experiment), plan.config)
         summary = summarize(trials, experiment.selection_metric, experiment.selection_mode)
-        members, ensemble = seed_ensemble(plan, trials, tracker.client)
+        members, ensemble = seed_ensemble(plan, experiment, trials, tracker.client)
         if members:
             tracker.params({"ensemble.members": ",".join(members), "ensemble.split": "test"})
-        table = paper_table(summary, _layout(experiment), experiment.name, ensemble, summary.n_finished)
+        table = paper_table(summary, experiment.sweep_layout(), experiment.name, ensemble, summary.n_finished)
         _log_parent(plan, tracker, trials, summary, ensemble, table)
         _save_sweep_view(experiment, plan, tracker, ensemble, trials)
         status = "FINISHED" if summary.n_finished else "FAILED"
@@ -648,7 +620,7 @@ def _parser() -> argparse.ArgumentParser:
                                              "with a nested run per trial).")
     ap.add_argument("--config", "-c", metavar="PATH", help="YAML config (conf/*.yaml)")
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for every trial")
-    ap.add_argument("--experiment", help="sst, molecules or package.module.Class (default: from the config)")
+    ap.add_argument("--experiment", help="sst, molecules or package.module.Class (default: the config's experiment: key)")
     ap.add_argument("--seeds", type=int, default=0, metavar="N", help="N trials with seeds seed..seed+N-1")
     ap.add_argument("--search", action="append", default=[], metavar="KEY=KIND(ARGS)",
                     help="KIND: loguniform(a,b) uniform(a,b) randint(a,b) choice(x,y,...) grid(x,y,...)")
@@ -660,7 +632,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--name", help="sweep name (default <config name>-sweep-<time>)")
     ap.add_argument("--storage", help="directory (or URI) for sweeps (default ./ray_results/sweeps)")
     ap.add_argument("--resume", metavar="DIR", help="continue the sweep in DIR (others options are ignored)")
-    ap.add_argument("--no-ensemble", dest="ensemble", action="store_false", help="skip the SST ensemble")
+    ap.add_argument("--no-ensemble", dest="ensemble", action="store_false", help="skip the ensemble of a seed sweep")
     ap.add_argument("--result-json", metavar="PATH", help="also write the final JSON here")
     ap.add_argument("--brief", action="store_true", help="no paper table at the end (scripts that summarise, "
                                                           "e.g. scripts/reproduce.sh, print their own)")
@@ -683,7 +655,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[SweepResult]:
             saved = SweepPlan.load(args.resume)
             plan_cfg, cls = saved.config, experiment_class(saved.experiment)
         else:
-            exp = args.experiment or _guess_experiment(args.config)
+            exp = sweep_experiment(args.experiment, args.config)
             cls = experiment_class(exp)
             plan_cfg = load_config(args.config, list(args.overrides) + (["verbose=true"] if args.verbose else []),
                                    _schema(cls))

@@ -11,7 +11,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["FINISHED", "STOPPED", "ERROR", "TrialOutcome", "SweepSummary", "TableLayout", "summarize",
+from .experiment import TableLayout
+
+__all__ = ["FINISHED", "STOPPED", "ERROR", "TrialOutcome", "SweepSummary", "summarize",
            "trial_table", "curves_figure", "paper_table", "DECIMALS"]
 
 #: trial status: trained all its epochs / stopped by the scheduler (ASHA) / raised
@@ -138,16 +140,6 @@ def curves_figure(trials: Sequence[TrialOutcome], metric: str, best_trial: Optio
     fig.tight_layout()
     return fig
 
-
-@dataclasses.dataclass(frozen=True)
-class TableLayout:
-    """A paper-style results table: ``columns`` maps a ``best/*`` metric to its column name,
-    values are multiplied by ``scale`` (100: percent); ``reference`` rows are
-    ``(name, value per column ...)`` as published."""
-
-    columns: dict[str, str]
-    scale: float = 1.0
-    reference: tuple = ()
 
 
 def paper_table(summary: SweepSummary, layout: TableLayout, what: str,

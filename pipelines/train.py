@@ -45,7 +45,7 @@ from .config import ConfigError, merged_schema, validate
 from .datadir import check_files, probe_writable
 from .dataset_inputs import dataset_inputs, log_dataset_inputs
 from .runs_view import charts_view_url, columns_for, run_url, runs_view_url, save_runs_view
-from .experiment import Experiment
+from .experiment import Experiment, experiment_class
 from .metrics import prefixed
 from .outbox import is_transient
 from .seeding import seed_all
@@ -543,8 +543,18 @@ def link_interrupted(tracker: trk.Tracker, cfg: dict) -> None:
     tracker.tags(tags)
 
 
+def check_experiment(experiment: Experiment, cfg: dict) -> None:
+    """A config that names its experiment (``experiment: sst``) is trained by that experiment's
+    entry point only: :class:`ConfigError` (key ``experiment``) otherwise."""
+    named = cfg.get("experiment")
+    if named and not isinstance(experiment, experiment_class(named)):
+        raise ConfigError(f"this config is for the experiment {named!r}, not {type(experiment).__name__}: train it "
+                          f"with that experiment's entry point (or python -m pipelines.sweep)", "experiment")
+
+
 def check_run(experiment: Experiment, cfg: dict) -> list[pathlib.Path]:
     """What :func:`run` checks before the MLflow run and Ray, in this order: ``ray.worker_resources``,
+    the config's ``experiment`` (:func:`check_experiment`),
     the ``resume_from`` checkpoint (:func:`check_resume`), that ``ray.storage_path`` takes a file
     (:func:`probe_storage`), and the files of ``experiment.data_files(cfg)``
     (:func:`pipelines.datadir.check_files`: found, or downloaded into the cache).  ``cfg``: a
@@ -552,6 +562,7 @@ def check_run(experiment: Experiment, cfg: dict) -> list[pathlib.Path]:
     ``CheckpointError`` or :class:`pipelines.datadir.DataNotFoundError` (one line each) at the
     first check that fails."""
     _extra_worker_resources(cfg)
+    check_experiment(experiment, cfg)
     if cfg["resume_from"]:
         check_resume(cfg)
     probe_storage(storage_path(cfg))

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipelines.config import Field
-from pipelines.experiment import Experiment
+from pipelines.experiment import Experiment, TableLayout
 from schedulers import SCHEDULERS
 
 from .model import SentimentModules, build_compiler, count_stats, node_outputs, summarize_counts
@@ -295,6 +295,24 @@ class SSTExperiment(Experiment):
         rows = [{"model": m, "test fine-grained": f, "test binary": b, "dev fine-grained": None,
                  "dev binary": None, "best epoch": None} for m, f, b in PAPER_TABLE2]
         return pd.DataFrame([ours] + rows)
+
+    def sweep_layout(self) -> TableLayout:
+        """Paper Table 2: test fine-grained and binary accuracy in percent, beside the paper's single
+        model (mean (sd) over 30 runs), its ensemble of 30 and the Tai et al. anchor."""
+        (fold, _, _), (ens, ef, eb), (tai, tf, tb) = PAPER_TABLE2   # single model, ensemble, anchor
+        return TableLayout({"best/test/fine": "test fine", "best/test/binary": "test binary"}, scale=100.0,
+                           reference=((fold + ", mean (sd) over 30 runs", "52.3 (0.7)", "89.4 (0.4)"),
+                                      (ens + " of 30", ef, eb), (tai, tf, tb)))
+
+    supports_ensemble = True
+
+    def ensemble(self, configs, states, split, batch_size):
+        """The members' averaged class probabilities per node (paper Table 2's ensemble), on Ray
+        Data: :func:`pipelines.sst.ensemble_eval.evaluate_ensemble_streaming`."""
+        from .ensemble_eval import evaluate_ensemble_streaming
+
+        metrics, _ = evaluate_ensemble_streaming(self, configs, states, split, batch_size)
+        return dict(metrics)
 
     def plots(self, history):
         figs = list(super().plots(history))

@@ -145,3 +145,47 @@ def test_the_generic_reader_imports_no_domain():
     known = _modules()
     deps = {src for src, _, _ in _imports("pipelines.data.sources", known["pipelines.data.sources"], known)}
     assert not {d for d in deps if d.startswith(("pipelines.sst", "pipelines.molecules"))}, deps
+
+
+DOMAINS = ("pipelines.sst", "pipelines.molecules")
+#: the modules of the model (a trained state as a package, an MLflow Model, a predictor)
+MODEL = ("pipelines.model_package", "pipelines.mlflow_model", "pipelines.prediction", "pipelines.predict",
+         "pipelines.serve")
+#: training and sweeping
+TRAINING = ("pipelines.train", "pipelines.worker", "pipelines.sweep", "pipelines.sweep_report", "pipelines.sweep_space")
+TRACKING = ("pipelines.tracking", "pipelines.outbox", "pipelines.runs_view", "pipelines.system_metrics",
+            "pipelines.dataset_inputs")
+
+
+def _deps(module: str, known: dict) -> set:
+    return {src for src, _, _ in _imports(module, known[module], known)}
+
+
+def _starts(name: str, prefixes) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_only_the_domains_import_the_domains():
+    """The domains are plug-ins: no module outside ``pipelines.sst`` and ``pipelines.molecules``
+    imports either (benchmarks/, applications on top, may; the sweep reaches SST's table and ensemble through ``Experiment`` hooks; the
+    experiments are named by strings, :data:`pipelines.experiment.EXPERIMENT_NAMES`)."""
+    known = _modules()
+    bad = [f"{m} imports {d}" for m in known if _starts(m, ("pipelines",)) and not _starts(m, DOMAINS)
+           for d in _deps(m, known) if _starts(d, DOMAINS)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_data_path_imports_neither_tracking_nor_model_code():
+    known = _modules()
+    bad = [f"{m} imports {d}" for m in known if _starts(m, ("pipelines.data",))
+           for d in _deps(m, known) if _starts(d, TRACKING + MODEL + TRAINING + DOMAINS)]
+    assert not bad, "\n".join(bad)
+
+
+def test_tracking_imports_nothing_from_model_training_or_sweep():
+    """The outbox carries a model through an operation kind its owner registers
+    (:func:`pipelines.outbox.register_kind`), not by importing it."""
+    known = _modules()
+    bad = [f"{m} imports {d}" for m in TRACKING if m in known
+           for d in _deps(m, known) if _starts(d, MODEL + TRAINING + DOMAINS)]
+    assert not bad, "\n".join(bad)

@@ -219,3 +219,26 @@ def test_summary_and_paper_table_from_trial_outcomes():
                                         {"model": "paper", "fine": "52.3 (0.7)"}]
     rows = trial_table(trials).to_dict("records")
     assert [r["status"] for r in rows] == [FINISHED, FINISHED, STOPPED, ERROR] and rows[3]["error"] == "boom"
+
+
+def test_the_sweep_runs_the_experiment_its_config_names(tmp_path):
+    """The config's ``experiment:`` key (or ``--experiment``) names the experiment; the sweep does
+    not guess it from the config's sections, and a train entry point refuses another's config."""
+    from pipelines.experiment import experiment_class
+    from pipelines.sweep import sweep_experiment
+    from pipelines.train import check_experiment
+
+    assert sweep_experiment(None, "conf/sst_tai2015.yaml") == "sst"
+    assert sweep_experiment(None, "conf/molecules_tox21.yaml") == "molecules"
+    assert sweep_experiment(TOY, "conf/sst_tai2015.yaml") == TOY
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("name: mine\nsst:\n  state_size: 30\n")
+    with pytest.raises(ConfigError, match=r"names no experiment.*--experiment"):
+        sweep_experiment(None, str(bare))
+    with pytest.raises(ConfigError, match="unknown experiment 'nope'"):
+        experiment_class("nope")
+    toy = experiment_class(TOY)()
+    cfg = load_config(None, ["experiment=sst"], merged_schema(toy.config_schema))
+    with pytest.raises(ConfigError, match=r"for the experiment 'sst', not ToyExperiment"):
+        check_experiment(toy, cfg)
+    check_experiment(toy, {**cfg, "experiment": TOY})

@@ -167,19 +167,20 @@ def test_seed_sweep_ensemble_of_finished_trials(baseline, monkeypatch):
     """A seed sweep's ensemble step (pipelines.sweep.seed_ensemble) loads the finished trials'
     logged best models: the baseline run as two members reproduces its best test metrics; stopped
     trials are no members; a search (no --seeds) has no ensemble."""
-    from pipelines.sweep import EXPERIMENTS, plan_sweep, seed_ensemble
+    from pipelines.sst.experiment import SSTExperiment
+    from pipelines.sweep import plan_sweep, seed_ensemble
     from pipelines.sweep_report import FINISHED, STOPPED, TrialOutcome
 
     res, _, tmp = baseline
     monkeypatch.chdir(tmp)
     cfg = _config(tmp)
-    plan = plan_sweep(EXPERIMENTS["sst"], cfg, seeds=2, cluster_cpus=2)
+    plan = plan_sweep("sst", cfg, seeds=2, cluster_cpus=2)
     trials = [TrialOutcome(f"t{i}", {"seed": i}, status, 2, {}, [], run_id=res.run_id)
               for i, status in enumerate((FINISHED, FINISHED, STOPPED))]
     client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
-    members, ens = seed_ensemble(plan, trials, client)
+    members, ens = seed_ensemble(plan, SSTExperiment(), trials, client)
     assert members == [res.run_id, res.run_id]
     assert (ens["test/fine"], ens["test/binary"]) == pytest.approx(
         (res.metrics["best/test/fine"], res.metrics["best/test/binary"]), abs=1e-12)
-    search = plan_sweep(EXPERIMENTS["sst"], cfg, searches=["optimizer.lr=grid(0.1,0.2)"], cluster_cpus=2)
-    assert seed_ensemble(search, trials, client) == ([], {})
+    search = plan_sweep("sst", cfg, searches=["optimizer.lr=grid(0.1,0.2)"], cluster_cpus=2)
+    assert seed_ensemble(search, SSTExperiment(), trials, client) == ([], {})
