@@ -131,7 +131,6 @@ BASE_SCHEMA: dict[str, Field] = {
                             doc="Ray Data progress bars (default: when stderr is a terminal)"),
     "data.prefetch_next_epoch": F(bool, True, doc="each worker starts reading the next epoch's steps half way "
                                   "through an epoch (its sort and first builds overlap this epoch's training)"),
-    "data.blocks_per_epoch": F(int, 16, min=1, doc="Ray Data blocks (parallel tasks) per epoch"),
     "data.head_rows": F(int, 1024, min=0, doc="epoch 1's first steps, about this many rows per rank, "
                         "are gathered by position and built while Ray Train starts, so the first step does not "
                         "wait for the epoch's dataset to start (0 = off)"),
@@ -266,12 +265,20 @@ def apply_overrides(cfg: dict, overrides: Sequence[str], schema: Optional[Mappin
     return cfg
 
 
+#: Keys that were removed: a config that still has one (a sweep directory or checkpoint written
+#: before) validates with the key dropped.
+RETIRED_KEYS = frozenset({"data.blocks_per_epoch"})
+
+
 def validate(cfg: Mapping, schema: Mapping[str, Field], source: Optional[str] = None) -> dict:
-    """Check ``cfg`` against ``schema``; return a new nested dict with defaults filled in."""
+    """Check ``cfg`` against ``schema``; return a new nested dict with defaults filled in
+    (keys of :data:`RETIRED_KEYS` dropped)."""
     free = [k for k, f in schema.items() if f.type is dict]   # free-form subtrees
     flat = flatten(_normalize(copy.deepcopy(dict(cfg))), stop_at=free)
     out: dict = {}
     for key, value in flat.items():
+        if key in RETIRED_KEYS and key not in schema:
+            continue
         if key in schema:
             field = schema[key]
             if field.type is dict and isinstance(value, Mapping) and not value:

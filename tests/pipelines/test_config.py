@@ -105,3 +105,12 @@ def test_cli_helper(tmp_path, capsys):
         parse_cli(["--config", str(p), "bogus.key=1"], SCHEMA)
     assert e.value.code == 2
     assert "bogus.key" in capsys.readouterr().err
+
+
+def test_a_retired_key_is_dropped_not_refused():
+    """A sweep directory or checkpoint written before ``data.blocks_per_epoch`` went still loads."""
+    from pipelines.config import RETIRED_KEYS, validate
+
+    assert "data.blocks_per_epoch" in RETIRED_KEYS
+    cfg = validate({"data": {"blocks_per_epoch": 16}}, merged_schema())
+    assert "blocks_per_epoch" not in cfg["data"]

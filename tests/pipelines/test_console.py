@@ -84,7 +84,7 @@ def test_entry_point_prints_an_epoch_line_per_epoch_and_little_else(tmp_path, da
     out_json = tmp_path / "result.json"
     cmd = [sys.executable, "-m", "pipelines.sst.train", "--config", os.path.join(REPO, "conf", "sst_tai2015.yaml"),
            "epochs=2", "batch_size=50", "sst.limit_train=100", "sst.limit_dev=50", "sst.limit_test=50",
-           "sst.state_size=8", "ray.num_workers=1", "data.blocks_per_epoch=2", "ray.no_progress_timeout_s=180",
+           "sst.state_size=8", "ray.num_workers=1", "ray.no_progress_timeout_s=180",
            f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"ray.storage_path={tmp_path}/ray_results",
            "--result-json", str(out_json)]
     res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=560)

@@ -308,7 +308,7 @@ def test_a_run_whose_server_dies_at_once_loses_nothing(ray_cluster, server, data
         "molecules.dataset=csv", f"molecules.csv={path}", "molecules.task_columns=[logS]",
         "molecules.task_type=regression", f"molecules.max_atoms={max_atoms}", "data.skip_bad=true",
         "molecules.atom_hidden=4", "molecules.pair_hidden=4", "molecules.mol_hidden=4", "molecules.n_weave=1",
-        f"epochs={EPOCHS}", "batch_size=8", "ray.num_workers=1", "data.blocks_per_epoch=2", "log_every=0",
+        f"epochs={EPOCHS}", "batch_size=8", "ray.num_workers=1", "log_every=0",
         "ray.no_progress_timeout_s=120", "name=mol-outage", f"tracking.uri={server.uri}",
         f"ray.storage_path={tmp_path}/ray_results", f"tracking.buffer_dir={tmp_path}/outbox",
         "tracking.http_retries=0", "tracking.http_timeout_s=5", "tracking.outage_timeout_s=2",

@@ -254,7 +254,7 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
     cfg = load_config(os.path.join(repo, "conf", "sst_tai2015.yaml"),
                       ["epochs=2", "batch_size=25", "eval_batch_size=20", "sst.state_size=8", "seed=3",
                        "sst.train_file=" + str(data_dir / "sst" / "dev.txt"), "sst.limit_train=113",
-                       "sst.limit_dev=47", "sst.test_file=", "data.blocks_per_epoch=2",
+                       "sst.limit_dev=47", "sst.test_file=",
                        f"data.head_rows={head_rows}", f"data.step_assembly={assembly}",
                        f"data.head_actors={head_actors}"], merged_schema(SCHEMA))
     from .. import step_reference as ref

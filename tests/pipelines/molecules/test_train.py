@@ -28,7 +28,7 @@ def test_tox21_slice_two_workers_logs_complete_mlflow_run(ray_cluster, data_dir,
         "molecules.limit=150", "epochs=2", "batch_size=20", "eval_batch_size=16", "ray.num_workers=2",
         "molecules.atom_hidden=6", "molecules.pair_hidden=4", "molecules.mol_hidden=8",
         "ray.no_progress_timeout_s=120", "name=weave-test", f"tracking.uri={uri}",
-        f"ray.storage_path={tmp_path}/ray_results", "data.blocks_per_epoch=2",
+        f"ray.storage_path={tmp_path}/ray_results",
         ],
         merged_schema(exp.config_schema))
     t0 = time.perf_counter()

@@ -28,7 +28,7 @@ EPOCHS = 2
 def _config(tmp, *overrides):
     base = [f"epochs={EPOCHS}", "batch_size=50", "eval_batch_size=50", "sst.limit_train=200",
             "sst.limit_dev=50", "sst.limit_test=50", "sst.state_size=8", "optimizer.lr=0.1",
-            "ray.num_workers=2", "ray.no_progress_timeout_s=180", "data.blocks_per_epoch=2",
+            "ray.num_workers=2", "ray.no_progress_timeout_s=180",
             "tracking.log_model=true", "name=sst-test", f"tracking.uri=sqlite:///{tmp}/mlflow.db",
             f"ray.storage_path={tmp}/ray_results"]
     return load_config(os.path.join(REPO, "conf", "sst_tai2015.yaml"), base + list(overrides),
