@@ -45,7 +45,7 @@ and reports ``foldengine.blocks`` as its module (so ``fb.X`` is the one name to 
 * :mod:`.operations`: batched calls (Function, FC, Embedding, ScopedLayer, Concat, Sum, Mean,
   Max, Min);
 * :mod:`.combinators`: Pipe, Record, AllOf, OneOf, Optional;
-* :mod:`.sequences`: Map, Fold, Reduce, RNN, Broadcast, Zip, ZipWith, NGrams;
+* :mod:`.sequences`: Map, Fold, Reduce, RNN, Broadcast, Zip, ZipWith, Chain, NGrams;
 * :mod:`.composition`: Composition (DAGs); :mod:`.recursion`: ForwardDeclaration;
 * :mod:`.conversion`: :func:`convert_to_block` (what counts as a block).
 """
@@ -58,7 +58,7 @@ from .values import Scalar, Tensor, Zeros, FromTensor, OneHot, OneHotFromList, V
 from .plumbing import InputTransform, Identity, Void, Length, GetItem, Slice, Nth, Metric
 from .operations import Function, FC, Embedding, ScopedLayer, Concat, Sum, Mean, Max, Min
 from .combinators import Pipe, Record, AllOf, OneOf, Optional
-from .sequences import Map, Fold, Reduce, Broadcast, ZipWith, Zip, NGrams, RNN
+from .sequences import Map, Fold, Reduce, Broadcast, ZipWith, Zip, Chain, NGrams, RNN
 from .composition import Composition
 from .recursion import ForwardDeclaration
 from .conversion import convert_to_block
@@ -66,7 +66,7 @@ from .conversion import convert_to_block
 __all__ = [
     "Block", "BlockTypeError", "BlockInputError", "Scalar", "Tensor", "Vector", "FromTensor", "Function",
     "InputTransform", "Pipe", "Record", "OneOf", "Optional", "AllOf", "Map", "Fold", "RNN", "Reduce", "Sum",
-    "Mean", "Max", "Min", "Broadcast", "ZipWith", "Zip", "NGrams", "Nth", "Concat", "Zeros", "Identity",
+    "Mean", "Max", "Min", "Broadcast", "ZipWith", "Zip", "Chain", "NGrams", "Nth", "Concat", "Zeros", "Identity",
     "GetItem", "Slice", "Length", "OneHot", "OneHotFromList", "Void", "Metric", "Composition",
     "ForwardDeclaration", "FC", "Embedding", "ScopedLayer", "Pending", "convert_to_block",
 ]

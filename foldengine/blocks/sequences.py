@@ -1,7 +1,8 @@
 """Blocks over sequences: :class:`Map`, :class:`Fold`, :class:`Reduce` and :class:`RNN` run a
 block over the elements; :class:`Broadcast` makes an endless sequence of one value;
 :class:`Zip` and :class:`ZipWith` pair up the elements of several sequences (ZipWith runs a
-block on each tuple) and :class:`NGrams` groups consecutive elements.
+block on each tuple), :class:`Chain` concatenates sequences and :class:`NGrams` groups
+consecutive elements.
 
 A sequence is a Python list while tracing, or a :class:`~foldengine.blocks.base.BroadcastValue`
 (one value repeated without end).
@@ -18,7 +19,7 @@ from .base import Block, BlockTypeError, BroadcastValue, as_block, as_input_list
 from .combinators import Pipe
 from .values import Tensor, Zeros
 
-__all__ = ["Map", "Fold", "Reduce", "Broadcast", "ZipWith", "Zip", "NGrams", "RNN"]
+__all__ = ["Map", "Fold", "Reduce", "Broadcast", "ZipWith", "Zip", "Chain", "NGrams", "RNN"]
 
 
 def _elem_type(block, t, finite: bool = False) -> Type:
@@ -354,6 +355,56 @@ class Zip(Block):
         if all(isinstance(s, BroadcastValue) for s in x):
             return BroadcastValue(tuple(s.value for s in x))
         return list(_zip_values(self, x))
+
+
+class Chain(Block):
+    """Concatenates sequences: ``[a_1, ..., a_n, b_1, ..., b_m, ...]`` (``itertools.chain``).
+
+    TF Fold users wrote this in Python.  The input is a tuple of sequences of one element type (e.g. a sequence and its reversed
+    copy, for a bidirectional model), or a sequence of sequences (flattened one level).  No
+    computation is recorded: the output refers to the same values, so tracing costs one step per
+    element and gradients flow back to each element where it was computed.
+
+    Args:
+        name: a label for errors, ``repr`` and ``describe()``.
+
+    Types:
+        - ``Tuple(Sequence(a), ..., Sequence(a)) -> Sequence(a)``;
+          ``Sequence(Sequence(a)) -> Sequence(a)``.
+        - BlockTypeError: sequences of different element types, a Broadcast sequence (it has
+          no end), or no sequences at all.
+
+    Examples::
+
+        >>> both = fb.Map(fb.Scalar()) >> fb.AllOf(fb.Identity(), fb.Slice(step=-1)) >> fb.Chain()
+        >>> both.eval([1, 2, 3], tolist=True)
+        [1.0, 2.0, 3.0, 3.0, 2.0, 1.0]
+        >>> (fb.Map(fb.Map(fb.Scalar())) >> fb.Chain()).eval([[1], [], [2, 3]], tolist=True)
+        [1.0, 2.0, 3.0]
+    """
+
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
+
+    def _infer(self, t, cc):
+        if isinstance(t, SequenceType) and not isinstance(t, BroadcastSequenceType):
+            parts = [t.element]
+        elif isinstance(t, TupleType) and len(t):
+            parts = list(t.items)
+        else:
+            raise BlockTypeError(self, "a tuple of sequences or a sequence of sequences", t)
+        for p in parts:
+            if isinstance(p, BroadcastSequenceType):
+                raise BlockTypeError(self, "finite sequences", t, "a Broadcast sequence has no end")
+            if not isinstance(p, SequenceType):
+                raise BlockTypeError(self, "a tuple of sequences or a sequence of sequences", t)
+        if any(p.element != parts[0].element for p in parts):
+            raise BlockTypeError(self, "sequences of one element type", t,
+                                 "element types " + ", ".join(str(p.element) for p in parts))
+        return SequenceType(parts[0].element)
+
+    def _trace(self, x, ctx):
+        return list(itertools.chain.from_iterable(x))
 
 
 class NGrams(Block):
