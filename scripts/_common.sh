@@ -186,8 +186,21 @@ fold_stop_service() {  # NAME [MARKER]
     return 0
   fi
   fold_log "$name: stopping session $sid (pids: $pids)"
+  # The session leader first (`ray start --block`, `mlflow server`): it stops its own children in
+  # order (Ray's head: ~6 s). Signalling every process at once leaves some waiting on others that
+  # are gone, until the SIGKILL below.
+  if [[ " $pids " == *" $sid "* ]]; then
+    kill -TERM "$sid" 2>/dev/null || true
+    while [ "$waited" -lt "$grace" ]; do
+      pids="$(fold_session_pids "$sid" "$marker" | sort -un | tr '\n' ' ')"
+      [[ -z "${pids// /}" || " $pids " != *" $sid "* ]] && break
+      sleep 1
+      waited=$((waited + 1))
+    done
+  fi
+  pids="$(fold_session_pids "$sid" "$marker" | sort -un | tr '\n' ' ')"
   # shellcheck disable=SC2086
-  kill -TERM $pids 2>/dev/null || true
+  [ -n "${pids// /}" ] && kill -TERM $pids 2>/dev/null || true
   while [ "$waited" -lt "$grace" ]; do
     pids="$(fold_session_pids "$sid" "$marker" | sort -un | tr '\n' ' ')"
     [ -z "${pids// /}" ] && break
