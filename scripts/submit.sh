@@ -136,14 +136,18 @@ trap stop_job INT TERM
 # ray job submit waits for the job and streams its logs (no --no-wait).
 # ray quotes each word (shlex.join), so arguments reach the job unchanged; for shell syntax
 # use: submit.sh --raw -- bash -c '...'
+# Ray's CLI notices (the server address, "submitted successfully", "Next steps" with commands that
+# lack this cluster's --address, the working-dir packaging lines, "Tailing logs", the closing
+# banner) are dropped: the lines above say the same. Its errors (ERR) and the job's output stay.
+RAY_CLI_NOTICE=$'^[0-9-]+ [0-9:,]+\t(INFO|SUCC|WARNING) (cli|working_dir|packaging|dashboard_sdk|sdk|job_manager)\\.py:[0-9]+ -- |^Running entrypoint for job '
 set +e
 "$RAY_BIN" job submit \
     --address "$FOLD_DASHBOARD_URL" \
     --submission-id "$SUBMISSION_ID" \
     --working-dir . \
     --runtime-env-json "$RUNTIME_ENV_JSON" \
-    -- "${CMD[@]}"
-submit_rc=$?
+    -- "${CMD[@]}" 2>&1 | grep --line-buffered -vE "$RAY_CLI_NOTICE"
+submit_rc=${PIPESTATUS[0]}
 set -e
 trap - INT TERM
 

@@ -258,6 +258,7 @@ def test_cluster_lifecycle(cluster_env, tmp_path):
     ok = _run("submit.sh", env, "--raw", "--", "python", "-c", job)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "JOB-DONE" in ok.stdout
+    assert "Next steps" not in ok.stdout and "Tailing logs" not in ok.stdout, ok.stdout   # Ray's CLI notices
     exps = _post_json(f"{mlflow_url}/api/2.0/mlflow/experiments/search", {"max_results": 100})
     exp = [e for e in exps["experiments"] if e["name"] == "cluster-scripts-test"]
     assert exp, exps
