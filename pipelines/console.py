@@ -27,8 +27,8 @@ import time
 import warnings
 from typing import Mapping, Optional, Sequence
 
-__all__ = ["HARMLESS_WARNINGS", "configure", "ray_init_kwargs", "private_local_token", "epoch_line", "Heartbeat",
-           "ProgressBoard", "ProgressPrinter"]
+__all__ = ["HARMLESS_WARNINGS", "STARTUP_EVERY_S", "configure", "ray_init_kwargs", "private_local_token", "epoch_line",
+           "Heartbeat", "ProgressBoard", "ProgressPrinter"]
 
 #: ``(category, message regex)`` of warnings known to be harmless in these pipelines.
 HARMLESS_WARNINGS: tuple[tuple[type, str], ...] = (
@@ -131,16 +131,21 @@ def epoch_line(metrics: Mapping[str, float], epochs: int, key_metrics: Sequence[
     return "  ".join(parts)
 
 
-class Heartbeat:
-    """``with Heartbeat("reading the splits", 30):`` logs ``reading the splits (30s)``,
-    ``(60s)``, ... while the block runs, when ``stream`` is no terminal and ``interval_s`` > 0;
-    nothing otherwise.  The lines come from a daemon thread, stopped when the block ends."""
+#: Seconds between the lines of a start-up phase (Ray starting, the splits read, the workers
+#: starting): a user sees what the run waits for within this time, on a terminal too.
+STARTUP_EVERY_S = 10.0
 
-    def __init__(self, what: str, interval_s: float, stream=None, log: Optional[logging.Logger] = None):
+
+class Heartbeat:
+    """``with Heartbeat("reading the splits", 10):`` logs ``reading the splits (10s)``,
+    ``(20s)``, ... while the block runs, when ``interval_s`` > 0 (on a terminal too: a phase of
+    unknown length has no bar); nothing otherwise.  The lines come from a daemon thread, stopped
+    when the block ends."""
+
+    def __init__(self, what: str, interval_s: float, log: Optional[logging.Logger] = None):
         self.what, self.interval_s = what, float(interval_s)
-        stream = stream or sys.stderr
         self.log = log or logging.getLogger("pipelines.train")
-        self.active = self.interval_s > 0 and not (hasattr(stream, "isatty") and stream.isatty())
+        self.active = self.interval_s > 0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -196,6 +201,7 @@ class ProgressPrinter:
         self._bar = None
         self._t0 = time.monotonic()
         self._epoch, self._epoch_t0, self._last_line = 0, self._t0, self._t0
+        self._started = False     # a step or an epoch line was seen: no more start-up lines
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
 
@@ -233,12 +239,15 @@ class ProgressPrinter:
             for line in lines:
                 self.log.info("%s", line)
             self.seen += len(lines)
+            self._started = True
         now = time.monotonic()
         if not steps:  # no step yet: the workers start, the first batches are built
-            if self.interval_s and not self.tty and now - self._last_line >= self.interval_s:
+            every = min(self.interval_s, STARTUP_EVERY_S)
+            if not self._started and every and now - self._last_line >= every:
                 self._last_line = now
                 self.log.info("training workers starting, first batches building (%.0fs)", now - self._t0)
             return
+        self._started = True
         if step >= steps:
             return
         if epoch != self._epoch:

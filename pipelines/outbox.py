@@ -350,6 +350,11 @@ def register_kind(kind: str, handler: Callable[..., None]) -> None:
     _HANDLERS[kind] = handler
 
 
+def registered_kinds() -> tuple[str, ...]:
+    """The kinds registered in this process so far (:func:`register_kind`), entry points not loaded."""
+    return tuple(sorted(_HANDLERS))
+
+
 def known_kinds() -> tuple[str, ...]:
     """:data:`BUILTIN_KINDS` and the registered kinds (those of the :data:`KIND_GROUP` entry
     points loaded on first need)."""
@@ -376,6 +381,11 @@ def apply(client, op: dict, directory: str) -> None:
     from mlflow.entities import Metric, Param, RunTag
 
     kind, run_id = op["op"], op["run_id"]
+    if kind not in BUILTIN_KINDS:              # a registered kind (entry points loaded on first need)
+        if kind not in _HANDLERS and kind not in known_kinds():
+            raise ValueError(f"unknown outbox operation {kind!r}")
+        _HANDLERS[kind](client, run_id, os.path.join(directory, op["dir"]), op)
+        return
     if kind == "metrics":
         key = op.get("unless_logged")
         if key and any(m.step == op["step"] for m in client.get_metric_history(run_id, key)):
@@ -391,8 +401,6 @@ def apply(client, op: dict, directory: str) -> None:
         client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in op["items"].items()])
     elif kind == "artifacts":
         client.log_artifacts(run_id, os.path.join(directory, op["dir"]), artifact_path=op.get("artifact_path"))
-    elif kind in _HANDLERS:
-        _HANDLERS[kind](client, run_id, os.path.join(directory, op["dir"]), op)
     elif kind == "table":
         import io
 

@@ -61,6 +61,7 @@ import time
 from typing import Any, Mapping, Optional, Sequence
 
 from . import console
+from . import mlflow_model  # noqa: F401  (registers the outbox's "model" operation: outbox.register_kind)
 from . import tracking as trk
 from .config import ConfigError, load_config, merged_schema, validate
 from .datadir import check_files

@@ -39,6 +39,7 @@ import numpy as np
 
 from . import checkpoint
 from . import console
+from . import mlflow_model  # noqa: F401  (registers the outbox's "model" operation: outbox.register_kind)
 from . import tracking as trk
 from .checkpoint import BEST_FILE, STATE_FILE
 from .config import ConfigError, merged_schema, validate
@@ -127,6 +128,7 @@ def connect_ray(cfg: dict) -> bool:
     if ray.is_initialized():
         return False
     address = cfg["ray"]["address"] or os.environ.get("RAY_ADDRESS")
+    logger.info("connecting to Ray at %s" % address if address else "starting a local Ray")
     ray.init(address=address or None, **console.ray_init_kwargs(cfg.get("verbose", False)))
     return True
 
@@ -352,7 +354,8 @@ def _read_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> Str
     read, as MLflow params)."""
     t0 = time.perf_counter()
     seed_all(int(cfg["seed"]))
-    with console.Heartbeat("reading and parsing the splits in Ray Data", cfg["progress_every_s"]):
+    with console.Heartbeat("reading and parsing the splits in Ray Data",
+                           min(cfg["progress_every_s"], console.STARTUP_EVERY_S)):
         splits = experiment.read_splits(cfg)
     if not isinstance(splits, StreamSplits):
         raise TypeError(f"{type(experiment).__name__}.read_splits returned {type(splits).__name__}, "

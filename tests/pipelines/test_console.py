@@ -44,31 +44,31 @@ def test_progress_printer_shows_lines_once_and_periodic_progress(ray_cluster, ca
         ray.get(board.say.remote("epoch 1/2  done"))
         ray.get(board.post.remote(2, 20, 20))              # a finished epoch shows no progress
         time.sleep(0.5)
+        ray.get(board.post.remote(0, 0, 0))                # the board between phases: no start-up line again
+        time.sleep(0.8)
         printer.stop()
     msgs = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("training workers starting") for m in msgs), msgs
     assert any(m.startswith("epoch 1/2: step 5/20 (25%)") for m in msgs), msgs
     assert msgs.count("epoch 1/2  done") == 1
+    last_epoch_line = max(i for i, m in enumerate(msgs) if m.startswith("epoch "))
+    assert not any(m.startswith("training workers starting") for m in msgs[last_epoch_line:]), msgs
     assert not any("step 20/20" in m for m in msgs)
 
 
-class _Terminal(io.StringIO):
-    def isatty(self):
-        return True
-
-
-def test_heartbeat_logs_a_periodic_line_off_a_terminal_and_stops_with_its_block(caplog):
+def test_heartbeat_logs_a_periodic_line_and_stops_with_its_block(caplog):
+    """A phase of unknown length says what it waits for, every ``interval_s``, on a terminal too
+    (it has no bar); ``interval_s`` 0 says nothing."""
     log = logging.getLogger("test.heartbeat")
     with caplog.at_level(logging.INFO, logger="test.heartbeat"):
-        with console.Heartbeat("reading the splits", 0.2, stream=io.StringIO(), log=log):
+        with console.Heartbeat("reading the splits", 0.2, log=log):
             time.sleep(0.7)
         time.sleep(0.5)                                       # stopped: no line after the block
-        with console.Heartbeat("on a terminal", 0.2, stream=_Terminal(), log=log):
-            time.sleep(0.5)
-        with console.Heartbeat("interval 0", 0, stream=io.StringIO(), log=log):
+        with console.Heartbeat("interval 0", 0, log=log):
             time.sleep(0.3)
     msgs = [r.getMessage() for r in caplog.records]
     assert 2 <= len(msgs) <= 4 and all(m.startswith("reading the splits (") and m.endswith("s)") for m in msgs), msgs
+    assert console.STARTUP_EVERY_S <= 10
 
 
 @pytest.mark.integration

@@ -178,3 +178,16 @@ def test_two_concurrent_replays_send_everything_once_without_a_failure(store, tm
     assert [m.step for m in client.get_metric_history(run_id, "loss")] == list(range(40))
     assert sorted(_artifacts(client, run_id)) == sorted(f"plots{s}/loss.png" for s in (0, 10, 20, 30))
     assert not box.exists()
+
+
+def test_the_training_and_sweep_entry_points_register_the_model_operation():
+    """A training run logs its model through the outbox's ``model`` kind, registered by
+    :mod:`pipelines.mlflow_model`: importing the entry point's modules registers it, in a fresh
+    process, without the installed entry points (a checkout on ``PYTHONPATH``)."""
+    import subprocess
+    import sys
+
+    for module in ("pipelines.train", "pipelines.sweep"):
+        code = f"import {module}, pipelines.outbox as o; print(o.registered_kinds())"
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0 and "'model'" in res.stdout, (module, res.stdout, res.stderr[-2000:])
