@@ -127,8 +127,10 @@ BASE_SCHEMA: dict[str, Field] = {
     "data.cache_eval": F(bool, True, doc="build dev/test batches once (materialize) not per epoch"),
     "data.cache_traces": F(bool, True, doc="trace each record once per Ray Data worker process and build "
                                           "later batches from the cached traces (same batches)"),
-    "data.progress_bars": F(bool, None, nullable=True,
-                            doc="Ray Data progress bars (default: when stderr is a terminal)"),
+    "data.progress_bars": F(bool, False, nullable=True,
+                            doc="Ray Data's own progress bars (off: between the run's log lines on a terminal they "
+                                "leave rows of blank lines; the run says what it waits for and shows its own "
+                                "training bar)"),
     "data.prefetch_next_epoch": F(bool, True, doc="each worker starts reading the next epoch's steps half way "
                                   "through an epoch (its sort and first builds overlap this epoch's training)"),
     "data.head_rows": F(int, 1024, min=0, doc="epoch 1's first steps, about this many rows per rank, "

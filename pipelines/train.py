@@ -345,7 +345,7 @@ def configure_ray_data(cfg: dict) -> None:
     ctx.execution_no_progress_timeout_s = cfg["ray"]["no_progress_timeout_s"]
     ctx.execution_options.preserve_order = True  # step order must be reproducible
     bars = cfg["data"]["progress_bars"]
-    ctx.enable_progress_bars = sys.stderr.isatty() if bars is None else bars
+    ctx.enable_progress_bars = bool(bars)
 
 
 def _read_splits(experiment: Experiment, cfg: dict, tracker: trk.Tracker) -> StreamSplits:
