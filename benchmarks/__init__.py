@@ -1,5 +1,6 @@
-"""Benchmarks for foldengine: workloads, runners and reporting (the scripts in ``scripts/`` are
-thin CLIs: argparse and one call into a ``run`` function here).
+"""Benchmarks for foldengine: workloads, runners and reporting.  A benchmark runs from the
+repository root as ``python -m benchmarks.<name> [flags]`` (its ``main``: argparse and one call
+into its ``run``); ``benchmarks/`` is not installed, so run it from the checkout.
 
 ``benchmarks.timing``        the one timing helper: interleaved rounds after warm-up rounds, medians
                              and per-round ratios (quartiles for the noise).

@@ -19,11 +19,20 @@ those plans), with its one-time cost per input reported beside it.
 Each column cycles through ``n_batches`` different batches.  Reported per workload: median
 milliseconds per batch of both columns, the median of the per-round ratios (with quartiles),
 the one-time tracing cost per input and the pickled size of a trace and of a Batch.
+
+    python -m benchmarks.build [--workloads sst_b25,sst_b100,tox21_b100] [--n-batches 8]
+                               [--repeats 9] [--scheduler depth] [--threads 1] [--no-mlflow]
+
+Prints and logs (MLflow experiment ``bench_build``) per workload the median milliseconds per
+batch of ``build_batch(inputs)`` and ``build_batch_from_traces(traces)``, measured side by side
+in interleaved rounds, and the median per-round ratio.
 """
 from __future__ import annotations
 
+import argparse
 import pickle
 import random
+import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -128,3 +137,23 @@ def run(workloads: Sequence[str] = tuple(WORKLOADS), n_batches: int = 8, repeats
                   "scheduler": scheduler, "threads": threads, "seed": seed}
         log(f"MLflow run {log_to_mlflow('bench_build', params, {'build': rows}, metrics)}")
     return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.build",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+                    type=lambda s: tuple(w for w in s.split(",") if w))
+    ap.add_argument("--n-batches", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--scheduler", default="depth")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
+    run(**vars(ap.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,12 +7,19 @@ foldengine, batched, and (b) in a naive recursion over each tree, one tree at a 
 (:func:`benchmarks.workloads.sst_naive_root_loss`) -- what a user writes without dynamic
 batching.  Both do forward + backward of the summed loss (checked equal first); the ratio of
 their median times is the speedup.  ``build_batch`` throughput is measured separately.
+
+    python -m benchmarks.engine [--trees 256] [--state 150] [--threads 1] [--no-mlflow]
+
+Prints and logs (MLflow experiment ``bench_engine``): forward+backward seconds for both, the
+speedup, and ``build_batch`` throughput (trees/s on one core).
 """
 from __future__ import annotations
 
+import argparse
 import random
+import sys
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 
@@ -76,3 +83,23 @@ def run(trees: int = 256, state: int = 150, emb: int = 50, threads: int = 1, rep
         run_id = log_to_mlflow("bench_engine", params, {"engine_vs_naive": rows}, metrics)
         log(f"MLflow run {run_id}")
     return metrics
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.engine",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trees", type=int, default=256)
+    ap.add_argument("--state", type=int, default=150)
+    ap.add_argument("--emb", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--scheduler", default="depth")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
+    run(**vars(ap.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,11 +10,12 @@ torch), ``pytest.xml`` (JUnit XML of the ``gpu``-marked tests), ``table1_gpu.jso
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import xml.etree.ElementTree as ET
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from .table1 import PAPER_GPU, PAPER_KEYS
 
@@ -111,8 +112,11 @@ def markdown(report: Dict[str, object]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def main(argv=None) -> int:
-    directory = (argv if argv is not None else sys.argv[1:] or ["results/gpu"])[0]
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("directory", nargs="?", default="results/gpu",
+                    help="what scripts/gpu_check.sh wrote (default: %(default)s)")
+    directory = ap.parse_args(argv).directory
     report = build(directory)
     with open(os.path.join(directory, "gpu_report.json"), "w") as f:
         json.dump(report, f, indent=1, default=str)

@@ -12,13 +12,17 @@ Reported (a dict, JSON-ready):
   epoch's first batch (``time/steady_wait_share``), the largest rank's; ``first_wait_s``.
 * ``peak_gpu_mem_mb``: the largest ``memory.used`` sample.
 
-    python scripts/bench_gpu_utilization.py --out results/gpu_util.json -- epochs=2 ray.num_workers=1
+    python -m benchmarks.gpu_utilization --out results/gpu_util.json -- epochs=2 ray.num_workers=1
+
+``scripts/gpu_check.sh`` runs it on a GPU.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from typing import Dict, List, Optional, Sequence
@@ -85,9 +89,9 @@ def run(args: Sequence[str] = (), config: str = "conf/sst_tai2015.yaml", sample_
             "best": {k: v for k, v in res.metrics.items() if k.startswith("best/")}}
 
 
-def main(argv=None):
-    import argparse
-    ap = argparse.ArgumentParser(description="GPU busy share and data-wait share of an SST pipeline run")
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_utilization",
+                                 description="GPU busy share and data-wait share of an SST pipeline run")
     ap.add_argument("--config", default="conf/sst_tai2015.yaml")
     ap.add_argument("--sample-ms", type=int, default=200)
     ap.add_argument("--out", help="JSON output path")
@@ -98,7 +102,8 @@ def main(argv=None):
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1, default=str)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

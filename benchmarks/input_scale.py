@@ -30,9 +30,18 @@ sampled from ``/proc`` every 0.2 s; RSS counts the object-store pages a process 
 
 The goals of issue 14 at the largest ``k`` vs ``k=1`` (the ``ratios`` table): driver peak RSS
 within +100 MB, time to first step within 1.5x, steady-state data-wait share < 10%.
+
+    python -m benchmarks.input_scale [--workloads sst,tox21] [--ks 1,5,20] [--modes streaming]
+                                     [--phases input,train] [--steps 20] [--epochs 2] [--eval-limit 250]
+                                     [--base-rows N] [--num-cpus N] [--no-mlflow]
+
+Prints and logs (MLflow experiment ``bench_input_scale``) time to the first training step, driver
+peak RSS, the largest RSS of any Ray process, records parsed per second and the trainer's
+steady-state data-wait share, and the ratios of the largest k to the smallest.
 """
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import os
@@ -266,7 +275,7 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
 # ---------------------------------------------------------------------------- driver
 
 def _child(args: dict, timeout: float) -> Dict[str, float]:
-    cmd = [sys.executable, "-m", "benchmarks.input_scale", json.dumps(args)]
+    cmd = [sys.executable, "-m", "benchmarks.input_scale", "--child", json.dumps(args)]
     env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
@@ -359,6 +368,33 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 5, 20), mo
     return rows + [dict(q, phase="ratio:" + q["phase"]) for q in ratios]
 
 
-if __name__ == "__main__":   # one measurement, in a child process of run()
-    a = json.loads(sys.argv[1])
-    print("RESULT " + json.dumps(measure(**a)), flush=True)
+def _csv(kind):
+    return lambda s: tuple(kind(x) for x in s.split(",") if x)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--child":   # one measurement, in a child process of run()
+        print("RESULT " + json.dumps(measure(**json.loads(argv[1]))), flush=True)
+        return 0
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.input_scale",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), type=_csv(str))
+    ap.add_argument("--ks", default="1,5,20", type=_csv(int))
+    ap.add_argument("--modes", default="streaming", type=_csv(str))
+    ap.add_argument("--phases", default="input,train", type=_csv(str))
+    ap.add_argument("--steps", type=int, default=20, help="training steps of the short run")
+    ap.add_argument("--epochs", type=int, default=2, help="epochs of the short run (1: no trace pass, "
+                    "no epoch-2 wait; for large k where the pass takes long)")
+    ap.add_argument("--eval-limit", type=int, default=250, help="SST dev/test trees evaluated")
+    ap.add_argument("--base-rows", type=int, default=None, help="repeat only the first N rows (quick runs)")
+    ap.add_argument("--num-cpus", type=int, default=None, help="CPUs of each local Ray (default: all)")
+    ap.add_argument("--data-dir", default=None, help="default: $FOLD_DATA_DIR")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds per measurement")
+    ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
+    run(**vars(ap.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

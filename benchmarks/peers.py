@@ -39,12 +39,19 @@ the plain aten composition.
 The workload (output / input / recurrent dropout, dense or sparse embedding gradient) is printed
 and logged with every run, and every row carries ``cpu_s`` (median process CPU seconds of the
 epoch, all threads) beside the wall-clock ``epoch_s``.
+
+    python -m benchmarks.peers [--trees 2000] [--batches 25,100] [--threads 1,2] [--no-mlflow]
+
+Prints trees/s, the forward / backward / optimizer split and the ratio against hand-written;
+logs them to MLflow (experiment ``bench_peers``) with a plot.
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import os
 import statistics
+import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -381,3 +388,45 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
         run_id = log_to_mlflow("bench_peers", params, {"peers": rows}, metrics, figures=[("peers", fig)])
         log(f"MLflow run {run_id}")
     return metrics
+
+
+def _ints(s):
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def _names(s):
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.peers",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trees", type=int, default=2000, help="first N SST training trees")
+    ap.add_argument("--batches", type=_ints, default=[25, 100], help="comma separated batch sizes")
+    ap.add_argument("--threads", type=_ints, default=[1, 2], help="comma separated torch thread counts")
+    ap.add_argument("--schedulers", type=_names, default=["coalesce", "depth"])
+    ap.add_argument("--executors", type=_names, default=["auto", "chunks"],
+                    help="Compiler executors: the first for every scheduler, the others for the first scheduler")
+    ap.add_argument("--no-defer-variant", dest="no_defer", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the first scheduler with Compiler(defer_weight_grads=False)")
+    ap.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the module calls alone (floor/module-calls): the bound on any variant's ratio")
+    ap.add_argument("--dynet", action=argparse.BooleanOptionalAction, default=True,
+                    help="also DyNet's autobatching at 1 thread when dynet imports (scripts/install_dynet.sh)")
+    ap.add_argument("--fused-gates", dest="fused_gates", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the first scheduler and the hand-written loop with the cell's gates as one fused "
+                         "autograd node (BinaryTreeLSTMCell(fused_gates=True)) instead of plain aten operators")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--emb", type=int, default=50)
+    ap.add_argument("--override", dest="overrides", action="append", default=[],
+                    help="KEY=VALUE change to the Tai preset (repeatable), e.g. sst.sparse_embedding=true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
+    run(**vars(ap.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -31,10 +31,11 @@ and ``parse_ceiling_over_per_example``, the same for the parse stage alone.  No 
 this work in one process can beat them; a goal above a ceiling needs less work per input.
 Logged to MLflow (experiment ``bench_predict``) unless ``mlflow=False``.
 
-    python scripts/bench_predict.py --workloads sst,tox21 --ks 1,20
+    python -m benchmarks.predict [--workloads sst,tox21] [--ks 1,20] [--actors 1] [--no-mlflow]
 """
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import os
@@ -263,14 +264,14 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_e
     return rows
 
 
-def main(argv=None):
-    import argparse
-
+def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--child":
         uri, path, out, actors, store, cpus = argv[1:7]
-        return child(uri, path, out, int(actors), store, float(cpus))
-    ap = argparse.ArgumentParser(description="Inference throughput: per example, DataFrame, Ray Data")
+        child(uri, path, out, int(actors), store, float(cpus))
+        return 0
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.predict",
+                                 description="Inference throughput: per example, DataFrame, Ray Data")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--ks", default="1,20", help="Ray Data: the inputs repeated k times (comma separated)")
     ap.add_argument("--per-example", type=int, default=200)
@@ -280,9 +281,10 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of per example / DataFrame (default 3)")
     ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
     a = ap.parse_args(argv)
-    return run([w for w in a.workloads.split(",") if w], [int(k) for k in a.ks.split(",") if k],
-               a.per_example, a.actors, limit=a.limit, mlflow=a.mlflow, rounds=a.rounds, cpus_per_actor=a.cpus_per_actor)
+    run([w for w in a.workloads.split(",") if w], [int(k) for k in a.ks.split(",") if k],
+        a.per_example, a.actors, limit=a.limit, mlflow=a.mlflow, rounds=a.rounds, cpus_per_actor=a.cpus_per_actor)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

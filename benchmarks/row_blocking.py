@@ -6,12 +6,17 @@ size (0 = no blocking) in interleaved rounds, and reports each one's median time
 ratio (median of per-round dynamic / manual, with the quartiles of the per-round ratios to
 show the noise).  Row blocking is an execution setting, so every variant runs the same
 ``Batch``.  Logged to MLflow (experiment ``row_blocking``).
+
+    python -m benchmarks.row_blocking [--batch 512] [--vector 256] [--mode training]
+                                      [--rows 0,256,512,1024,2048] [--repeats 7] [--no-mlflow]
 """
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import statistics
+import sys
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -73,3 +78,28 @@ def run(batch: int = 512, vector: int = 256, leaves: int = 128, mode: str = "tra
         metrics = {r["variant"].replace("=", "_") + ".cost_ratio": r["cost_ratio"] for r in table}
         log(f"MLflow run {log_to_mlflow('row_blocking', params, {'row_blocking': table}, metrics)}")
     return table
+
+
+def _ints(s):
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.row_blocking",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--vector", type=int, default=256)
+    ap.add_argument("--leaves", type=int, default=128)
+    ap.add_argument("--mode", default="training", choices=["training", "inference"])
+    ap.add_argument("--rows", type=_ints, default=[0, 256, 512, 1024, 2048],
+                    help="comma separated; 0 = no blocking (default 0,256,512,1024,2048)")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
+    run(**vars(ap.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

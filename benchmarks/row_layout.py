@@ -9,11 +9,15 @@ batch per layout from the same inputs, checks that both give the same loss, and 
 inference and a training step (forward + backward) in interleaved rounds.  Reports (MLflow
 experiment ``row_layout``) each layout's index_selects and the medians of per-round time
 ratios readers / inputs (below 1: the reader layout is faster).
+
+    python -m benchmarks.row_layout [--batch 1024] [--vector 256] [--repeats 9] [--quick] [--no-mlflow]
 """
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
+import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -96,3 +100,27 @@ def run(batch: int = 1024, vector: int = 256, leaves: int = 128, schedulers: Seq
                    for r in rows for m in ("inference", "training")}
         log(f"MLflow run {log_to_mlflow('row_layout', params, {'row_layout': rows}, metrics)}")
     return rows
+
+
+def _names(s):
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.row_layout",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=1024, help="Table 1 trees per batch")
+    ap.add_argument("--vector", type=int, default=256)
+    ap.add_argument("--leaves", type=int, default=128)
+    ap.add_argument("--schedulers", type=_names, default=["depth", "coalesce"])
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--quick", action="store_true", help="small Table 1 trees only (seconds)")
+    ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
+    run(**vars(ap.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

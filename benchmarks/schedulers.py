@@ -5,11 +5,18 @@ rows and index_select gathers, schedule build throughput, and forward+backward t
 Workloads (:mod:`benchmarks.workloads`): SST Tree-LSTM training batches (the pipeline's model:
 per-node classifier and loss, batch 25 and 100), random 128-leaf trees with the paper's
 Table-1 cell, and Tox21 weave batches.
+
+    python -m benchmarks.schedulers [--schedulers depth,agenda,coalesce] [--quick] [--no-mlflow]
+
+Each scheduler's change against depth-greedy is printed beside it; the table is logged to MLflow
+(experiment ``bench_schedulers``).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 from typing import Callable, Dict, List, Optional, Sequence
 
 from . import workloads as wl
@@ -119,3 +126,26 @@ def run(schedulers: Optional[Sequence[str]] = None, threads: int = 1, repeats: i
         tables = {"schedulers": rows, **({"heads_bound": bounds} if bounds else {})}
         log(f"MLflow run {log_to_mlflow('bench_schedulers', params, tables, metrics, json_path=out)}")
     return rows
+
+
+def _names(s):
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.schedulers",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--schedulers", type=_names, default=None,
+                    help="comma separated names from schedulers.SCHEDULERS (default: all)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--out", default=None, help="write the table as JSON here")
+    ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
+    run(**vars(ap.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

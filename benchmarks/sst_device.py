@@ -20,11 +20,18 @@ peak device memory, and the speed ratio against the hand-written loop.
 
     from benchmarks.sst_device import run
     rows = run(device="cuda", batches=(25, 100, 1024), trees=2048, mlflow=False)
+
+or from the repository root (``scripts/gpu_check.sh`` runs it on a GPU):
+
+    python -m benchmarks.sst_device [--device cuda] [--batches 25,100,1024] [--trees 2048] [--out FILE] [--no-mlflow]
 """
 from __future__ import annotations
 
+import argparse
 import copy
+import json
 import statistics
+import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -128,10 +135,9 @@ def run(device: str = "cuda", batches: Sequence[int] = (25, 100, 1024), trees: i
     return rows
 
 
-def main(argv=None):
-    import argparse
-    import json
-    ap = argparse.ArgumentParser(description="SST Tree-LSTM training and inference speed on one device")
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.sst_device",
+                                 description="SST Tree-LSTM training and inference speed on one device")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batches", default="25,100,1024")
     ap.add_argument("--trees", type=int, default=2048)
@@ -146,7 +152,8 @@ def main(argv=None):
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"system": system_info(), "rows": rows}, f, indent=1)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

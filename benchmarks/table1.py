@@ -26,11 +26,24 @@ forward + ``0.5*sum(y^2)`` loss (``tf.nn.l2_loss``) + backward + an SGD step.
     result = run_table1(Table1Config(vector_size=64, batch_sizes=(1, 32)))
     print(format_report(result))
 
-:func:`run` is the whole experiment (``scripts/bench_table1.py``): a configuration resolved from
+:func:`run` is the whole experiment (``python -m benchmarks.table1``): a configuration resolved from
 ``conf/bench_table1.yaml`` (:func:`resolve_config`), the sweep, the report, JSON and MLflow.
+
+Command line (from the repository root):
+
+    python -m benchmarks.table1                                   # conf/bench_table1.yaml: vector 256, full sweep
+    python -m benchmarks.table1 --vector 1024 --batch-sizes 1,32,256 --repeats 3
+    python -m benchmarks.table1 --schedulers depth,agenda,coalesce --modes inference
+    python -m benchmarks.table1 --quick --no-mlflow               # seconds
+
+Prints the table in the paper's layout beside the paper's CPU rows, writes JSON (``--out``)
+and logs an MLflow run (experiment ``table1``; ``MLFLOW_TRACKING_URI``, default
+``sqlite:///mlflow.db``): params, the table (``log_table``), key ratios as metrics, and a
+per-tree-time vs batch-size plot.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -721,3 +734,60 @@ def run(conf: Dict[str, object], command: Optional[str] = None,
         log(f"MLflow run {run_id} (experiment {experiment}, "
             f"{os.environ.get('MLFLOW_TRACKING_URI', 'sqlite:///mlflow.db')})")
     return result
+
+
+# ---------------------------------------------------------------------------------------
+# The command line: python -m benchmarks.table1 [flags]
+# ---------------------------------------------------------------------------------------
+
+def _ints(s):
+    return tuple(int(x) for x in str(s).split(",") if x.strip())
+
+
+def _names(s):
+    return tuple(x.strip() for x in str(s).split(",") if x.strip())
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.table1",
+                                 description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="".join(__doc__.partition("Command line")[1:]))
+    ap.add_argument("--config", default=DEFAULT_CONFIG, help="YAML defaults (flags override)")
+    ap.add_argument("--quick", action="store_true", help="small sizes (the YAML's quick: section)")
+    ap.add_argument("--vector", "--vector-size", dest="vector_size", type=int)
+    ap.add_argument("--leaves", type=int)
+    ap.add_argument("--batch-sizes", type=_ints, help="comma separated, e.g. 1,32,256")
+    ap.add_argument("--schedulers", type=_names, help="comma separated names from schedulers.SCHEDULERS")
+    ap.add_argument("--modes", type=_names, help="inference,training")
+    ap.add_argument("--max-call-rows", type=int, help="row-block calls above this size (0: no limit)")
+    ap.add_argument("--repeats", type=int)
+    ap.add_argument("--warmup", type=int)
+    ap.add_argument("--threads", type=int, help="torch.set_num_threads (default: all cores)")
+    ap.add_argument("--device", help="cpu or cuda")
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--eager-max-trees", type=int)
+    ap.add_argument("--no-gemm", dest="gemm", action="store_false", default=None)
+    ap.add_argument("--out", help="JSON output path")
+    ap.add_argument("--no-mlflow", dest="mlflow", action="store_false", default=None)
+    ap.add_argument("--experiment", help="MLflow experiment name")
+    ap.add_argument("--run-name")
+    ap.add_argument("--brief", action="store_true", default=None,
+                    help="print only the main tables and the goals (the JSON and MLflow keep everything)")
+    return ap.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    flags = {k: v for k, v in vars(args).items() if k not in ("config", "quick")}
+    conf = resolve_config(args.config, args.quick, flags)
+    command = " ".join(["python -m benchmarks.table1"] + (sys.argv[1:] if argv is None else list(argv)))
+    try:
+        run(conf, command=command)
+    except ConfigError as e:   # raised before anything runs
+        raise SystemExit(str(e))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,14 +18,18 @@ every molecule traced and planned block by block), wall and process CPU time;
 ``dgllife/weave``: dgllife's ``WeavePredictor`` on the same molecules, when ``dgllife`` (and
 ``dgl``) import; otherwise the run logs why it was skipped and reports foldengine alone.
 Results are printed and logged to MLflow (experiment ``bench_tox21_peers``).
+
+    python -m benchmarks.tox21_peers [--molecules 1000] [--batch 100] [--gather sum] [--no-mlflow]
 """
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import statistics
+import sys
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -165,3 +169,24 @@ def run(molecules: int = 1000, batch: int = 100, gather: str = "sum", repeats: i
                   "seed": seed, "workload": workload, "dgllife": ok}
         log(f"MLflow run {log_to_mlflow('bench_tox21_peers', params, {'tox21': rows}, metrics)}")
     return metrics
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.tox21_peers",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--molecules", type=int, default=1000)
+    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--gather", choices=("sum", "gaussian"), default="sum")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--one-time-rounds", type=int, default=3, help="rounds of the featurise / trace comparison")
+    ap.add_argument("--one-time-molecules", type=int, default=200, help="molecules of the featurise / trace comparison")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
+    run(**vars(ap.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

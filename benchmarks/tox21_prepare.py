@@ -15,13 +15,15 @@ Reports milliseconds per molecule and the ratios ``trace / featurise`` (the issu
 1.5) and ``trace_blockwise / trace`` (medians of the per-round ratios of CPU time).  Logged to
 MLflow (experiment ``bench_tox21_prepare``) unless ``mlflow=False``.
 
-    python scripts/bench_tox21_prepare.py [--molecules N] [--rounds 2] [--no-mlflow]
+    python -m benchmarks.tox21_prepare [--molecules N] [--rounds 2] [--no-mlflow]
 """
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
-from typing import Callable, Dict, List, Optional
+import sys
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -102,3 +104,18 @@ def run(molecules: Optional[int] = None, rounds: int = 2, data_dir: Optional[str
         run_id = log_to_mlflow("bench_tox21_prepare", {"molecules": n, "rounds": rounds}, {}, metrics)
         log(f"MLflow run {run_id}")
     return metrics
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.tox21_prepare",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--molecules", type=int, default=None, help="the first N molecules of the CSV (default: all)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
+    run(**vars(ap.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -230,7 +230,7 @@ class Compiler(nn.Module):
         max_call_rows: a positive int: run batched calls larger than this in row blocks
             (same results), or None (no limit).  An execution setting, not part of the
             schedule (batches do not depend on it; it may be changed between forwards).  On
-            CPUs, blocks of about 1024 rows ran fastest in ``scripts/bench_table1.py``
+            CPUs, blocks of about 1024 rows ran fastest in ``python -m benchmarks.table1``
             (inference and training); None: no limit (GPUs).
         row_layout: how each batch's calls order their rows. ``"readers"`` (default): from the
             readers of the whole batch (:func:`foldengine.plan.lower`), so that gathers are

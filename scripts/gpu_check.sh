@@ -84,7 +84,7 @@ fi
 if want table1; then
   say "table1: vector 1024, 128 leaves, on cuda"
   if [ "$QUICK" = 1 ]; then T1=(--batch-sizes 1,32,256,1024 --repeats 3); else T1=(--batch-sizes 1,32,64,128,256,512,1024 --repeats 3); fi
-  "$PY" scripts/bench_table1.py --device cuda --vector 1024 --leaves 128 --max-call-rows 0 \
+  "$PY" -m benchmarks.table1 --device cuda --vector 1024 --leaves 128 --max-call-rows 0 \
     --schedulers depth,coalesce "${T1[@]}" --out "$OUT_DIR/table1_gpu.json" "${MLFLOW_FLAG[@]}" \
     >"$OUT_DIR/table1.log" 2>&1 || fail "table1 (see $OUT_DIR/table1.log)"
   tail -40 "$OUT_DIR/table1.log"
@@ -92,7 +92,7 @@ fi
 if want sst; then
   say "sst: SST Tree-LSTM training and inference on cuda"
   REPS=3; [ "$QUICK" = 1 ] && REPS=2
-  "$PY" scripts/bench_sst_device.py --device cuda --batches 25,100,1024 --repeats "$REPS" \
+  "$PY" -m benchmarks.sst_device --device cuda --batches 25,100,1024 --repeats "$REPS" \
     --out "$OUT_DIR/sst_gpu.json" "${MLFLOW_FLAG[@]}" >"$OUT_DIR/sst.log" 2>&1 || fail "sst (see $OUT_DIR/sst.log)"
   tail -20 "$OUT_DIR/sst.log"
 fi
@@ -101,7 +101,7 @@ if want util; then
   EPOCHS=2; [ "$QUICK" = 1 ] && EPOCHS=1
   EMB=()
   [ -n "${FOLD_SST_EMBEDDINGS:-}" ] && EMB=("sst.embeddings=$FOLD_SST_EMBEDDINGS")
-  "$PY" scripts/bench_gpu_utilization.py --out "$OUT_DIR/gpu_util.json" -- "epochs=$EPOCHS" ray.num_workers=1 \
+  "$PY" -m benchmarks.gpu_utilization --out "$OUT_DIR/gpu_util.json" -- "epochs=$EPOCHS" ray.num_workers=1 \
     "tracking.uri=$MLFLOW_TRACKING_URI" "ray.storage_path=${TMPDIR:-/tmp}/fold-gpu-check-ray" "${EMB[@]}" \
     >"$OUT_DIR/util.log" 2>&1 || fail "util (see $OUT_DIR/util.log)"
   tail -30 "$OUT_DIR/util.log"

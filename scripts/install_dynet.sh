@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds DyNet 2.1.2 (C++ with autobatching) from its PyPI sdist into the project's Python, for the
-# optional DyNet variant of scripts/bench_peers.py.  PyPI has no DyNet wheel for Python 3.11 and the
+# optional DyNet variant of python -m benchmarks.peers.  PyPI has no DyNet wheel for Python 3.11 and the
 # sdist's setup.py downloads Eigen from the internet; here Eigen comes from Debian instead.
 #
 #   bash scripts/install_dynet.sh            # about 7 minutes on 2 cores

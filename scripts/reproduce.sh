@@ -6,7 +6,7 @@
 #   --verbose                            # everything Ray, MLflow and the workers log
 #
 # Installs what is missing (see scripts/_venv.sh), then runs, each as its own MLflow run:
-#   1. paper Table 1 (dynamic vs manual batching): scripts/bench_table1.py, conf/bench_table1.yaml
+#   1. paper Table 1 (dynamic vs manual batching): benchmarks.table1, conf/bench_table1.yaml
 #   2. paper Table 2 (SST Tree-LSTM):              pipelines.sweep --seeds $SST_SEEDS, conf/sst_tai2015.yaml
 #      (Ray Tune: SST_SEEDS seeds, default 8, 2 with --quick, nested MLflow runs under one parent
 #      run holding mean (sd) over the seeds and the ensemble of their best models)
@@ -62,7 +62,7 @@ BRIEF=()
 
 t0=$SECONDS
 say "1/3 paper Table 1: dynamic vs manual batching (full report: $OUT/table1.json)"
-"$PY" scripts/bench_table1.py "${TABLE1_ARGS[@]}" --out "$OUT/table1.json" 2>&1 | tee "$OUT/table1.log"
+"$PY" -m benchmarks.table1 "${TABLE1_ARGS[@]}" --out "$OUT/table1.json" 2>&1 | tee "$OUT/table1.log"
 
 sst_table2() {  # paper Table 2: SST_SEEDS seeds of the preset on Ray Tune, mean (sd) and their ensemble
   local seeds="${SST_SEEDS:-$([ "$QUICK" = 1 ] && echo 2 || echo 8)}"

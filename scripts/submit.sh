@@ -11,7 +11,7 @@
 #   sst_tai2015         python -m pipelines.sst.train       --config conf/sst_tai2015.yaml
 #   tox21               python -m pipelines.molecules.train --config conf/molecules_tox21.yaml
 #   esol                python -m pipelines.molecules.train --config conf/molecules_esol.yaml (or conf/esol.yaml)
-#   table1              python scripts/bench_table1.py       --config conf/bench_table1.yaml
+#   table1              python -m benchmarks.table1          --config conf/bench_table1.yaml
 #   predict             python -m pipelines.predict --model URI --input FILES --output DIR (batch inference)
 #   sweep               python -m pipelines.sweep --config CONF --seeds N | --search KEY=KIND(ARGS) ... (Ray Tune)
 # key=value overrides are passed through after the config; the first existing config file listed
@@ -33,7 +33,7 @@ usage() { sed -n '2,25p' "$0"; }
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 cd "$FOLD_REPO_ROOT"
 
-experiment_cmd() {  # MODULE-OR-SCRIPT CONFIG [ALTERNATIVE_CONFIG ...] (first existing file wins)
+experiment_cmd() {  # MODULE CONFIG [ALTERNATIVE_CONFIG ...] (first existing file wins)
   local target=$1 config="" c
   shift
   if [ -n "${FOLD_CONFIG:-}" ]; then
@@ -44,12 +44,7 @@ experiment_cmd() {  # MODULE-OR-SCRIPT CONFIG [ALTERNATIVE_CONFIG ...] (first ex
     done
   fi
   [ -n "$config" ] && [ -f "$config" ] || fold_die "no config file for this experiment in $FOLD_REPO_ROOT (looked for: ${FOLD_CONFIG:-$*}); set FOLD_CONFIG=conf/....yaml"
-  if [[ "$target" == *.py ]]; then
-    [ -f "$target" ] || fold_die "entry script $target not found"
-    CMD=(python "$target" --config "$config")
-  else
-    CMD=(python -m "$target" --config "$config")
-  fi
+  CMD=(python -m "$target" --config "$config")
 }
 
 CMD=()
@@ -64,7 +59,7 @@ case "$1" in
   sst_tai2015) shift; experiment_cmd pipelines.sst.train conf/sst_tai2015.yaml ;;
   tox21)       shift; experiment_cmd pipelines.molecules.train conf/molecules_tox21.yaml conf/molecules_weave.yaml conf/tox21.yaml ;;
   esol)        shift; experiment_cmd pipelines.molecules.train conf/molecules_esol.yaml conf/esol.yaml ;;
-  table1)      shift; experiment_cmd scripts/bench_table1.py conf/bench_table1.yaml ;;
+  table1)      shift; experiment_cmd benchmarks.table1 conf/bench_table1.yaml ;;
   predict)     shift; CMD=(python -m pipelines.predict) ;;
   sweep)       shift; CMD=(python -m pipelines.sweep) ;;
   -*) fold_die "unknown option $1 (see --help)" ;;

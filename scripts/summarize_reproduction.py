@@ -10,9 +10,12 @@ The summary lives in ``benchmarks/reproduction.py``.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
-import repo_path  # noqa: F401  (benchmarks/ of this checkout; it is not installed)
-from benchmarks import reproduction
+# benchmarks/ of this checkout (it is not installed), whatever the working directory
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import reproduction  # noqa: E402
 
 
 def main(argv=None):

@@ -23,7 +23,7 @@ same values, so outputs equal those of the other layouts.  Gathers are runs of c
 rows within each input rather than across the batch: where an operation reads all of an
 input's rows of a chunk in order (most of a graph network's reads) the batch's gather is
 still one view; a tree's child reads become index gathers.  Measure both layouts on your
-model (``scripts/bench_build.py``, ``scripts/bench_row_layout.py``).
+model (``python -m benchmarks.build``, ``python -m benchmarks.row_layout``).
 """
 from __future__ import annotations
 

@@ -356,7 +356,7 @@ def lower(trace: Trace, ops: OpInfo, steps: np.ndarray, types: Sequence[TensorTy
     executor's (``Compiler(max_call_rows=...)``), so a plan does not depend on the device.
 
     ``layout="inputs"`` is the previous rule, kept to measure against
-    (``scripts/bench_row_layout.py``): rows ordered by where their first input lives, and
+    (``python -m benchmarks.row_layout``): rows ordered by where their first input lives, and
     only index-based gathers (no runs).  Every layout computes the same values.
     """
     arr = arrange(trace, ops, steps, len(types), layout)

@@ -97,7 +97,7 @@ SCHEMA: dict[str, Field] = {
     "molecules.final_pair_output": F(bool, False, doc="compute the (unread) p_y of the last layer"),
     "molecules.row_layout": F(str, "concat", choices=("concat", "readers"),
                               doc="foldengine row layout: 'concat' plans each molecule once when traced "
-                                  "(batches ~3x cheaper to build, scripts/bench_build.py); 'readers' plans per batch"),
+                                  "(batches ~3x cheaper to build, python -m benchmarks.build); 'readers' plans per batch"),
 }
 del F
 

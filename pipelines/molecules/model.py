@@ -155,7 +155,7 @@ def build_compiler(n_atom: int, n_pair: int, n_out: int, row_layout: str = "conc
 
     ``row_layout="concat"`` (default): each molecule is planned once, when traced, and a batch
     concatenates the plans (the weave model's reads cover whole chunks, so its gathers stay
-    views; ``scripts/bench_build.py`` measures the build cost); ``"readers"`` plans each batch
+    views; ``python -m benchmarks.build`` measures the build cost); ``"readers"`` plans each batch
     from scratch.  Both compute the same values."""
     return fe.Compiler(weave_model(n_atom, n_pair, n_out, **kw), row_layout=row_layout)
 

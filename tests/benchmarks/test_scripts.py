@@ -1,6 +1,7 @@
-"""The scripts in scripts/ are thin CLIs over benchmarks/: each one starts from any directory,
-without PYTHONPATH, and parses its flags.  benchmarks/ is not installed (only foldengine,
-schedulers and pipelines are): the scripts find it in their own checkout (scripts/repo_path.py)."""
+"""Every benchmark runs from the repository root as ``python -m benchmarks.<name>`` (its ``main``:
+argparse and one call into its ``run``); benchmarks/ is not installed (only foldengine, schedulers
+and pipelines are).  The Python scripts left in scripts/ start from any directory, without
+PYTHONPATH, and parse their flags."""
 from __future__ import annotations
 
 import os
@@ -10,9 +11,15 @@ import sys
 
 import pytest
 
-SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
-NAMES = ["bench_engine", "bench_schedulers", "bench_table1", "bench_row_blocking", "bench_row_layout", "ab_build_vs_commit",
-         "summarize_reproduction", "bench_sst_device", "bench_gpu_utilization", "bench_predict", "bench_tox21_peers"]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "scripts"
+NAMES = ["ab_build_vs_commit", "summarize_reproduction"]
+#: The benchmarks that had a scripts/bench_<name>.py wrapper (issue 47): each has a command line.
+BENCHMARKS = ["build", "engine", "gpu_utilization", "input_scale", "peers", "predict", "row_blocking", "row_layout",
+              "schedulers", "sst_device", "table1", "tox21_peers", "tox21_prepare"]
+#: Every module of benchmarks/ with a command line (``if __name__ == "__main__":``).
+CLI_MODULES = sorted(f.stem for f in (ROOT / "benchmarks").glob("*.py")
+                     if 'if __name__ == "__main__":' in f.read_text())
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -22,6 +29,24 @@ def test_script_help_runs_from_elsewhere(name, tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "usage:" in res.stdout
+
+
+def test_every_benchmark_has_a_command_line_and_no_wrapper_script():
+    assert set(BENCHMARKS) <= set(CLI_MODULES)
+    assert sorted(p.name for p in SCRIPTS.glob("bench_*.py")) == []
+    assert not (SCRIPTS / "repo_path.py").exists()
+
+
+@pytest.mark.parametrize("name", CLI_MODULES)
+def test_benchmark_module_help_from_the_repository_root(name):
+    """``python -m benchmarks.<name> --help`` from the root, without PYTHONPATH: exit 0 and a usage."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--help"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "usage:" in res.stdout
+    if name in BENCHMARKS:
+        assert f"usage: python -m benchmarks.{name} " in res.stdout
 
 
 def test_benchmarks_is_not_an_installed_package(tmp_path):

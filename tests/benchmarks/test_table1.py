@@ -92,7 +92,7 @@ def test_run_table1_rows_are_consistent():
 
 
 def test_run_writes_json_and_logs_mlflow(tmp_path, monkeypatch):
-    """The experiment as scripts/bench_table1.py runs it: the YAML's quick section, flags on top."""
+    """The experiment as python -m benchmarks.table1 runs it: the YAML's quick section, flags on top."""
     mlflow = pytest.importorskip("mlflow")
     from benchmarks.table1 import resolve_config, run
 
@@ -120,6 +120,19 @@ def test_config_errors_name_the_key_and_the_scheduler():
         config_from({**resolve_config(), "vectr": 3})
     with pytest.raises(ConfigError, match="unknown scheduler"):
         config_from(resolve_config(overrides={"schedulers": ("nope",)}))
+
+
+def test_command_line_flags_and_a_config_error():
+    """``python -m benchmarks.table1``'s flags (parsed in-process): unset flags stay None so the YAML
+    decides; a bad scheduler ends the command with the message before anything runs."""
+    from benchmarks import table1
+    a = table1.parse_args(["--quick", "--vector", "8", "--batch-sizes", "1,2", "--schedulers", "depth, coalesce",
+                           "--no-mlflow"])
+    assert (a.config, a.quick, a.vector_size, a.batch_sizes, a.schedulers, a.mlflow) == (
+        table1.DEFAULT_CONFIG, True, 8, (1, 2), ("depth", "coalesce"), False)
+    assert a.repeats is None and a.gemm is None and a.brief is None
+    with pytest.raises(SystemExit, match="unknown scheduler"):
+        table1.main(["--quick", "--schedulers", "nope", "--no-mlflow"])
 
 
 def test_bench_row_blocking_smoke(tmp_path, monkeypatch):
