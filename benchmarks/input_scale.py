@@ -13,7 +13,7 @@ its own local Ray:
   of ``train_e1_r0``; built from records), then the first batch of ``train_e2_r0`` (read from the traces: it waits for
   the trace pass).  Reports ``read_s``, ``trace_s`` (the declaration), ``first_batch_s``,
   ``e2_first_batch_s`` and ``parsed_per_s`` (data rows of all files read / ``read_s``).
-* ``train``: a short :func:`pipelines.train.run` (2 epochs of ``--steps`` steps, so that the
+* ``train``: a short :func:`pipelines.training.run.run` (2 epochs of ``--steps`` steps, so that the
   trace pass for epoch 2 runs beside epoch 1 as in a real run; 2 DDP workers, tracking off).
   Reports ``first_step_s`` (from calling ``run`` to the end of the first optimizer step on
   every rank: the worker metric ``time/first_step_unix``), ``wait_share``
@@ -225,7 +225,7 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
             from pipelines.data.background import EpochHead, read_head
             from pipelines.seeding import seed_all
             from pipelines.data.feed import declare_feed, train_dataset_name
-            from pipelines.train import configure_ray_data
+            from pipelines.training.run import configure_ray_data
 
             configure_ray_data(cfg)
             seed_all(int(cfg["seed"]))
@@ -251,7 +251,7 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
                 next(iter(declared.datasets[train_dataset_name(2, 0)].iter_rows()))
                 out["e2_first_batch_s"] = time.perf_counter() - t0
         else:
-            from pipelines.train import run as train_run
+            from pipelines.training.run import run as train_run
 
             t_run = time.time()
             res = train_run(exp, cfg)

@@ -164,7 +164,7 @@ def make_modules(cfg: dict, vocab_size: int, emb: int = 50, seed: int = 0):
 
 def make_optimizer(cfg: dict, modules) -> torch.optim.Optimizer:
     """The preset's optimizer over the preset's parameter groups of ``modules``."""
-    from pipelines.optim import make_optimizer as make
+    from pipelines.training.optim import make_optimizer as make
     from pipelines.sst.experiment import SSTExperiment
     return make(SSTExperiment().param_groups(modules, cfg), cfg)
 

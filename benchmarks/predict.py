@@ -1,4 +1,4 @@
-"""Inference throughput of a logged model (:mod:`pipelines.mlflow_model`), three ways, side by side:
+"""Inference throughput of a logged model (:mod:`pipelines.model.mlflow_model`), three ways, side by side:
 
 * ``per_example``: ``predict`` on one input at a time (a DataFrame of one row per call), on the
   first ``per_example`` inputs;
@@ -21,7 +21,7 @@ seconds (for Ray Data, the driver's and every Ray process's CPU during the run),
 ``per_core_over_dataframe`` the Ray Data row's inputs per CPU second over the DataFrame's.
 
 Where a DataFrame's input goes (:func:`stage_seconds`, a third way in every round): the
-predictor's two stages (:class:`pipelines.prediction.Predictor`), ``parse`` (PTB parsing, RDKit
+predictor's two stages (:class:`pipelines.model.prediction.Predictor`), ``parse`` (PTB parsing, RDKit
 featurisation) over every input, then ``run`` (trace, plan and forward) over chunks, with one
 torch thread, so that their CPU time is the work itself without a second thread's spinning.  The
 DataFrame row gives each stage's CPU milliseconds per input (``parse_cpu_ms``, ``run_cpu_ms``)
@@ -74,7 +74,7 @@ def logged_model(workload: str, data_dir: str, tracking_uri: str) -> str:
     import torch
 
     from pipelines.config import load_config, merged_schema
-    from pipelines.mlflow_model import log_model
+    from pipelines.model.mlflow_model import log_model
 
     torch.manual_seed(0)
     if workload == "sst":
@@ -95,7 +95,7 @@ def logged_model(workload: str, data_dir: str, tracking_uri: str) -> str:
         ctx = TargetScaling()
         model = exp.build_model(cfg, ctx)
     client = mlflow.MlflowClient(tracking_uri)
-    from pipelines.tracking import ensure_experiment
+    from pipelines.tracking.tracker import ensure_experiment
 
     run_id = client.create_run(ensure_experiment(client, "bench_predict_models")).info.run_id
     uri = log_model(tracking_uri, run_id, exp, cfg, exp.model_context(cfg, ctx), model.state_dict()).model_uri
@@ -146,7 +146,7 @@ def child(model_uri: str, path: str, out: str, actors: int, tracking_uri: str, c
     import ray
 
     from .input_scale import RaySampler
-    from pipelines.predict import run as predict_files
+    from pipelines.predict.batch import run as predict_files
 
     sampler = RaySampler()
     sampler.start()
@@ -175,8 +175,8 @@ def run(workloads: Sequence[str] = WORKLOADS, ks: Sequence[int] = (1, 20), per_e
     import mlflow as mlf
     import pandas as pd
 
-    from pipelines.mlflow_model import quiet_model_logging
-    from pipelines.prediction import DEFAULT_CHUNK_SIZE
+    from pipelines.model.mlflow_model import quiet_model_logging
+    from pipelines.model.prediction import DEFAULT_CHUNK_SIZE
 
     data_dir = data_dir or os.environ.get("FOLD_DATA_DIR") or os.path.join(REPO_ROOT, "..", "shared", "data")
     rows: List[Dict[str, object]] = []

@@ -69,11 +69,11 @@ def view_columns(metric_keys: Iterable[str], limit: int = VIEW_COLUMNS) -> List[
 
 
 def save_view(experiment_id: str, metric_keys: Iterable[str], columns: Optional[Sequence[str]] = None) -> None:
-    """The experiment's saved view (:mod:`pipelines.runs_view`): ``columns`` (default
+    """The experiment's saved view (:mod:`pipelines.tracking.runs_view`): ``columns`` (default
     :func:`view_columns`) in the runs table, a chart per metric in the chart view."""
     import mlflow
 
-    from pipelines.runs_view import runs_view_tag
+    from pipelines.tracking.runs_view import runs_view_tag
 
     keys = sorted(metric_keys)
     cols = list(columns) if columns is not None else view_columns(keys)

@@ -20,7 +20,7 @@ import math
 import os
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
-from pipelines.runs_view import run_url
+from pipelines.tracking.runs_view import run_url
 
 from .reporting import REPO_ROOT, echo, save_view
 

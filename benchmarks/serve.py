@@ -1,4 +1,4 @@
-"""Serving throughput and latency: the Ray Serve deployment (:mod:`pipelines.serve`, requests
+"""Serving throughput and latency: the Ray Serve deployment (:mod:`pipelines.predict.serve`, requests
 batched into engine batches) against ``mlflow models serve`` (one request at a time per worker)
 on the same logged model, the same inputs and the same machine, in interleaved rounds.
 
@@ -102,8 +102,8 @@ def _ray_serve(model: str, replicas: int) -> tuple:
     import ray
     from ray import serve
 
-    from pipelines.predict import load_package_bytes
-    from pipelines.serve import ServeSettings, start
+    from pipelines.predict.batch import load_package_bytes
+    from pipelines.predict.serve import ServeSettings, start
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)

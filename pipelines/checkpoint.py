@@ -25,7 +25,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .errors import user_error
+from pipelines.errors import user_error
 
 __all__ = ["STATE_FILE", "BEST_FILE", "CheckpointError", "TrainingState", "write", "read_state",
            "read_best_model", "load_plain", "plain", "load_into", "MISFIT", "misfit_in"]

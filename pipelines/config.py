@@ -3,7 +3,7 @@
 A config is a nested ``dict`` loaded from YAML (``conf/*.yaml``).  Every leaf must be declared in
 a *schema*: a flat mapping from dotted key (``"optimizer.lr"``) to a :class:`Field` giving its type,
 default, range or choices.  :data:`BASE_SCHEMA` declares the keys the shared training glue
-(:mod:`pipelines.train`) reads; an experiment adds its own (``Experiment.config_schema``).
+(:mod:`pipelines.training.run`) reads; an experiment adds its own (``Experiment.config_schema``).
 
     cfg = load_config("conf/sst.yaml", ["optimizer.lr=0.1", "ray.num_workers=2"],
                       schema=merged_schema(experiment.config_schema))
@@ -23,8 +23,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import yaml
 
-from .data.skips import DEFAULT_MAX_NAMED
-from .errors import user_error
+from pipelines.data.skips import DEFAULT_MAX_NAMED
+from pipelines.errors import user_error
 
 __all__ = [
     "REQUIRED", "Field", "ConfigError", "BASE_SCHEMA", "merged_schema", "load_config",
@@ -90,7 +90,7 @@ class Field:
 
 
 F = Field
-#: Keys read by :func:`pipelines.train.run`.  Experiments add theirs via ``config_schema``.
+#: Keys read by :func:`pipelines.training.run.run`.  Experiments add theirs via ``config_schema``.
 BASE_SCHEMA: dict[str, Field] = {
     "experiment": F(str, None, nullable=True, doc="the experiment this config is for: sst, molecules or "
                     "package.module.Class (pipelines.sweep and scripts read it; a train entry point checks it)"),

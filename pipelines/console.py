@@ -79,7 +79,7 @@ def configure(verbose: bool = False) -> None:
     filter_harmless_warnings()
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
-    # the pipelines log their models from their own code on purpose (see pipelines.mlflow_model)
+    # the pipelines log their models from their own code on purpose (see pipelines.model.mlflow_model)
     logging.getLogger("mlflow.pyfunc").addFilter(
         lambda record: "Passing a Python object as `python_model`" not in record.getMessage())
     quiet_ray_data_console()
@@ -144,7 +144,7 @@ class Heartbeat:
 
     def __init__(self, what: str, interval_s: float, log: Optional[logging.Logger] = None):
         self.what, self.interval_s = what, float(interval_s)
-        self.log = log or logging.getLogger("pipelines.train")
+        self.log = log or logging.getLogger("pipelines.training.run")
         self.active = self.interval_s > 0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -195,7 +195,7 @@ class ProgressPrinter:
                  stream=None, log: Optional[logging.Logger] = None):
         self.board, self.epochs, self.interval_s, self.poll_s = board, epochs, interval_s, poll_s
         self.stream = stream or sys.stderr
-        self.log = log or logging.getLogger("pipelines.train")
+        self.log = log or logging.getLogger("pipelines.training.run")
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.seen = 0
         self._bar = None

@@ -1,5 +1,5 @@
 """The interface an experiment (SST Tree-LSTM, Tox21 weave, a test toy) implements for
-:func:`pipelines.train.run`.
+:func:`pipelines.training.run.run`.
 
 The glue owns Ray Data, Ray Train (DDP), checkpoints and MLflow; an experiment owns its data,
 model, batch building and metrics.  Where things run:
@@ -32,8 +32,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from .config import ConfigError, Field
-from .datadir import DataFile
+from pipelines.config import ConfigError, Field
+from pipelines.datadir import DataFile
 
 
 #: The built-in experiments by short name (``experiment: sst`` in a config, ``--experiment sst``):
@@ -129,7 +129,7 @@ class Experiment(abc.ABC):
         """The files ``read_splits(config)`` reads: :class:`pipelines.datadir.DatasetFile` (a
         published dataset's file, found under the data directories or downloaded into the cache)
         and :class:`pipelines.datadir.OwnFile` (the user's own file, named by a config key)
-        records.  :func:`pipelines.train.run` and the entry points (``pipelines.sweep`` before
+        records.  :func:`pipelines.training.run.run` and the entry points (``pipelines.sweep`` before
         Ray starts) resolve them all first (:func:`pipelines.datadir.check_files`), so that a
         missing file fails in seconds with one line naming it and ``FOLD_DATA_DIR``, before Ray
         and before any MLflow run.  Runs on the driver; must not change ``self``.  Default: none."""
@@ -151,7 +151,7 @@ class Experiment(abc.ABC):
         return None
 
     def predictor(self, config: dict, model_context: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor]):
-        """A :class:`pipelines.prediction.Predictor` of the model with ``state_dict`` loaded
+        """A :class:`pipelines.model.prediction.Predictor` of the model with ``state_dict`` loaded
         (``model_context``: :meth:`model_context`'s result after a JSON round trip)."""
         raise NotImplementedError(f"{type(self).__name__} does not export its models")
 

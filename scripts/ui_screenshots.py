@@ -65,7 +65,7 @@ def screenshot(chromium: str, url: str, path: str, size=(2400, 1000), budget_ms:
 
 def views(client, base: str, experiment: str) -> list[tuple[str, str]]:
     """``[(name, url)]`` of the views to capture."""
-    from pipelines.runs_view import MODEL_TRAINING, VIEW_KEY, charts_view_url, run_url, runs_view_url
+    from pipelines.tracking.runs_view import MODEL_TRAINING, VIEW_KEY, charts_view_url, run_url, runs_view_url
 
     out = [("experiments", f"{base}/#/experiments?{MODEL_TRAINING}")]
     exp = client.get_experiment_by_name(experiment)

@@ -12,7 +12,7 @@ TESTS = pathlib.Path(__file__).resolve().parent
 #: fixtures (in tests/) that start Ray or a server for the tests that use them
 SERVICE_FIXTURES = {"ray_cluster", "ray_data_ordered", "nodes", "journey", "served", "server", "ui"}
 #: source text that starts Ray, a server or the main job
-SERVICE_CALLS = ("ray.init(", "MlflowServer(", "\"models\", \"serve\"", "pipelines.serve import", "scripts/reproduce.sh")
+SERVICE_CALLS = ("ray.init(", "MlflowServer(", "\"models\", \"serve\"", "pipelines.predict.serve import", "scripts/reproduce.sh")
 
 
 def _marks(decorators) -> set:

@@ -20,9 +20,9 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 
-from ..experiment import Experiment
-from .positions import inverse_permutation, rank_part, train_step_positions
-from .step import Step, build_step, step_table
+from pipelines.experiment import Experiment
+from pipelines.data.positions import inverse_permutation, rank_part, train_step_positions
+from pipelines.data.step import Step, build_step, step_table
 
 __all__ = ["SORTED_BLOCK_ROWS", "gather_positions", "build_gathered_step", "gather_steps", "step_ranges_dataset",
            "assign_train", "assign_traced_block", "assign_eval", "step_boundaries", "build_steps", "assemble_steps"]

@@ -23,9 +23,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .assembly import assign_eval, build_gathered_step, build_steps
-from .positions import eval_group_rows
-from .step import Step, step_table, trace_block
+from pipelines.data.assembly import assign_eval, build_gathered_step, build_steps
+from pipelines.data.positions import eval_group_rows
+from pipelines.data.step import Step, step_table, trace_block
 
 __all__ = ["BACKGROUND_NICENESS", "BackgroundWorker", "TracedBlocks", "CachedEval", "EpochHead", "trace_in_background",
            "build_eval_in_background", "build_head_in_background", "read_cached_eval", "read_head"]

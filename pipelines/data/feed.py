@@ -21,16 +21,16 @@ import functools
 import itertools
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
-from ..config import ConfigError
-from ..experiment import Experiment
-from .assembly import (SORTED_BLOCK_ROWS, assemble_steps, assign_eval, assign_traced_block, assign_train, build_steps,
+from pipelines.config import ConfigError
+from pipelines.experiment import Experiment
+from pipelines.data.assembly import (SORTED_BLOCK_ROWS, assemble_steps, assign_eval, assign_traced_block, assign_train, build_steps,
                        gather_steps, step_boundaries, step_ranges_dataset)
-from .background import (build_eval_in_background, build_head_in_background, read_cached_eval, read_head,
+from pipelines.data.background import (build_eval_in_background, build_head_in_background, read_cached_eval, read_head,
                          trace_in_background)
-from .positions import EVAL_SPLITS, eval_group_rows, eval_groups, head_steps, train_step_rows, train_steps_per_epoch
-from .skips import SKIP_REPORT_ARTIFACT
-from .splits import StreamSplits, block_starts
-from .step import Step, trace_block
+from pipelines.data.positions import EVAL_SPLITS, eval_group_rows, eval_groups, head_steps, train_step_rows, train_steps_per_epoch
+from pipelines.data.skips import SKIP_REPORT_ARTIFACT
+from pipelines.data.splits import StreamSplits, block_starts
+from pipelines.data.step import Step, trace_block
 
 __all__ = ["DataPlan", "Feed", "RowPrefetcher", "DeclaredData", "train_dataset_name", "eval_dataset_name",
            "GATHER_STORE_SHARE", "estimated_split_bytes", "smallest_object_store", "step_assembly", "declare_feed"]

@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from .cache import cached
+from pipelines.data.cache import cached
 
 __all__ = ["EVAL_SPLITS", "train_steps_per_epoch", "eval_groups", "epoch_permutation", "inverse_permutation",
            "rank_part", "train_step_positions", "train_step_rows", "eval_group_rows", "head_steps"]

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from .skips import DEFAULT_MAX_NAMED, SkippedRecord
+from pipelines.data.skips import DEFAULT_MAX_NAMED, SkippedRecord
 
 __all__ = ["LineSource", "Corrupt", "corrupt_ends", "ReadSummary", "ParsedData", "read_lines", "content_sha256",
            "finish_parsed", "add_counts", "datasource_base", "is_csv", "csv_header", "CsvSource", "read_csv_columns"]

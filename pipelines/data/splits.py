@@ -22,8 +22,8 @@ from typing import Any, Mapping, Optional, Union
 
 import numpy as np
 
-from .cache import cached
-from .skips import SkipReport
+from pipelines.data.cache import cached
+from pipelines.data.skips import SkipReport
 
 __all__ = ["SplitSource", "StreamSplits", "with_positions", "sample_positions", "positions_in", "splits_from_records",
            "block_starts"]

@@ -20,9 +20,9 @@ import pickle
 import time
 from typing import Any, Mapping, Sequence
 
-from ..experiment import Experiment
-from ..seeding import derived_seed, seed_all
-from .cache import cached, config_key
+from pipelines.experiment import Experiment
+from pipelines.seeding import derived_seed, seed_all
+from pipelines.data.cache import cached, config_key
 
 __all__ = ["Step", "STEP_ROW_FIELDS", "TRACE_CHUNK_RECORDS", "batch_builder", "trace_block", "build_step",
            "step_table"]

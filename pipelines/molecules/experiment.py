@@ -1,5 +1,5 @@
 """Tox21 (12-task classification, ROC-AUC) and ESOL (regression, RMSE) with the weave model,
-as :class:`pipelines.experiment.Experiment` s for :func:`pipelines.train.run`.
+as :class:`pipelines.experiment.Experiment` s for :func:`pipelines.training.run.run`.
 
 Where things run (see ``pipelines/experiment.py``):
 
@@ -40,7 +40,7 @@ import torch
 from pipelines.config import Field
 from pipelines.experiment import Experiment
 
-from .model import MolBatch, build_compiler, masked_bce_sum
+from pipelines.molecules.model import MolBatch, build_compiler, masked_bce_sum
 
 log = logging.getLogger("pipelines.molecules")
 
@@ -114,7 +114,7 @@ def featurize_cached(smiles: str):
     :data:`FEATURE_CACHE_MAX` distinct SMILES (memory does not grow with the data set)."""
     g = _FEATURE_CACHE.get(smiles)
     if g is None:
-        from .featurize import featurize
+        from pipelines.molecules.featurize import featurize
 
         g = _FEATURE_CACHE[smiles] = featurize(smiles).to_compact()
         if len(_FEATURE_CACHE) > FEATURE_CACHE_MAX:
@@ -138,8 +138,8 @@ def _check_block(table, selected_ref, scaffold, max_atoms):
     from pipelines.data.cache import cached
     from pipelines.data.splits import positions_in
 
-    from .featurize import SmilesError, parse_smiles
-    from .splits import murcko_scaffold
+    from pipelines.molecules.featurize import SmilesError, parse_smiles
+    from pipelines.molecules.splits import murcko_scaffold
 
     selected = cached(("selected_idx", selected_ref[0].hex()), lambda: ray.get(selected_ref[0]))
     rank, keep = positions_in(selected, table.column("idx"))
@@ -201,7 +201,7 @@ class MoleculeExperiment(Experiment):
         """``dataset``: ``"tox21"``, ``"esol"`` or ``"csv"`` (the user's own file; then ``tasks``
         are its label columns and ``task_type`` ``"classification"`` / ``"regression"``: use
         :meth:`from_config`)."""
-        from .data import TOX21_TASKS
+        from pipelines.molecules.data import TOX21_TASKS
 
         if dataset not in ("tox21", "esol", "csv"):
             raise ValueError(f"unknown dataset {dataset!r}")
@@ -243,7 +243,7 @@ class MoleculeExperiment(Experiment):
     # ------------------------------------------------------------------ driver
     def data_files(self, config: dict) -> list:
         """The file ``read_splits(config)`` reads: :func:`pipelines.molecules.data.data_files`."""
-        from .data import data_files
+        from pipelines.molecules.data import data_files
 
         return data_files(self.dataset, config["molecules"].get("csv"))
 
@@ -284,13 +284,13 @@ class MoleculeExperiment(Experiment):
         :mod:`pipelines.molecules.splits`)."""
         import ray
 
-        from .reading import read_molecule_csv_ds
+        from pipelines.molecules.reading import read_molecule_csv_ds
         from pipelines.data.skips import DEFAULT_MAX_NAMED, SkippedRecord, SkipReport
         from pipelines.data.splits import SplitSource, StreamSplits, sample_positions
 
-        from . import data as D
-        from .featurize import parse_smiles
-        from .splits import random_split, scaffold_split_keys
+        from pipelines.molecules import data as D
+        from pipelines.molecules.featurize import parse_smiles
+        from pipelines.molecules.splits import random_split, scaffold_split_keys
 
         mc = config["molecules"]
         if mc["dataset"] != self.dataset:
@@ -403,8 +403,8 @@ class MoleculeExperiment(Experiment):
         ``data.unlabeled.<split>``."""
         from pipelines.data.skips import SkippedRecord
 
-        from . import data as D
-        from .reading import label_stats
+        from pipelines.molecules import data as D
+        from pipelines.molecules.reading import label_stats
 
         train_stats = None
         for split in ("train", "dev", "test"):
@@ -432,7 +432,7 @@ class MoleculeExperiment(Experiment):
     # ------------------------------------------------------------------ model / batches
     def build_model(self, config: dict, context: TargetScaling) -> torch.nn.Module:
         """The compiled weave model, with ``context`` attached as ``model.target_scaling``."""
-        from .featurize import N_ATOM_FEATURES, N_PAIR_FEATURES
+        from pipelines.molecules.featurize import N_ATOM_FEATURES, N_PAIR_FEATURES
 
         mc = config["molecules"]
         model = build_compiler(N_ATOM_FEATURES, N_PAIR_FEATURES, len(self.tasks),
@@ -453,7 +453,7 @@ class MoleculeExperiment(Experiment):
     def predictor(self, config: dict, model_context: Mapping, state_dict):
         """A :class:`pipelines.molecules.inference.MoleculePredictor` (input column ``smiles``;
         one output column per task)."""
-        from .inference import MoleculePredictor
+        from pipelines.molecules.inference import MoleculePredictor
 
         def scalar_or_tuple(v):
             return tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else float(v)

@@ -1,4 +1,4 @@
-"""The weave model as a predictor of raw SMILES (:class:`pipelines.prediction.Predictor`).
+"""The weave model as a predictor of raw SMILES (:class:`pipelines.model.prediction.Predictor`).
 
 Input column ``smiles``.  Output, one row per molecule: one column per task, named after it:
 the probability of the positive class (classification, e.g. Tox21's ``NR-AR``) or the value in
@@ -13,9 +13,9 @@ from typing import Sequence
 
 import torch
 
-from pipelines.prediction import InputTooLarge, Predictor
+from pipelines.model.prediction import InputTooLarge, Predictor
 
-from .featurize import featurize_mol, parse_smiles
+from pipelines.molecules.featurize import featurize_mol, parse_smiles
 
 __all__ = ["MoleculePredictor"]
 

@@ -5,7 +5,7 @@
     python -m pipelines.molecules.train --config conf/molecules_csv.yaml molecules.csv=my.csv \
         molecules.task_columns=[active] molecules.task_type=classification
 
-``molecules.dataset`` picks the experiment (``csv``: your own file, see ``conf/molecules_csv.yaml``).  After :func:`pipelines.train.run` this entry point
+``molecules.dataset`` picks the experiment (``csv``: your own file, see ``conf/molecules_csv.yaml``).  After :func:`pipelines.training.run.run` this entry point
 adds to the same MLflow run: batch-building throughput (``time/build_mol_per_s``: molecules per
 second of featurise + trace + schedule + pickle in the Ray Data tasks, from the glue's
 ``time/build_s``) and, for classification (Tox21 or your own CSV), the best model's test-set ROC curves (``plots/roc_curves.png``)
@@ -24,9 +24,9 @@ from pipelines import console
 from pipelines.config import merged_schema, parse_cli
 from pipelines.checkpoint import read_best_model
 from pipelines.errors import entry_point
-from pipelines.train import BEST_FILE, RunResult, check_only, report, run
+from pipelines.training.run import BEST_FILE, RunResult, check_only, report, run
 
-from .experiment import SCHEMA, MoleculeExperiment, TargetScaling
+from pipelines.molecules.experiment import SCHEMA, MoleculeExperiment, TargetScaling
 
 log = logging.getLogger("pipelines.molecules.train")
 
@@ -99,7 +99,7 @@ def predict_test_split(experiment: MoleculeExperiment, cfg: dict, state_dict, co
     again when None)."""
     import ray
 
-    from pipelines.train import connect_ray
+    from pipelines.training.run import connect_ray
 
     started = connect_ray(cfg)
     reader_log = logging.getLogger("pipelines.molecules")
@@ -160,7 +160,7 @@ def after_run(experiment: MoleculeExperiment, cfg: dict, res: RunResult) -> dict
     """Extra MLflow logging on the finished run (see module docstring); returns what it logged."""
     import pandas as pd
 
-    from pipelines.tracking import Tracker
+    from pipelines.tracking.tracker import Tracker
 
     extra = build_throughput(res)
     tracker = Tracker(res.tracking_uri, res.run_id, enabled=bool(res.run_id))

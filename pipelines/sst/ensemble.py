@@ -44,7 +44,7 @@ DATA_KEYS = ("sst.vocab_splits", "sst.embeddings", "sst.limit_train", "sst.limit
 def load_member(client, run_id: str) -> tuple[dict, dict]:
     """``(config, state_dict)`` of the best model a training run logged (clear errors naming the
     run when it does not exist or logged no model)."""
-    from pipelines.tracking import load_logged_state_dict
+    from pipelines.tracking.tracker import load_logged_state_dict
 
     state, meta = load_logged_state_dict(client, run_id)
     if "config" not in meta:
@@ -75,7 +75,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
     from mlflow.tracking import MlflowClient
 
-    from pipelines.tracking import Tracker, resolve_uri
+    from pipelines.tracking.tracker import Tracker, resolve_uri
 
     uri = resolve_uri(args.tracking_uri)
     client = MlflowClient(uri)

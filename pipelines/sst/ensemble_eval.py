@@ -75,7 +75,7 @@ def evaluate_ensemble_streaming(experiment: Experiment, configs: Sequence[dict],
 
     import ray
 
-    from pipelines.train import connect_ray
+    from pipelines.training.run import connect_ray
 
     started = connect_ray(configs[0])
     try:

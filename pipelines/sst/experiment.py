@@ -1,5 +1,5 @@
 """SST fine-grained / binary sentiment with the Tree-LSTM, as a :class:`pipelines.experiment.Experiment`
-for :func:`pipelines.train.run` (paper Table 2).
+for :func:`pipelines.training.run.run` (paper Table 2).
 
 * Driver (:meth:`SSTExperiment.read_splits`): the three splits (canonical SST, checksummed, or the
   user's PTB-format ``sst.<split>_file``) read and parsed in Ray Data tasks, the trees kept as Ray
@@ -32,11 +32,11 @@ from pipelines.config import Field
 from pipelines.experiment import Experiment, TableLayout
 from schedulers import SCHEDULERS
 
-from .model import SentimentModules, build_compiler, count_stats, node_outputs, summarize_counts
+from pipelines.sst.model import SentimentModules, build_compiler, count_stats, node_outputs, summarize_counts
 
 if TYPE_CHECKING:
-    from .embeddings import EmbeddingStats
-    from .vocab import Vocab
+    from pipelines.sst.embeddings import EmbeddingStats
+    from pipelines.sst.vocab import Vocab
 
 log = logging.getLogger("pipelines.sst")
 
@@ -126,7 +126,7 @@ class SSTExperiment(Experiment):
     # ------------------------------------------------------------------ driver
     def data_files(self, config: dict) -> list:
         """The files ``read_splits(config)`` reads: :func:`pipelines.sst.data.data_files`."""
-        from .data import data_files
+        from pipelines.sst.data import data_files
 
         return data_files(config["sst"])
 
@@ -146,11 +146,11 @@ class SSTExperiment(Experiment):
 
         import ray
 
-        from .reading import read_sst_file, vocab_from_counts
+        from pipelines.sst.reading import read_sst_file, vocab_from_counts
         from pipelines.data.skips import DEFAULT_MAX_NAMED, SkipReport
         from pipelines.data.splits import StreamSplits, with_positions
 
-        from .data import SPLITS, SST_SHA256, resolve_split_path
+        from pipelines.sst.data import SPLITS, SST_SHA256, resolve_split_path
 
         sc = config["sst"]
         skip_bad = bool(config["data"]["skip_bad"])
@@ -235,8 +235,8 @@ class SSTExperiment(Experiment):
 
     def predictor(self, config: dict, model_context: Mapping[str, Any], state_dict):
         """A :class:`pipelines.sst.inference.TreePredictor` (input column ``tree``)."""
-        from .inference import TreePredictor
-        from .vocab import Vocab
+        from pipelines.sst.inference import TreePredictor
+        from pipelines.sst.vocab import Vocab
 
         ctx = SSTContext(vocab=Vocab(model_context["words"]), emb_dim=int(model_context["emb_dim"]), embeddings=None)
         modules = self._modules(config, ctx, None)
@@ -309,7 +309,7 @@ class SSTExperiment(Experiment):
     def ensemble(self, configs, states, split, batch_size):
         """The members' averaged class probabilities per node (paper Table 2's ensemble), on Ray
         Data: :func:`pipelines.sst.ensemble_eval.evaluate_ensemble_streaming`."""
-        from .ensemble_eval import evaluate_ensemble_streaming
+        from pipelines.sst.ensemble_eval import evaluate_ensemble_streaming
 
         metrics, _ = evaluate_ensemble_streaming(self, configs, states, split, batch_size)
         return dict(metrics)
@@ -335,7 +335,7 @@ class SSTExperiment(Experiment):
 
 def _load_embeddings(config: dict, vocab: Vocab):
     """``(matrix, EmbeddingStats)`` for ``vocab``: ``sst.embeddings`` or GloVe 6B 50d."""
-    from .embeddings import load_glove_6b_50d, load_glove_text
+    from pipelines.sst.embeddings import load_glove_6b_50d, load_glove_text
 
     sc = config["sst"]
     seed = int(config["seed"])

@@ -1,4 +1,4 @@
-"""The SST Tree-LSTM as a predictor of raw PTB trees (:class:`pipelines.prediction.Predictor`).
+"""The SST Tree-LSTM as a predictor of raw PTB trees (:class:`pipelines.model.prediction.Predictor`).
 
 Input column ``tree``: one SST/PTB tree per row (``(3 (2 a) (3 (3 good) (2 movie)))``; node
 labels are read but not used).  Output, one row per tree: ``label`` (the root's predicted class,
@@ -15,10 +15,10 @@ from typing import Mapping, Optional
 import numpy as np
 import torch
 
-from pipelines.prediction import InputTooLarge, Predictor
+from pipelines.model.prediction import InputTooLarge, Predictor
 
-from .data import parse_line
-from .model import NUM_CLASSES, SentimentModules, build_compiler
+from pipelines.sst.data import parse_line
+from pipelines.sst.model import NUM_CLASSES, SentimentModules, build_compiler
 
 __all__ = ["TreePredictor"]
 

@@ -6,7 +6,7 @@
 ``--embeddings PATH`` is ``sst.embeddings=PATH`` (a GloVe-format text file; default GloVe 6B 50d
 from the installed package).  ``--skip-bad`` skips malformed SST lines (counted as MLflow metrics
 ``skipped/<split>/malformed``, each named in the run's ``data/skipped.csv``).  After
-:func:`pipelines.train.run` this adds to the same MLflow run: embedding coverage (``embeddings/*``),
+:func:`pipelines.training.run.run` this adds to the same MLflow run: embedding coverage (``embeddings/*``),
 training throughput in trees per second (``time/trees_per_s``: the glue's records per second) and
 the results table beside the paper's Table 2 (logged by the glue as ``results.json``; printed
 here).
@@ -20,9 +20,9 @@ from typing import Optional, Sequence
 from pipelines import console
 from pipelines.config import merged_schema, parse_cli
 from pipelines.errors import entry_point
-from pipelines.train import RunResult, check_only, report, run
+from pipelines.training.run import RunResult, check_only, report, run
 
-from .experiment import SCHEMA, SSTExperiment
+from pipelines.sst.experiment import SCHEMA, SSTExperiment
 
 log = logging.getLogger("pipelines.sst.train")
 
@@ -47,7 +47,7 @@ def after_run(experiment: SSTExperiment, res: RunResult) -> dict[str, float]:
     """Extra MLflow logging on the finished run ``res`` of ``experiment``: the embedding coverage
     of the run's loaded context (``res.context``, an ``SSTContext``) and the throughput in trees
     per second; returns what it logged."""
-    from pipelines.tracking import Tracker
+    from pipelines.tracking.tracker import Tracker
 
     extra: dict[str, float] = {}
     st = res.context.embedding_stats if res.context is not None else None

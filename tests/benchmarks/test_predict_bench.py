@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from benchmarks import predict as bench
-from pipelines.prediction import Predictor
+from pipelines.model.prediction import Predictor
 
 
 class CountingPredictor(Predictor):

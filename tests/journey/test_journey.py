@@ -273,7 +273,7 @@ def _chromium(args: list, attempts: int = 3, timeout_s: int = 180) -> subprocess
 def test_the_ui_shows_the_figures_of_every_experiment_the_main_job_made(journey):
     import mlflow
 
-    from pipelines.runs_view import VIEW_KEY, charts_view_url, runs_view_url
+    from pipelines.tracking.runs_view import VIEW_KEY, charts_view_url, runs_view_url
 
     port = _free_port()
     # its log goes to a file: a pipe nobody reads fills with the server's request lines and blocks it

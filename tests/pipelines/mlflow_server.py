@@ -20,7 +20,7 @@ def unused_port() -> int:
 
 def wait_for_ping(base_url: str, proc: subprocess.Popen, timeout_s: float = 240.0) -> None:
     """Wait until ``base_url/ping`` answers 200 (a model server: ``mlflow models serve``,
-    ``pipelines.serve``); fails with the process's output when it exits or the time is up."""
+    ``pipelines.predict.serve``); fails with the process's output when it exits or the time is up."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:

@@ -3,7 +3,7 @@
 A crafted ``state.pt`` / ``best_model.pt`` whose unpickling would run a shell command (what a
 writer to shared checkpoint storage, or to a directory ``resume_from`` points at, could plant)
 must fail with a clear error and run nothing: ``read_state``, ``read_best_model`` and
-``pipelines.train.run(resume_from=...)`` (which checks before starting Ray).
+``pipelines.training.run.run(resume_from=...)`` (which checks before starting Ray).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 from pipelines import checkpoint
 from pipelines.config import ConfigError, load_config, merged_schema
 from pipelines.seeding import rng_state, seed_all, set_rng_state
-from pipelines.train import run
+from pipelines.training.run import run
 from tests.pipelines.toy_experiment import ToyExperiment
 
 

@@ -90,7 +90,7 @@ def test_entry_point_prints_an_epoch_line_per_epoch_and_little_else(tmp_path, da
     res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=560)
     lines = (res.stdout + res.stderr).splitlines()
     assert res.returncode == 0, "\n".join(lines[-40:])
-    epoch_lines = [ln for ln in lines if " pipelines.train: epoch " in ln and "/2  " in ln]
+    epoch_lines = [ln for ln in lines if " pipelines.training.run: epoch " in ln and "/2  " in ln]
     assert len(epoch_lines) == 2 and "dev fine" in epoch_lines[0], "\n".join(lines)
     assert len(lines) < 25, "\n".join(lines)
     noisy = ("Dataset", "Execution plan", "RayTrainWorker", "TrainController", "Reporting training result",

@@ -106,7 +106,7 @@ def test_predict_refuses_to_mix_its_rows_with_an_earlier_runs_output(tmp_path):
 def test_an_interrupted_predict_says_what_it_wrote_and_how_to_rerun(tmp_path, data_dir):
     import signal
 
-    from pipelines.mlflow_model import log_model
+    from pipelines.model.mlflow_model import log_model
     from tests.pipelines.helpers import untrained_sst
 
     import mlflow

@@ -9,7 +9,7 @@ from pipelines.seeding import derived_seed, param_hash, rng_state, seed_all, set
 from pipelines.data.positions import eval_groups, train_step_positions, train_steps_per_epoch
 
 from . import step_reference as ref
-from pipelines.worker import EpochTotals, RunState
+from pipelines.training.worker import EpochTotals, RunState
 
 
 def test_train_shards_split_each_step_over_ranks_without_overlap():
@@ -101,7 +101,7 @@ def test_placement_keys_are_checked_before_any_work():
     import ray
 
     from pipelines.config import ConfigError, load_config, merged_schema
-    from pipelines.train import _extra_worker_resources, run
+    from pipelines.training.run import _extra_worker_resources, run
     from tests.pipelines.toy_experiment import ToyExperiment
 
     schema = merged_schema(ToyExperiment.config_schema)
@@ -122,7 +122,7 @@ def test_placement_keys_are_checked_before_any_work():
 
 
 def test_epoch_series_logs_the_learning_curves_first_and_best_only_at_the_end():
-    from pipelines.train import epoch_series
+    from pipelines.training.run import epoch_series
 
     m = {"epoch": 2, "time/epoch_s": 3.0, "best/dev/auc": 0.7, "test/auc": 0.6, "params/consistent": 1.0,
          "dev/auc": 0.65, "train/objective": 0.3, "dev/loss": 1.2, "train/auc": 0.8}

@@ -2,7 +2,7 @@
 
 A real two-node cluster (``tests.pipelines.two_node``): a head (``ray start --head``) and a second
 node (``ray start --address``), each with its own temp dir, ports, 2 CPUs and one ``train_slot``
-custom resource.  ``pipelines.train.run`` trains the toy experiment with
+custom resource.  ``pipelines.training.run.run`` trains the toy experiment with
 ``ray.placement_strategy=STRICT_SPREAD`` and ``ray.worker_resources={train_slot: 1}`` (one worker
 per node), its records read in Ray Data tasks (the one data path), checkpoints to a
 ``storage_path`` both nodes reach, and ``ray.max_failures=1``:
@@ -34,7 +34,7 @@ import ray
 from mlflow.tracking import MlflowClient
 
 from pipelines.config import load_config, merged_schema
-from pipelines.train import run
+from pipelines.training.run import run
 from tests.pipelines.toy_experiment import ToyExperiment
 from tests.pipelines.two_node import RayNode, start_two_nodes
 

@@ -1,4 +1,4 @@
-"""A tiny Experiment for testing pipelines.train: 3-class classification of synthetic points.
+"""A tiny Experiment for testing pipelines.training.run: 3-class classification of synthetic points.
 
 Records are dicts ``{"x": [8 floats], "y": int, "kind": 0|1}``; kind-1 records go through an
 extra layer, so a sub-batch without kind-1 records leaves parameters unused (what dynamic
@@ -184,7 +184,7 @@ class ToyExperiment(Experiment):
         n = max(sums.get("count", 0.0), 1.0)
         return {"accuracy": sums.get("correct", 0.0) / n, "loss": sums.get("loss_sum", 0.0) / n}
 
-    def param_groups(self, model, config):  # called once per training worker (pipelines.worker.setup)
+    def param_groups(self, model, config):  # called once per training worker (pipelines.training.worker.setup)
         if config["toy"]["trace_dir"]:
             me = _whereami()
             with open(os.path.join(config["toy"]["trace_dir"], f"{me['pid']}.json"), "w") as f:

@@ -12,7 +12,7 @@ from pipelines.config import load_config, merged_schema
 from pipelines.molecules.data import TOX21_TASKS
 from pipelines.molecules.experiment import MoleculeExperiment
 from pipelines.molecules.train import after_run, predict_test_split
-from pipelines.train import BEST_FILE, run
+from pipelines.training.run import BEST_FILE, run
 from tests.pipelines.helpers import finished_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

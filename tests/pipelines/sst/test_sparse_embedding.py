@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from pipelines.config import load_config, merged_schema
-from pipelines.optim import make_optimizer
+from pipelines.training.optim import make_optimizer
 from pipelines.sst import data as D
 from pipelines.sst.experiment import SCHEMA, SSTContext, SSTExperiment
 from pipelines.sst.model import node_outputs

@@ -1,4 +1,4 @@
-"""SST Tree-LSTM end to end through pipelines.train.run: real SST trees (a slice), real Ray
+"""SST Tree-LSTM end to end through pipelines.training.run.run: real SST trees (a slice), real Ray
 (2 CPUs, 2 DDP workers on fractional CPUs), real MLflow (tmp sqlite store); resume from a
 checkpoint reproduces the uninterrupted run's metrics exactly."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from pipelines.config import load_config, merged_schema
 from pipelines.data.splits import sample_positions
-from pipelines.train import STATE_FILE, run
+from pipelines.training.run import STATE_FILE, run
 from pipelines.sst.experiment import SCHEMA, SSTExperiment
 from pipelines.sst.train import after_run
 from tests.pipelines.helpers import finished_run
@@ -164,12 +164,12 @@ def test_ensemble_of_logged_best_models(baseline, monkeypatch):
 
 @pytest.mark.timeout(300)
 def test_seed_sweep_ensemble_of_finished_trials(baseline, monkeypatch):
-    """A seed sweep's ensemble step (pipelines.sweep.seed_ensemble) loads the finished trials'
+    """A seed sweep's ensemble step (pipelines.sweep.run.seed_ensemble) loads the finished trials'
     logged best models: the baseline run as two members reproduces its best test metrics; stopped
     trials are no members; a search (no --seeds) has no ensemble."""
     from pipelines.sst.experiment import SSTExperiment
-    from pipelines.sweep import plan_sweep, seed_ensemble
-    from pipelines.sweep_report import FINISHED, STOPPED, TrialOutcome
+    from pipelines.sweep.run import plan_sweep, seed_ensemble
+    from pipelines.sweep.report import FINISHED, STOPPED, TrialOutcome
 
     res, _, tmp = baseline
     monkeypatch.chdir(tmp)

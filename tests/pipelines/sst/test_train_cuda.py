@@ -23,7 +23,7 @@ def test_sst_pipeline_trains_on_the_gpu(data_dir, tmp_path):
 
     from pipelines.config import load_config, merged_schema
     from pipelines.sst.experiment import SCHEMA, SSTExperiment
-    from pipelines.train import run
+    from pipelines.training.run import run
     from tests.pipelines.helpers import finished_run
 
     emb = os.environ.get("FOLD_SST_EMBEDDINGS")

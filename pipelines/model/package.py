@@ -1,0 +1,126 @@
+"""A trained model's package: the files that rebuild its predictor anywhere, without MLflow.
+
+A package is a directory of two files:
+
+* ``package.json``: ``experiment`` (the experiment class, ``module.QualName``: one of
+  :func:`registered_experiments`, never any other module), ``config`` (the resolved config) and
+  ``model_context`` (what the model needs besides its weights: the SST
+  vocabulary, the molecules' tasks and target scaling);
+* ``weights.pt``: the state dict, tensors only (read with ``torch.load(weights_only=True)``, so
+  no code runs from the file).
+
+:func:`write_package` writes one from a training run; :func:`load_predictor` rebuilds the
+experiment's :class:`~pipelines.model.prediction.Predictor` from it.  :mod:`pipelines.model.mlflow_model`
+logs a package as an MLflow Model; :mod:`pipelines.predict`'s actors load it with this module
+alone (importing neither MLflow nor Ray).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from typing import Any, Mapping
+
+import torch
+
+from pipelines.experiment import EXPERIMENT_NAMES
+from pipelines.model.prediction import Predictor
+
+__all__ = ["PACKAGE_ARTIFACT", "PACKAGE_FILE", "WEIGHTS_FILE", "ENTRY_POINT_GROUP", "EXPERIMENTS_ENV",
+           "BUILTIN_EXPERIMENTS", "registered_experiments", "write_package", "find_package", "load_predictor",
+           "predictor_experiment"]
+
+PACKAGE_FILE = "package.json"
+WEIGHTS_FILE = "weights.pt"
+#: the folder of the package inside a logged MLflow Model: ``<model>/artifacts/package``
+PACKAGE_ARTIFACT = "package"
+#: the experiment classes this project ships, which any package may name
+BUILTIN_EXPERIMENTS = tuple(EXPERIMENT_NAMES.values())
+#: the entry-point group where an installed distribution registers its own experiment classes
+#: (``[project.entry-points."foldengine.experiments"] myexp = "mypkg.exp:MyExperiment"``)
+ENTRY_POINT_GROUP = "foldengine.experiments"
+#: the environment variable listing more trusted experiment classes (``module.Class``, comma-separated)
+EXPERIMENTS_ENV = "FOLDENGINE_EXPERIMENTS"
+
+
+def write_package(directory: str, experiment, config: Mapping[str, Any], model_context: Mapping[str, Any],
+                  state_dict: Mapping[str, torch.Tensor]) -> None:
+    """Write ``package.json`` and ``weights.pt`` into ``directory`` (created if missing)."""
+    os.makedirs(directory, exist_ok=True)
+    cls = type(experiment)
+    with open(os.path.join(directory, PACKAGE_FILE), "w") as f:
+        json.dump({"experiment": f"{cls.__module__}.{cls.__qualname__}", "config": config,
+                   "model_context": model_context}, f, default=str)
+    torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, os.path.join(directory, WEIGHTS_FILE))
+
+
+def find_package(model_dir: str) -> str:
+    """The package directory inside a downloaded MLflow Model ``model_dir``:
+    ``artifacts/<PACKAGE_ARTIFACT>``, else the one ``artifacts/*/`` holding a ``package.json``
+    (models logged before the folder was fixed, as ``artifacts/fold-model-XXXX``).  Raises
+    ``ValueError`` naming ``model_dir`` when there is none."""
+    artifacts = os.path.join(model_dir, "artifacts")
+    preferred = os.path.join(artifacts, PACKAGE_ARTIFACT)
+    if os.path.isfile(os.path.join(preferred, PACKAGE_FILE)):
+        return preferred
+    found = sorted(os.path.join(artifacts, d) for d in (os.listdir(artifacts) if os.path.isdir(artifacts) else ())
+                   if os.path.isfile(os.path.join(artifacts, d, PACKAGE_FILE)))
+    if len(found) != 1:
+        raise ValueError(f"{model_dir}: not a foldengine model (no artifacts/{PACKAGE_ARTIFACT}/{PACKAGE_FILE}"
+                         + (f"; several packages: {found}" if found else "") + ")")
+    return found[0]
+
+
+def load_predictor(directory: str) -> Predictor:
+    """The :class:`~pipelines.model.prediction.Predictor` of a package written by :func:`write_package`.
+    Loads weights with ``weights_only=True`` (no code runs from the file); raises ``ValueError``
+    naming the file when it holds anything but tensors."""
+    pkg = _read(directory)
+    weights = os.path.join(directory, WEIGHTS_FILE)
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - unpickling refused: name the file
+        raise ValueError(f"{weights}: not a plain state dict of tensors ({err})") from None
+    return _experiment(pkg).predictor(pkg["config"], pkg["model_context"], state)
+
+
+def predictor_experiment(directory: str):
+    """The experiment (``from_config`` of the package's config) of the package ``directory``."""
+    return _experiment(_read(directory))
+
+
+def registered_experiments() -> set[str]:
+    """The experiment classes (``module.QualName``) a package may name: :data:`BUILTIN_EXPERIMENTS`,
+    those registered in the :data:`ENTRY_POINT_GROUP` entry points of installed distributions,
+    and those listed in ``$FOLDENGINE_EXPERIMENTS``.  Nothing else is imported: importing a
+    module can run its code."""
+    from importlib.metadata import entry_points
+
+    out = set(BUILTIN_EXPERIMENTS)
+    out.update(ep.value.replace(":", ".") for ep in entry_points(group=ENTRY_POINT_GROUP))
+    out.update(n.strip() for n in os.environ.get(EXPERIMENTS_ENV, "").split(",") if n.strip())
+    return out
+
+
+def _read(directory: str) -> dict:
+    path = os.path.join(directory, PACKAGE_FILE)
+    try:
+        with open(path) as f:
+            pkg = json.load(f)
+    except (json.JSONDecodeError, RecursionError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a package description (JSON: {type(err).__name__})") from None
+    if not (isinstance(pkg, dict) and isinstance(pkg.get("experiment"), str) and isinstance(pkg.get("config"), dict)):
+        raise ValueError(f"{path}: not a package description (needs 'experiment' and 'config')")
+    pkg["_path"] = path
+    return pkg
+
+
+def _experiment(pkg: Mapping[str, Any]):
+    name = pkg["experiment"]
+    allowed = registered_experiments()
+    if name not in allowed:
+        raise ValueError(f"{pkg['_path']}: experiment {name!r} is not a registered experiment class, so it is "
+                         f"not imported (registered: {', '.join(sorted(allowed))}); register yours in the "
+                         f"{ENTRY_POINT_GROUP!r} entry-point group or list it in ${EXPERIMENTS_ENV}")
+    module, _, cls = name.rpartition(".")
+    return getattr(importlib.import_module(module), cls).from_config(pkg["config"])

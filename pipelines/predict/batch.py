@@ -1,0 +1,395 @@
+"""Batch inference on Ray Data: a logged model (:mod:`pipelines.model.mlflow_model`) over files of raw
+inputs, written as Parquet.
+
+    python -m pipelines.predict --model runs:/<run_id>/model --input 'data/*.txt' 'more/*.csv.gz' --output preds/
+
+Inputs: text files, one input per line (PTB trees for SST, SMILES for molecules), and CSV files
+(``.csv``, ``.csv.gz``; a header row) whose column of the model's input name (``tree``,
+``smiles``; another with ``column``) holds the inputs, a row per input.  Data flow: the files are
+read in Ray Data tasks by the training pipeline's readers
+(:func:`pipelines.data.sources.read_lines`, :func:`pipelines.data.sources.read_csv_columns`) into
+rows ``path``, ``line``, ``text``, ``error`` (a CSV row that cannot be read), ``blank``; an actor
+pool (``map_batches`` with :class:`PredictActor`, each actor holding one
+:class:`~pipelines.model.prediction.Predictor` built from the model's package, shipped once through
+the object store) parses, batches with the engine and predicts, and the rows stream to Parquet in
+``--output`` (bounded memory: Ray Data's streaming executor).  Output columns: ``path``, ``line``
+(the input's ``file:line``; for CSV the reader's line number, the header being line 1),
+``input``, the predictor's columns and ``error`` (null for a good row; for a bad row the reason:
+the predictor's, or the CSV reader's, with null predictions; a bad row is kept and counted, never
+fatal).  Blank lines are skipped and counted.  The counts (rows, bad rows, blank lines) and the
+throughput are printed and logged as an MLflow run in experiment ``predict`` (``--no-tracking``:
+none).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+from pipelines.console import configure, private_local_token
+from pipelines.datadir import probe_writable
+from pipelines.model.package import PACKAGE_FILE, WEIGHTS_FILE, find_package
+from pipelines.model.prediction import DEFAULT_CHUNK_SIZE
+
+__all__ = ["PredictResult", "PredictActor", "SUCCESS_FILE", "resolve_inputs", "output_files", "check_output",
+           "load_package_bytes",
+           "predictor_from_package", "input_rows", "actor_pool_size", "run", "main"]
+
+#: CPUs kept free of actors for the read tasks (a Ray Data read task reserves one CPU)
+READ_CPUS = 1.0
+
+
+@dataclass(frozen=True)
+class PredictResult:
+    """What :func:`run` did: counts, seconds, throughput, where the Parquet files are, the MLflow run."""
+
+    rows: int
+    bad: int
+    blank: int
+    seconds: float
+    output: str
+    run_id: Optional[str] = None
+
+    @property
+    def per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+def resolve_inputs(patterns: Sequence[str]) -> list[str]:
+    """The files that ``patterns`` (paths or globs) name, sorted and absolute; raises
+    ``FileNotFoundError`` with one line, ``<pattern, absolute>: missing; ...``, naming the first
+    pattern that matches no file."""
+    files: list[str] = []
+    for pattern in patterns:
+        found = sorted(p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p))
+        if not found:
+            given = os.path.expanduser(pattern)
+            where = "" if os.path.isabs(given) else f" (a relative one is taken from {os.getcwd()})"
+            raise FileNotFoundError(f"{os.path.abspath(given)}: missing; put the file there or "
+                                    f"give --input paths or globs that exist{where}")
+        files += [os.path.abspath(p) for p in found]
+    return files
+
+
+#: written into ``--output`` when every row is there (a directory without it holds partial output)
+SUCCESS_FILE = "_SUCCESS"
+
+
+def output_files(output: str) -> list:
+    """The files an earlier run wrote into ``output``: its Parquet parts and :data:`SUCCESS_FILE`."""
+    return sorted(glob.glob(os.path.join(output, "part-*.parquet"))
+                  + glob.glob(os.path.join(output, SUCCESS_FILE)))
+
+
+def check_output(output: str, overwrite: bool = False) -> None:
+    """Raise ``ValueError`` with one line when the local directory ``output`` cannot take a file
+    (``<output, absolute>: not writable (<reason>); ...``; what it made for the check is removed
+    again: :func:`pipelines.datadir.probe_writable`), or holds an earlier run's output and not
+    ``overwrite`` (its rows would be read back with the new ones)."""
+    try:
+        probe_writable(output)
+    except OSError as err:
+        raise ValueError(f"{os.path.abspath(output)}: not writable ({type(err).__name__}: {err.strerror or err}); "
+                         "give --output a directory this user can write") from None
+    earlier = output_files(output)
+    if earlier and not overwrite:
+        state = "complete" if os.path.exists(os.path.join(output, SUCCESS_FILE)) else "partial (no _SUCCESS)"
+        raise ValueError(f"{os.path.abspath(output)}: holds the output of an earlier run ({len(earlier)} file(s), "
+                         f"{state}); give a new --output, or --overwrite to replace it")
+
+
+def load_package_bytes(model_uri: str) -> dict[str, bytes]:
+    """The model's package files (``package.json``, ``weights.pt``) as bytes, downloaded from
+    MLflow (``runs:/…``, ``models:/…``, a local model directory)."""
+    import mlflow
+
+    from pipelines.model.mlflow_model import quiet_model_logging
+
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory(prefix="fold-predict-") as tmp:
+        try:
+            with quiet_model_logging():     # no download bar: a log line per update where stderr is a file
+                local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp)
+        except (MlflowException, OSError) as err:
+            why = (str(getattr(err, "message", err)).strip().splitlines() or [type(err).__name__])[0][:300]
+            raise ValueError(f"{model_uri}: no such model in {mlflow.get_tracking_uri()} ({why}); give the "
+                             f"runs:/<run_id>/model a training run printed, models:/<name>/<version>, or a "
+                             f"model directory") from None
+        try:
+            pkg = find_package(local)
+        except ValueError as err:
+            raise ValueError(f"{model_uri}: {str(err).split(': ', 1)[1]}") from None
+        out = {}
+        for name in (PACKAGE_FILE, WEIGHTS_FILE):
+            with open(os.path.join(pkg, name), "rb") as f:
+                out[name] = f.read()
+        return out
+
+
+def predictor_from_package(files: Mapping[str, bytes]):
+    """The :class:`~pipelines.model.prediction.Predictor` of package files (``package.json``,
+    ``weights.pt`` as bytes, from :func:`load_package_bytes`)."""
+    from pipelines.model.package import load_predictor
+
+    with tempfile.TemporaryDirectory(prefix="fold-predictor-") as tmp:   # read once, then removed
+        for name, data in files.items():
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(data)
+        return load_predictor(tmp)
+
+
+#: the rows every input file is read into (:func:`input_rows`)
+INPUT_SCHEMA = (("path", "string"), ("line", "int64"), ("text", "string"), ("error", "string"), ("blank", "bool_"))
+
+
+def _rows_table(path: str, lines: list, texts: list, errors: list, blanks: list):
+    import pyarrow as pa
+
+    types = {name: getattr(pa, t)() for name, t in INPUT_SCHEMA}
+    cols = {"path": [path] * len(lines), "line": lines, "text": texts, "error": errors, "blank": blanks}
+    return pa.table({name: pa.array(cols[name], types[name]) for name, _ in INPUT_SCHEMA})
+
+
+def _line_rows(table, path: str):
+    """Ray Data task: a text file's lines (:func:`~pipelines.data.sources.read_lines`) -> input rows
+    (UTF-8 decoded, undecodable bytes replaced; newline and a leading BOM removed)."""
+    texts = [t.decode("utf-8", errors="replace").rstrip("\r\n").lstrip("\ufeff")
+             for t in table.column("text").to_pylist()]
+    return _rows_table(path, table.column("line").to_pylist(), texts, [None] * len(texts),
+                       [not t.strip() for t in texts])
+
+
+def _csv_rows(table, path: str, column: str):
+    """Ray Data task: a CSV file's rows (:func:`~pipelines.data.sources.read_csv_columns` of
+    ``column``) -> input rows; a row the reader refused or an empty field is a bad row."""
+    texts, errors, blanks = [], [], []
+    for fields, err in zip(table.column("fields").to_pylist(), table.column("error").to_pylist()):
+        if err is None and fields is not None and fields and not fields[0].strip():
+            err = f"empty {column!r} field"
+        texts.append(fields[0] if err is None and fields else None)
+        errors.append(None if err is None else f"CSV: {err}")
+        blanks.append(err is None and not fields)
+    return _rows_table(path, table.column("line").to_pylist(), texts, errors, blanks)
+
+
+def input_rows(path: str, column: str):
+    """A lazy ``ray.data.Dataset`` of one input file as rows ``path``, ``line``, ``text``, ``error``,
+    ``blank`` (:data:`INPUT_SCHEMA`): a CSV file (:func:`pipelines.data.sources.is_csv`) by its
+    ``column``, any other file by lines.  Raises ``ValueError`` naming a CSV file whose header
+    lacks ``column`` or cannot be read."""
+    from pipelines.data.sources import is_csv, read_csv_columns, read_lines
+
+    if is_csv(path):
+        return read_csv_columns(path, [column]).map_batches(_csv_rows, batch_format="pyarrow",
+                                                            fn_kwargs={"path": path, "column": column})
+    return read_lines(path).map_batches(_line_rows, batch_format="pyarrow", fn_kwargs={"path": path})
+
+
+class PredictActor:
+    """Ray Data actor: builds the predictor once from the package bytes (an object ref), then maps
+    blocks of input rows (:func:`input_rows`) to prediction rows."""
+
+    def __init__(self, package_ref, chunk_size: int):
+        import ray
+
+        files = package_ref if isinstance(package_ref, dict) else ray.get(package_ref)
+        self.predictor = predictor_from_package(files)
+        self.chunk_size = chunk_size
+
+    def __call__(self, batch):
+        import pandas as pd
+
+        blank = batch["blank"].astype(bool)
+        keep = np.flatnonzero(~blank)
+        read_error = batch["error"][keep]
+        ok = [k for k, e in enumerate(read_error) if e is None]
+        texts = batch["text"][keep]
+        frame = self.predictor.predict([texts[k] for k in ok], chunk_size=self.chunk_size)
+        if len(ok) < len(keep):   # rows the reader refused: null predictions, the reader's error
+            frame.index = ok
+            frame = frame.reindex(range(len(keep)))
+            bad = [k for k, e in enumerate(read_error) if e is not None]
+            frame.loc[bad, "error"] = [read_error[k] for k in bad]
+        frame.insert(0, "input", [texts[k] for k in range(len(keep))])
+        frame.insert(0, "line", batch["line"][keep].astype(np.int64))
+        frame.insert(0, "path", [str(p) for p in batch["path"][keep]])
+        frame["blank"] = 0
+        if len(keep) < len(blank):   # one marker row per block carries its blank-line count
+            marker = frame.iloc[:0].reindex([len(frame)])
+            marker[["path", "line", "input", "blank"]] = ["", -1, "", int(blank.sum())]
+            frame = pd.concat([frame, marker], ignore_index=True)
+        return frame
+
+
+def actor_pool_size(actors: Optional[int], cpus_per_actor: float, cluster_cpus: float, gpus_per_actor: float = 0.0,
+                    cluster_gpus: float = 0.0) -> int:
+    """The predictor actors to start on a cluster of ``cluster_cpus`` CPUs and ``cluster_gpus``
+    GPUs: ``actors``, or with None as many as fit beside :data:`READ_CPUS` for the read tasks
+    (and in the GPUs, for GPU actors), at least one.
+
+    Raises ``ValueError`` naming ``--actors``, the per-actor reservation, what the cluster has
+    and the values that fit, when the actors would leave the read tasks no CPU or need more GPUs
+    than there are: Ray Data would start what fits and then wait for ever.
+    """
+    free = cluster_cpus - READ_CPUS
+    fit = int(free // cpus_per_actor) if cpus_per_actor > 0 else max(1, int(cluster_cpus))
+    if gpus_per_actor > 0:
+        fit = min(fit, int(cluster_gpus // gpus_per_actor))
+    if actors is None:
+        actors = max(1, fit)
+    if actors < 1:
+        raise ValueError(f"--actors must be at least 1, got {actors}")
+    use = f"use --actors {fit}" if fit >= 1 else "use a cluster with more of them"
+    if actors * cpus_per_actor > free + 1e-9:
+        raise ValueError(f"--actors {actors} x --cpus-per-actor {cpus_per_actor:g} reserve "
+                         f"{actors * cpus_per_actor:g} CPUs, but the cluster has {cluster_cpus:g} and the read tasks "
+                         f"need {READ_CPUS:g} beside the actors (Ray Data would wait for ever); {use}")
+    if actors * gpus_per_actor > cluster_gpus + 1e-9:
+        raise ValueError(f"--actors {actors} x --gpus-per-actor {gpus_per_actor:g} need {actors * gpus_per_actor:g} "
+                         f"GPUs, but the cluster has {cluster_gpus:g} (Ray Data would wait for ever); {use}")
+    return actors
+
+
+def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
+        actors: Optional[int] = None, cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0,
+        tracking_uri: Optional[str] = None, tracking: bool = True, column: Optional[str] = None, log=print,
+        overwrite: bool = False) -> PredictResult:
+    """Predict every input of ``inputs`` (text files' lines, CSV files' ``column``: by default the
+    model's input column) with ``model_uri``; Parquet into ``output``. Needs Ray (connects to
+    ``$RAY_ADDRESS`` or starts a local instance when none is initialised).  ``actors``: the
+    predictor actors, each reserving ``cpus_per_actor`` CPUs and ``gpus_per_actor`` GPUs; None:
+    as many as the cluster holds (:func:`actor_pool_size`, which also refuses a pool that leaves
+    the read tasks no CPU).  Checks ``inputs`` (:func:`resolve_inputs`) and ``output``
+    (:func:`check_output`; ``overwrite``: an earlier run's files there are removed) first, before
+    the model is fetched and before Ray starts.  :data:`SUCCESS_FILE` is written last."""
+    import mlflow
+    import ray
+    import ray.data
+
+    from pipelines.data.sources import csv_header, is_csv
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    files = resolve_inputs(inputs)
+    check_output(output, overwrite)   # before the model is fetched and Ray starts
+    package = load_package_bytes(model_uri)
+    for f in output_files(output):    # --overwrite: the earlier run's files go
+        os.remove(f)
+    if any(is_csv(f) for f in files):
+        column = column or predictor_from_package(package).input_column
+        for f in filter(is_csv, files):   # before Ray starts: a file without the column is named at once
+            header = csv_header(f)
+            if column not in header:
+                raise ValueError(f"{f}: no column {column!r} (header: {header}); name the input column with --column")
+    started = False
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS") or None)
+        started = True
+    try:
+        have = ray.cluster_resources()
+        actors = actor_pool_size(actors, cpus_per_actor, float(have.get("CPU", 0.0)), gpus_per_actor,
+                                 float(have.get("GPU", 0.0)))
+        ctx = ray.data.DataContext.get_current()
+        ctx.execution_options.preserve_order = True
+        t0 = time.perf_counter()
+        ref = ray.put(package)
+        parts = [input_rows(path, column) for path in files]
+        ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
+        preds = ds.map_batches(PredictActor, fn_constructor_args=(ref, chunk_size), batch_size=4 * chunk_size,
+                               batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=actors),
+                               num_cpus=cpus_per_actor, num_gpus=gpus_per_actor or None)
+        os.makedirs(output, exist_ok=True)
+        blank = 0
+        rows = bad = 0
+        for block in preds.iter_batches(batch_format="pandas", batch_size=None):
+            marks = block["line"] < 0
+            blank += int(block.loc[marks, "blank"].sum())
+            good = block.loc[~marks].drop(columns=["blank"])
+            if len(good):
+                good.to_parquet(os.path.join(output, f"part-{rows:012d}.parquet"), index=False)
+            rows += len(good)
+            bad += int(good["error"].notna().sum())
+        seconds = time.perf_counter() - t0
+        with open(os.path.join(output, SUCCESS_FILE), "w") as f:
+            f.write(f"{rows} rows\n")
+    finally:
+        if started:
+            ray.shutdown()
+    result = PredictResult(rows=rows, bad=bad, blank=blank, seconds=seconds, output=os.path.abspath(output))
+    log(f"predicted {rows} rows ({bad} bad, {blank} blank lines skipped) from {len(files)} file(s) in "
+        f"{seconds:.1f}s ({result.per_second:.0f} rows/s) -> {result.output}")
+    if tracking:
+        from pipelines.tracking.tracker import ensure_experiment
+
+        client = mlflow.MlflowClient()
+        run_id = client.create_run(ensure_experiment(client, "predict"),
+                                   tags={"mlflow.note.content": f"batch inference with {model_uri}"}).info.run_id
+        client.log_param(run_id, "model_uri", model_uri)
+        client.log_param(run_id, "inputs", json.dumps(files)[:500])
+        for k, v in (("rows", rows), ("bad_rows", bad), ("blank_lines", blank), ("seconds", seconds),
+                     ("rows_per_s", result.per_second), ("actors", actors)):
+            client.log_metric(run_id, k, float(v))
+        client.set_terminated(run_id)
+        result = PredictResult(rows, bad, blank, seconds, result.output, run_id)
+        log(f"MLflow run {run_id} (experiment predict)")
+    return result
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Optional[PredictResult]:
+    """``python -m pipelines.predict`` (the module docstring): a missing input or an unwritable
+    output is one line, ``pipelines.predict: <file>: ...``, and exit status 1, before Ray starts
+    and before any MLflow run; None after ``--check``."""
+    ap = argparse.ArgumentParser(prog="python -m pipelines.predict", description="Batch inference with a logged foldengine model on Ray Data "
+                                             "(raw inputs: text lines or a CSV column; Parquet out).")
+    ap.add_argument("--model", required=True, help="runs:/<run_id>/model, models:/<name>/<version>, or a path")
+    ap.add_argument("--input", required=True, nargs="+",
+                    help="files or globs: text (one tree / SMILES per line) or CSV (.csv, .csv.gz; a header row)")
+    ap.add_argument("--column", help="the input column of CSV files (default: the model's, tree / smiles)")
+    ap.add_argument("--output", required=True, help="directory for the Parquet files")
+    ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE,
+                    help=f"inputs per engine batch (default {DEFAULT_CHUNK_SIZE})")
+    ap.add_argument("--actors", type=int, help="predictor actors (default: as many as the cluster's CPUs hold "
+                                                "beside one CPU for reading)")
+    ap.add_argument("--cpus-per-actor", type=float, default=1.0, help="CPUs each actor reserves (default 1)")
+    ap.add_argument("--gpus-per-actor", type=float, default=0.0)
+    ap.add_argument("--tracking-uri", help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    ap.add_argument("--no-tracking", dest="tracking", action="store_false")
+    ap.add_argument("--overwrite", action="store_true", help="replace an earlier run's output in --output")
+    ap.add_argument("--check", action="store_true", help="check the --input files and that --output is writable, "
+                                                         "then exit: neither Ray nor an MLflow run starts")
+    a = ap.parse_args(argv)
+    if a.check:
+        try:
+            files = resolve_inputs(a.input)
+            check_output(a.output, a.overwrite)
+        except (FileNotFoundError, ValueError) as err:
+            raise SystemExit(f"pipelines.predict: {err}")
+        print(f"pipelines.predict: check passed: {len(files)} input file(s), --output {os.path.abspath(a.output)}")
+        return None
+    private_local_token()   # before Ray is imported
+    configure(False)        # MLflow's and Ray's notes at WARNING
+    uri = a.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+    out = os.path.abspath(a.output)
+    try:
+        return run(a.model, a.input, a.output, chunk_size=a.chunk_size, actors=a.actors,
+                   cpus_per_actor=a.cpus_per_actor, gpus_per_actor=a.gpus_per_actor, tracking_uri=uri,
+                   tracking=a.tracking, column=a.column, overwrite=a.overwrite)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"pipelines.predict: {err}")
+    except KeyboardInterrupt:
+        parts = len(glob.glob(os.path.join(out, "part-*.parquet")))
+        raise SystemExit(f"pipelines.predict: interrupted: {parts} Parquet file(s) in {out} hold partial output "
+                         f"(no {SUCCESS_FILE}); rerun the same command with --overwrite") from None
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

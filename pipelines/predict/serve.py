@@ -1,0 +1,281 @@
+"""A trained model served on Ray Serve, with the engine's dynamic batching across requests.
+
+    python -m pipelines.predict.serve --model runs:/<run_id>/model [--port 8000] [--replicas 2]
+
+Requests that arrive together carry inputs of different shapes (trees, molecules); a replica
+collects the requests of a short window (``@serve.batch``: at most ``max_batch_size`` requests,
+waiting at most ``batch_wait_s``) and runs all their inputs as engine batches (one per
+``chunk_size`` inputs), then gives each request its own rows back.  A bad row (a tree that does
+not parse, an unknown SMILES, an input over the size cap) gets its ``error`` and null numbers in
+its own request only.
+
+HTTP (the request bodies of MLflow's ``/invocations``, so a client of ``mlflow models serve``
+works unchanged):
+
+* ``POST /invocations`` with JSON ``{"dataframe_records": [{"tree": ...}, ...]}``,
+  ``{"dataframe_split": {"columns": [...], "data": [[...], ...]}}``, ``{"inputs": [...]}`` or
+  ``{"inputs": {"tree": [...]}}``, or ``{"instances": [...]}``; the input column is the model's
+  (``tree``, ``smiles``; a one-column frame of another name is taken as it).  Answer:
+  ``{"predictions": [{column: value, ..., "error": null}, ...]}``, one record per input, in
+  order; strict JSON (missing numbers are ``null``, never ``NaN``).
+* ``GET /ping`` and ``GET /health``: 200 once the replica holds its model; ``GET /stats``: the
+  answering replica's ``{"requests": n, "batches": m, "rows": r}`` (``m < n`` when requests
+  were batched together).
+* Limits: a body over ``max_request_bytes`` is refused with 413, more than ``max_rows`` rows
+  with 400, invalid JSON or no input column with 400; each input is capped by the model's size
+  limit (a row error).  Nothing a request holds stops the replica.
+
+Each replica loads the model's package once (:func:`pipelines.predict.batch.load_package_bytes`, the
+package the batch-inference actors load) from bytes the driver put in the object store.  The
+endpoint listens on 127.0.0.1 unless ``--host`` says otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Mapping, Optional, Sequence
+
+from ray import serve
+
+from pipelines.model.prediction import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
+
+__all__ = ["ServeSettings", "parse_request", "RequestError", "FoldServer", "build_app", "start", "main"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeSettings:
+    """How the deployment batches and what it accepts.
+
+    Attributes:
+      max_batch_size: requests one replica batches together (``@serve.batch``).
+      batch_wait_s: the longest a request waits for others to join its batch.
+      chunk_size: inputs per engine batch (at most :data:`pipelines.model.prediction.MAX_CHUNK_SIZE`).
+      max_request_bytes: the largest request body (413 above it).
+      max_rows: the most inputs in one request (400 above it).
+    """
+
+    max_batch_size: int = 32
+    batch_wait_s: float = 0.005
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    max_request_bytes: int = 1_000_000
+    max_rows: int = 1_000
+
+    def __post_init__(self):
+        if self.max_batch_size < 1 or self.batch_wait_s < 0 or self.max_request_bytes < 1 or self.max_rows < 1:
+            raise ValueError(f"serve settings must be positive: {self}")
+        if not 1 <= self.chunk_size <= MAX_CHUNK_SIZE:
+            raise ValueError(f"chunk_size must be in 1..{MAX_CHUNK_SIZE}, got {self.chunk_size}")
+
+
+class RequestError(ValueError):
+    """A request the server refuses whole: ``status`` (400, 413) and the message."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def parse_request(body: bytes, column: str, max_rows: int) -> list:
+    """The inputs of one ``/invocations`` body (formats: module docstring), in order.
+
+    Raises :class:`RequestError` (400) for a body that is not JSON, not one of the formats, has
+    no ``column`` (and more than one column), or holds more than ``max_rows`` inputs."""
+    try:
+        doc = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+        raise RequestError(400, f"the body is not JSON ({type(err).__name__})") from None
+    if not isinstance(doc, dict):
+        raise RequestError(400, "the body must be a JSON object with dataframe_records, dataframe_split, "
+                                "inputs or instances")
+    if "dataframe_records" in doc:
+        records = doc["dataframe_records"]
+        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+            raise RequestError(400, "dataframe_records must be a list of objects")
+        names = {k for r in records for k in r}
+        key = column if column in names or not names else (next(iter(names)) if len(names) == 1 else None)
+        if key is None:
+            raise RequestError(400, f"no column {column!r} in dataframe_records (columns: {sorted(names)})")
+        inputs = [r.get(key) for r in records]
+    elif "dataframe_split" in doc:
+        split = doc["dataframe_split"]
+        if not isinstance(split, dict) or not isinstance(split.get("data"), list):
+            raise RequestError(400, "dataframe_split must be an object with columns and data")
+        columns = split.get("columns") or [column]
+        if column in columns:
+            j = columns.index(column)
+        elif len(columns) == 1:
+            j = 0
+        else:
+            raise RequestError(400, f"no column {column!r} in dataframe_split (columns: {columns})")
+        inputs = [row[j] if isinstance(row, list) and len(row) > j else row for row in split["data"]]
+    elif "inputs" in doc or "instances" in doc:
+        value = doc.get("inputs", doc.get("instances"))
+        if isinstance(value, dict):
+            if column not in value and len(value) != 1:
+                raise RequestError(400, f"no column {column!r} in inputs (columns: {sorted(value)})")
+            value = value.get(column, next(iter(value.values())))
+        if not isinstance(value, list):
+            value = [value]
+        inputs = [v.get(column) if isinstance(v, dict) else v for v in value]
+    else:
+        raise RequestError(400, f"expected one of dataframe_records, dataframe_split, inputs, instances; "
+                                f"got keys {sorted(doc)[:10]}")
+    if len(inputs) > max_rows:
+        raise RequestError(400, f"{len(inputs)} rows in one request > the limit of {max_rows} (--max-rows); "
+                                f"send them in several requests")
+    return inputs
+
+
+def records_json(frame) -> bytes:
+    """``{"predictions": [...]}`` of a predictor frame: strict JSON, missing numbers ``null``."""
+    return b'{"predictions": ' + frame.to_json(orient="records").encode() + b"}"
+
+
+class FoldServer:
+    """The Ray Serve deployment (see the module docstring): one predictor per replica, requests
+    batched by :meth:`predict_batch`."""
+
+    def __init__(self, package: Mapping[str, bytes], settings: ServeSettings):
+        from pipelines.predict.batch import predictor_from_package
+
+        self.predictor = predictor_from_package(package)
+        self.settings = settings
+        self.predict_batch.set_max_batch_size(settings.max_batch_size)
+        self.predict_batch.set_batch_wait_timeout_s(settings.batch_wait_s)
+        self.batches = self.requests = self.rows = 0
+
+    def _predict(self, requests: list) -> list:
+        flat = [x for inputs in requests for x in inputs]
+        self.requests += len(requests)
+        self.rows += len(flat)
+        frame = self.predictor.predict(flat, chunk_size=self.settings.chunk_size)
+        out, start = [], 0
+        for inputs in requests:
+            out.append(frame.iloc[start:start + len(inputs)].reset_index(drop=True))
+            start += len(inputs)
+        self.batches += 1
+        return out
+
+    @serve.batch(max_batch_size=ServeSettings.max_batch_size, batch_wait_timeout_s=ServeSettings.batch_wait_s)
+    async def predict_batch(self, requests: list) -> list:
+        """The inputs of every request of the window, as one run of engine batches; one frame per
+        request, in request order (the window: ``settings``' batch size and wait, set per replica)."""
+        return await asyncio.to_thread(self._predict, requests)
+
+    async def __call__(self, request):
+        from starlette.responses import JSONResponse, Response
+
+        path = request.url.path.rstrip("/")
+        if request.method == "GET" and path in ("/ping", "/health", ""):
+            return Response("ok\n", media_type="text/plain")
+        if request.method == "GET" and path == "/stats":
+            return JSONResponse({"requests": self.requests, "batches": self.batches, "rows": self.rows})
+        if path != "/invocations" or request.method != "POST":
+            return JSONResponse({"error_code": "NOT_FOUND", "message": f"{request.method} {path}: use POST "
+                                 f"/invocations (or GET /ping)"}, status_code=404)
+        try:
+            body = await _read_capped(request, self.settings.max_request_bytes)
+            inputs = parse_request(body, self.predictor.input_column, self.settings.max_rows)
+        except RequestError as err:
+            return JSONResponse({"error_code": "BAD_REQUEST", "message": str(err)}, status_code=err.status)
+        frame = await self.predict_batch(inputs)
+        return Response(records_json(frame), media_type="application/json")
+
+
+async def _read_capped(request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"the body of {int(declared)} bytes is over the limit of {limit} (--max-request-bytes)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"the body is over the limit of {limit} bytes (--max-request-bytes)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def build_app(package: Mapping[str, bytes], settings: ServeSettings, replicas: int = 1,
+              max_replicas: Optional[int] = None, cpus_per_replica: float = 1.0):
+    """The bound Serve application: ``replicas`` replicas of :class:`FoldServer` (autoscaling
+    between ``replicas`` and ``max_replicas`` when that is given), each reserving
+    ``cpus_per_replica`` CPUs."""
+    options: dict[str, Any] = {"ray_actor_options": {"num_cpus": cpus_per_replica},
+                               "max_ongoing_requests": max(100, 4 * settings.max_batch_size)}
+    if max_replicas is not None and max_replicas > replicas:
+        options["autoscaling_config"] = {"min_replicas": replicas, "max_replicas": max_replicas,
+                                         "target_ongoing_requests": settings.max_batch_size}
+    else:
+        options["num_replicas"] = replicas
+    return serve.deployment(name="foldengine")(FoldServer).options(**options).bind(dict(package), settings)
+
+
+def start(package: Mapping[str, bytes], settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
+          replicas: int = 1, max_replicas: Optional[int] = None, cpus_per_replica: float = 1.0) -> str:
+    """Run the application on the connected Ray (``ray.init`` first); returns its base URL once
+    every replica holds its model."""
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(build_app(package, settings, replicas, max_replicas, cpus_per_replica), name="foldengine",
+              route_prefix="/", blocking=False)
+    return f"http://{host}:{port}"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m pipelines.predict.serve",
+                                 description="Serve a logged foldengine model on Ray Serve, batching "
+                                             "concurrent requests into engine batches.")
+    ap.add_argument("--model", required=True, help="runs:/<run_id>/model, models:/<name>/<version>, or a path")
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--replicas", type=int, default=1, help="replicas (the minimum, with --max-replicas)")
+    ap.add_argument("--max-replicas", type=int, help="autoscale up to this many replicas")
+    ap.add_argument("--cpus-per-replica", type=float, default=1.0)
+    ap.add_argument("--max-batch-size", type=int, default=ServeSettings.max_batch_size,
+                    help="requests batched together by a replica")
+    ap.add_argument("--batch-wait-s", type=float, default=ServeSettings.batch_wait_s,
+                    help="the longest a request waits for others to join its batch")
+    ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="inputs per engine batch")
+    ap.add_argument("--max-request-bytes", type=int, default=ServeSettings.max_request_bytes)
+    ap.add_argument("--max-rows", type=int, default=ServeSettings.max_rows, help="inputs per request")
+    ap.add_argument("--tracking-uri", help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args(argv)
+    from pipelines.console import configure, private_local_token
+    from pipelines.errors import entry_point
+
+    with entry_point("pipelines.predict.serve", argv, interrupted="stopped"):
+        try:
+            settings = ServeSettings(a.max_batch_size, a.batch_wait_s, a.chunk_size, a.max_request_bytes, a.max_rows)
+        except ValueError as err:
+            ap.error(str(err))
+        import mlflow
+
+        from pipelines.predict.batch import load_package_bytes
+
+        private_local_token()
+        configure(a.verbose)
+        mlflow.set_tracking_uri(a.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db")
+        package = load_package_bytes(a.model)
+        import ray
+
+        ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
+                 log_to_driver=a.verbose)
+        t0 = time.perf_counter()
+        url = start(package, settings, a.host, a.port, a.replicas, a.max_replicas, a.cpus_per_replica)
+        print(f"serving {a.model} at {url}/invocations ({a.replicas} replica(s), ready in "
+              f"{time.perf_counter() - t0:.0f}s); Ctrl-C stops it", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

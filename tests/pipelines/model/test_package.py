@@ -1,0 +1,87 @@
+"""A model package (``package.json`` + ``weights.pt``) rebuilds its predictor without MLflow or
+Ray, and its weights file runs no code."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from pipelines.model.package import load_predictor, write_package
+from tests.pipelines.helpers import esol_smiles, untrained_esol
+
+from tests.pipelines.helpers import REPO  # noqa: E402
+
+
+def test_a_package_predicts_in_a_process_that_imports_neither_mlflow_nor_ray(tmp_path, data_dir):
+    """What a batch-inference actor does (``pipelines.predict.batch.predictor_from_package``): the
+    predictor is rebuilt and predicts, and neither MLflow nor Ray was imported for it (an
+    actor's start would pay for both)."""
+    exp, cfg, mc, model = untrained_esol()
+    pkg = tmp_path / "pkg"
+    write_package(str(pkg), exp, cfg, mc, model.state_dict())
+    smiles = esol_smiles(data_dir, 3) + ["C1CC"]
+    code = ("import json, os, sys; from pipelines.predict.batch import predictor_from_package; "
+            "d = sys.argv[1]; files = {n: open(os.path.join(d, n), 'rb').read() for n in os.listdir(d)}; "
+            "p = predictor_from_package(files); out = p.predict(json.loads(sys.argv[2])); "
+            "print(json.dumps({'mods': sorted(m for m in ('mlflow', 'ray') if m in sys.modules), "
+            "'errors': out['error'].isna().tolist(), 'col': p.input_column}))")
+    res = subprocess.run([sys.executable, "-c", code, str(pkg), json.dumps(smiles)], capture_output=True, text=True,
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got == {"mods": [], "errors": [True, True, True, False], "col": "smiles"}
+
+
+def test_crafted_weights_run_no_code(tmp_path):
+    """A weights.pt whose unpickling would run code is refused, naming the file; nothing runs."""
+    exp, cfg, mc, model = untrained_esol()
+    pkg = tmp_path / "pkg"
+    write_package(str(pkg), exp, cfg, mc, model.state_dict())
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"w": Evil()}, pkg / "weights.pt")
+    with pytest.raises(ValueError, match="weights.pt"):
+        load_predictor(str(pkg))
+    assert not marker.exists()
+
+
+def test_a_package_naming_an_unregistered_module_is_refused_without_importing_it(tmp_path, monkeypatch):
+    """``package.json`` names the experiment class; only registered classes are imported (importing
+    an arbitrary module can run its code)."""
+    import json
+    import sys
+
+    from pipelines.model.package import EXPERIMENTS_ENV, PACKAGE_FILE, load_predictor
+
+    marker = tmp_path / "imported"
+    (tmp_path / "evil_module.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\nclass Exp: pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pkg = tmp_path / "package"
+    pkg.mkdir()
+    (pkg / PACKAGE_FILE).write_text(json.dumps({"experiment": "evil_module.Exp", "config": {}, "model_context": {}}))
+    torch.save({}, pkg / "weights.pt")
+    with pytest.raises(ValueError, match=r"experiment 'evil_module.Exp' is not a registered experiment class"):
+        load_predictor(str(pkg))
+    assert not marker.exists() and "evil_module" not in sys.modules
+    monkeypatch.setenv(EXPERIMENTS_ENV, "evil_module.Exp")        # the operator trusts it: now it is imported
+    with pytest.raises(AttributeError):
+        load_predictor(str(pkg))
+    assert marker.exists()
+
+
+def test_a_deeply_nested_package_description_is_a_named_error(tmp_path):
+    from pipelines.model.package import PACKAGE_FILE, load_predictor
+
+    pkg = tmp_path / "package"
+    pkg.mkdir()
+    (pkg / PACKAGE_FILE).write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=r"package.json: not a package description \(JSON: RecursionError\)"):
+        load_predictor(str(pkg))
