@@ -1,5 +1,6 @@
 """Every failure a user can cause at an entry point is one named line on stderr, exit status 2,
-within seconds; ``--verbose`` shows the traceback instead.  The real commands, as a user runs them."""
+before Ray starts (no Ray session appears under the command's ``RAY_TMPDIR``); ``--verbose``
+shows the traceback instead.  The real commands, as a user runs them."""
 from __future__ import annotations
 
 import os
@@ -14,10 +15,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _run(args, tmp_path, timeout=60):
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONPATH": REPO}
-    t0 = time.monotonic()
+    """``(result, ray_started)``: the command run as a user runs it; ``ray_started`` is True when
+    a Ray session was made under its own ``RAY_TMPDIR``."""
+    ray_tmp = tmp_path / "ray-tmp"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONPATH": REPO,
+           "RAY_TMPDIR": str(ray_tmp)}
     res = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    return res, time.monotonic() - t0
+    return res, ray_tmp.exists() and any(ray_tmp.iterdir())
 
 
 def _one_line(res, command: str, *needles: str) -> str:
@@ -54,10 +58,10 @@ def test_a_bad_checkpoint_to_resume_from_is_one_line(tmp_path, case, state, need
         torch.save({**GOOD_STATE, "model": {"w": torch.zeros(1000)}}, full)
         state = full.read_bytes()[:3000]
     d = _checkpoint(tmp_path, state)
-    res, seconds = _run(["-m", "pipelines.sst.train", "--config", "conf/sst_tai2015.yaml", f"resume_from={d}"],
+    res, ray_started = _run(["-m", "pipelines.sst.train", "--config", "conf/sst_tai2015.yaml", f"resume_from={d}"],
                         tmp_path)
     _one_line(res, "pipelines.sst.train", str(d / "state.pt"), needle)
-    assert seconds < 10 + 5   # the interpreter's own start on a busy machine beside the 10 s
+    assert not ray_started
 
 
 def test_verbose_shows_the_traceback(tmp_path):
@@ -70,20 +74,20 @@ def test_verbose_shows_the_traceback(tmp_path):
 def test_a_python_tag_in_a_sweep_config_is_one_line(tmp_path):
     cfg = tmp_path / "evil.yaml"
     cfg.write_text("name: !!python/object/apply:os.system ['echo pwned']\nsst: {}\n")
-    res, seconds = _run(["-m", "pipelines.sweep", "--config", str(cfg), "--seeds", "2"], tmp_path)
+    res, ray_started = _run(["-m", "pipelines.sweep", "--config", str(cfg), "--seeds", "2"], tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr and "pwned" not in res.stdout, res.stderr
     assert "not plain YAML" in res.stderr and str(cfg) in res.stderr
-    assert seconds < 15
+    assert not ray_started
 
 
 def test_predict_with_a_run_that_does_not_exist_is_one_line(tmp_path):
     (tmp_path / "in.txt").write_text("(3 (2 a) (3 good))\n")
-    res, seconds = _run(["-m", "pipelines.predict", "--model", "runs:/0123456789abcdef0123456789abcdef/model",
+    res, ray_started = _run(["-m", "pipelines.predict", "--model", "runs:/0123456789abcdef0123456789abcdef/model",
                          "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "preds")], tmp_path)
     assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "runs:/0123456789abcdef0123456789abcdef/model: no such model" in lines[0], lines
-    assert seconds < 15
+    assert not ray_started
 
 
 def test_predict_refuses_to_mix_its_rows_with_an_earlier_runs_output(tmp_path):

@@ -84,11 +84,9 @@ def test_an_unwritable_storage_path_fails_before_any_work(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = load_config(None, ["epochs=1", "name=probe", f"tracking.uri={uri}", f"ray.storage_path={blocker}/ray"],
                       merged_schema(exp.config_schema))
-    t0 = time.perf_counter()
     with pytest.raises(ConfigError, match=f"ray.storage_path.*{blocker}/ray is not writable .*NotADirectoryError"):
         run(exp, cfg)
-    assert time.perf_counter() - t0 < 15
-    assert ray.is_initialized() == was_up
+    assert ray.is_initialized() == was_up          # before Ray
 
 
 def test_a_storage_failure_during_the_run_is_named():
@@ -209,14 +207,21 @@ BESIDE = (pathlib.Path(REPO).parent / "shared" / "data").resolve()
 
 def _offline_env(tmp_path, **extra) -> dict:
     """The environment of a user's command with an empty ``FOLD_DATA_DIR`` (``tmp_path/empty``),
-    an empty download cache, downloads impossible and an MLflow store in ``tmp_path``."""
+    an empty download cache, downloads impossible, an MLflow store in ``tmp_path`` and Ray's
+    sessions under ``tmp_path/ray-tmp`` (:func:`_ray_started`)."""
     (tmp_path / "empty").mkdir(exist_ok=True)
     env = {**os.environ, "PYTHONPATH": REPO, "FOLD_DATA_DIR": str(tmp_path / "empty"),
            "FOLD_CACHE_DIR": str(tmp_path / "cache"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
-           "no_proxy": "", "NO_PROXY": ""}
+           "RAY_TMPDIR": str(tmp_path / "ray-tmp"), "no_proxy": "", "NO_PROXY": ""}
     env.update({k: REFUSED for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")})
     env.update(extra)
     return env
+
+
+def _ray_started(tmp_path) -> bool:
+    """A command run with :func:`_offline_env` started (or joined) a Ray session."""
+    d = tmp_path / "ray-tmp"
+    return d.exists() and any(d.iterdir())
 
 
 def _mlflow_runs(tmp_path) -> int:
@@ -249,21 +254,19 @@ def _one_line(res: subprocess.CompletedProcess) -> str:
 @pytest.mark.timeout(120)
 def test_missing_data_stops_the_command_in_one_line_before_ray_and_mlflow(tmp_path, module, args, relpath):
     """FOLD_DATA_DIR empty, nothing cached, every download refused: the real command exits
-    non-zero within 10 s with one line ``<command>: <file>: missing; set FOLD_DATA_DIR=...``
+    non-zero before Ray starts with one line ``<command>: <file>: missing; set FOLD_DATA_DIR=...``
     naming where the file was looked for and why the download failed; no MLflow run, no sweep
     directory, no checkpoint directory."""
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    t0 = time.monotonic()
     res = subprocess.run([sys.executable, "-m", module, *args, f"ray.storage_path={tmp_path}/ray"]
                          if module != "pipelines.sweep" else [sys.executable, "-m", module, *args],
                          cwd=REPO, env=_offline_env(tmp_path), capture_output=True, text=True, timeout=100)
-    seconds = time.monotonic() - t0
     line = _one_line(res)
     assert line.startswith(f"{module}: {tmp_path / 'empty' / relpath}: missing; set FOLD_DATA_DIR=<a directory "
                            f"holding {relpath}> or put the file there ("), line
     assert f"FOLD_DATA_DIR={tmp_path / 'empty'}" in line and str(tmp_path / "cache" / relpath) in line, line
     assert "download from https://" in line and " failed: " in line, line
-    assert seconds < 10, f"{seconds:.1f}s: {line}"
+    assert not _ray_started(tmp_path), line           # stopped before Ray (that was the 24 s)
     assert _mlflow_runs(tmp_path) == 0
     assert not (tmp_path / "sweeps").exists() and not (tmp_path / "ray").exists()
 
@@ -271,26 +274,23 @@ def test_missing_data_stops_the_command_in_one_line_before_ray_and_mlflow(tmp_pa
 @pytest.mark.timeout(120)
 def test_predict_names_a_missing_input_or_an_unwritable_output_in_one_line(tmp_path):
     """``pipelines.predict``: a missing --input file, then an --output that cannot be written (a file
-    in the way), each one line naming it within 10 s, before the model is fetched, Ray starts or
+    in the way), each one line naming it, before the model is fetched, Ray starts or
     the MLflow run is made."""
     env = _offline_env(tmp_path)
     cmd = [sys.executable, "-m", "pipelines.predict", "--model", "runs:/0123456789abcdef/model"]
     missing = tmp_path / "trees.txt"
-    t0 = time.monotonic()
     res = subprocess.run([*cmd, "--input", str(missing), "--output", str(tmp_path / "out")], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=100)
     line = _one_line(res)
     assert line.startswith(f"pipelines.predict: {missing}: missing; put the file there or give --input"), line
-    assert time.monotonic() - t0 < 10
     missing.write_text("(2 a)\n")
     (tmp_path / "a-file").write_text("in the way")
-    t0 = time.monotonic()
     res = subprocess.run([*cmd, "--input", "trees.txt", "--output", str(tmp_path / "a-file" / "out")],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
     line = _one_line(res)
     assert line.startswith(f"pipelines.predict: {tmp_path / 'a-file' / 'out'}: not writable (NotADirectoryError"), line
     assert "--output" in line
-    assert time.monotonic() - t0 < 10
+    assert not _ray_started(tmp_path)
     assert _mlflow_runs(tmp_path) == 0 and not (tmp_path / "out").exists()
 
 
@@ -392,7 +392,6 @@ def test_submit_checks_the_data_locally_before_it_submits(tmp_path):
     """scripts/submit.sh runs the entry point's --check with the FOLD_DATA_DIR the job would get:
     a missing data file stops it with the entry point's one line, before it looks for the cluster."""
     env = _offline_env(tmp_path, FOLD_CLUSTER_DIR=str(tmp_path / "cluster"), FOLD_PYTHON=sys.executable)
-    t0 = time.monotonic()
     res = subprocess.run(["bash", os.path.join(REPO, "scripts", "submit.sh"), "tox21", "epochs=1"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=100)
     assert res.returncode != 0, res.stderr[-3000:]
@@ -400,4 +399,4 @@ def test_submit_checks_the_data_locally_before_it_submits(tmp_path):
     assert f"pipelines.molecules.train: {tmp_path / 'empty' / 'molecules' / 'tox21.csv.gz'}: missing; " \
            "set FOLD_DATA_DIR=" in res.stderr, res.stderr[-3000:]
     assert "not submitted" in res.stderr
-    assert time.monotonic() - t0 < 15
+    assert not _ray_started(tmp_path)
