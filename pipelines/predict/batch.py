@@ -34,6 +34,7 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
+from pipelines.cluster import connect_ray
 from pipelines.console import configure, private_local_token
 from pipelines.datadir import probe_writable
 from pipelines.model.package import PACKAGE_FILE, WEIGHTS_FILE, find_package
@@ -290,10 +291,7 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
             header = csv_header(f)
             if column not in header:
                 raise ValueError(f"{f}: no column {column!r} (header: {header}); name the input column with --column")
-    started = False
-    if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS") or None)
-        started = True
+    started = connect_ray()
     try:
         have = ray.cluster_resources()
         actors = actor_pool_size(actors, cpus_per_actor, float(have.get("CPU", 0.0)), gpus_per_actor,
@@ -326,7 +324,7 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
             ray.shutdown()
     result = PredictResult(rows=rows, bad=bad, blank=blank, seconds=seconds, output=os.path.abspath(output))
     log(f"predicted {rows} rows ({bad} bad, {blank} blank lines skipped) from {len(files)} file(s) in "
-        f"{seconds:.1f}s ({result.per_second:.0f} rows/s) -> {result.output}")
+        f"{seconds:.1f}s ({result.per_second:.3g} rows/s) -> {result.output}")
     if tracking:
         from pipelines.tracking.tracker import ensure_experiment
 

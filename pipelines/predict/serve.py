@@ -42,6 +42,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ray import serve
 
+from pipelines.cluster import connect_ray
 from pipelines.model.prediction import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
 
 __all__ = ["ServeSettings", "parse_request", "RequestError", "FoldServer", "build_app", "start", "main"]
@@ -263,8 +264,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         package = load_package_bytes(a.model)
         import ray
 
-        ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
-                 log_to_driver=a.verbose)
+        connect_ray(verbose=a.verbose, include_dashboard=False, log_to_driver=a.verbose)
         t0 = time.perf_counter()
         url = start(package, settings, a.host, a.port, a.replicas, a.max_replicas, a.cpus_per_replica)
         print(f"serving {a.model} at {url}/invocations ({a.replicas} replica(s), ready in "

@@ -75,9 +75,9 @@ def evaluate_ensemble_streaming(experiment: Experiment, configs: Sequence[dict],
 
     import ray
 
-    from pipelines.training.run import connect_ray
+    from pipelines.cluster import connect_ray
 
-    started = connect_ray(configs[0])
+    started = connect_ray(configs[0].get("ray", {}).get("address"), configs[0].get("verbose", False))
     try:
         splits = experiment.read_splits(configs[0])
         src = splits.sources.get(split)

@@ -646,7 +646,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> Optional[SweepResult]:
     """``python -m pipelines.sweep`` (the module docstring); None after ``--check``."""
-    from pipelines.training.run import connect_ray
+    from pipelines.cluster import connect_ray
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     ap = _parser()
@@ -670,7 +670,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[SweepResult]:
         print(f"pipelines.sweep: check passed: the config and {len(found)} data file(s)"
               + (f": {', '.join(map(str, found))}" if found else ""))
         return None
-    started = connect_ray(plan_cfg)
+    started = connect_ray(plan_cfg["ray"]["address"], plan_cfg["verbose"] or args.verbose)
     try:
         if args.resume:
             result = resume_sweep(args.resume)

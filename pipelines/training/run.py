@@ -39,6 +39,7 @@ import numpy as np
 
 from pipelines import checkpoint
 from pipelines import console
+from pipelines.cluster import connect_ray
 from pipelines.model import mlflow_model  # noqa: F401  (registers the outbox's "model" operation: outbox.register_kind)
 from pipelines.tracking import tracker as trk
 from pipelines.checkpoint import BEST_FILE, STATE_FILE
@@ -56,7 +57,7 @@ from pipelines.data.skips import SKIP_REPORT_ARTIFACT, SkipReport
 from pipelines.data.splits import StreamSplits
 from pipelines.training.worker import TrainPlan, train_loop
 
-__all__ = ["run", "check_run", "check_only", "main", "report", "connect_ray", "configure_ray_data", "check_resume",
+__all__ = ["run", "check_run", "check_only", "main", "report", "configure_ray_data", "check_resume",
            "storage_path", "probe_storage", "storage_failure", "StorageError", "RunResult",
            "STATE_FILE", "BEST_FILE"]
 
@@ -117,20 +118,6 @@ def _mlflow_callback_cls():
                 logging.getLogger("pipelines.training.run").warning("MLflow logging failed: %s", e)
 
     return MlflowEpochCallback
-
-
-def connect_ray(cfg: dict) -> bool:
-    """Connect to Ray (``cfg["ray"]["address"]``, else ``$RAY_ADDRESS``) or start a local one,
-    unless Ray is already initialised in this process; True when this call started or connected
-    it (the caller then calls ``ray.shutdown()`` when done), False when it was already up."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    address = cfg["ray"]["address"] or os.environ.get("RAY_ADDRESS")
-    logger.info("connecting to Ray at %s" % address if address else "starting a local Ray")
-    ray.init(address=address or None, **console.ray_init_kwargs(cfg.get("verbose", False)))
-    return True
 
 
 def _worker_resources(cfg: dict) -> dict:
@@ -624,7 +611,7 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
     try:
         if cfg["resume_from"]:
             link_interrupted(tracker, cfg)
-        started_ray = connect_ray(cfg)
+        started_ray = connect_ray(cfg["ray"]["address"], cfg.get("verbose", False))
         world = cfg["ray"]["num_workers"]
         resources = _worker_resources(cfg)
         tracker.params(trk.flatten_params(cfg))
