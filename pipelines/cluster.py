@@ -24,6 +24,8 @@ def connect_ray(address: Optional[str] = None, verbose: bool = False, **init_kwa
     ``init_kwargs`` go to ``ray.init`` on top of the quiet defaults."""
     import ray
 
+    if address is not None and not isinstance(address, str):
+        raise TypeError(f"connect_ray: address must be a Ray address string (ray.address), got {type(address).__name__}")
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")

@@ -99,9 +99,9 @@ def predict_test_split(experiment: MoleculeExperiment, cfg: dict, state_dict, co
     again when None)."""
     import ray
 
-    from pipelines.training.run import connect_ray
+    from pipelines.cluster import connect_ray
 
-    started = connect_ray(cfg)
+    started = connect_ray(cfg["ray"]["address"], cfg.get("verbose", False))
     reader_log = logging.getLogger("pipelines.molecules")
     level = reader_log.level
     try:
