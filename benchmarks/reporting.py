@@ -10,6 +10,8 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch
 
+from pipelines.metrics import logged_value
+
 __all__ = ["REPO_ROOT", "echo", "system_info", "git_state", "log_to_mlflow", "format_table"]
 
 #: The repository the benchmarks run from (``benchmarks/`` lives at its top).
@@ -99,7 +101,7 @@ def log_to_mlflow(experiment: str, params: Dict[str, object], tables: Dict[str, 
         mlflow.log_params({k: str(v)[:500] for k, v in {**params, **system_info()}.items()})
         for name, rows in tables.items():
             mlflow.log_table(pd.DataFrame(rows), artifact_file=f"{name}.json")
-        mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
+        mlflow.log_metrics({k: logged_value(v) for k, v in metrics.items()})
         for name, fig in figures:
             mlflow.log_figure(fig, f"{name}.png")
         if json_path:

@@ -20,6 +20,7 @@ import math
 import os
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
+from pipelines.metrics import logged_value
 from pipelines.tracking.runs_view import run_url
 
 from .reporting import REPO_ROOT, echo, save_view
@@ -323,8 +324,8 @@ def run(table1: Optional[str] = None, sst: Optional[str] = None, tox21: Optional
         with mlf.start_run(run_name="reproduce-quick" if quick else "reproduce") as mrun:
             mlf.set_tags({**links, "quick": str(quick),
                           "mlflow.note.content": text})  # the run page's description shows the table
-            # the figures as the summary table shows them: 4 significant digits
-            mlf.log_metrics({r.key: float(f"{r.ours:.4g}") for r in rows if r.ours is not None and math.isfinite(r.ours)})
+            # the figures as the summary table shows them (pipelines.metrics.logged_value)
+            mlf.log_metrics({r.key: logged_value(r.ours) for r in rows if r.ours is not None and math.isfinite(r.ours)})
             mlf.log_metric("figures_outside_expected", float(sum(r.inside is False for r in rows)))
             mlf.log_metric("figures_not_above_baseline", float(sum(r.above_baseline is False for r in rows)))
             mlf.log_table(frame, artifact_file="summary_table.json")

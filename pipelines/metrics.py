@@ -10,7 +10,10 @@ from __future__ import annotations
 import math
 from typing import Mapping, Optional
 
-__all__ = ["sum_into", "prefixed", "better"]
+__all__ = ["sum_into", "prefixed", "better", "logged_value", "LOGGED_DIGITS"]
+
+#: Significant digits of a logged metric value (:func:`logged_value`).
+LOGGED_DIGITS = 4
 
 
 def sum_into(acc: dict, stats: Mapping[str, float]) -> None:
@@ -30,3 +33,20 @@ def better(a: float, b: Optional[float], mode: str) -> bool:
     if b is None or (isinstance(b, float) and math.isnan(b)):
         return not (isinstance(a, float) and math.isnan(a))
     return a > b if mode == "max" else a < b
+
+
+def logged_value(v: float, digits: int = LOGGED_DIGITS) -> float:
+    """``v`` rounded to ``digits`` significant digits, as a metric is logged; integral values
+    (counts, epochs) and non-finite ones are returned unchanged.
+
+    Examples::
+
+        >>> logged_value(0.9209039548022598)
+        0.9209
+        >>> logged_value(9612.3456), logged_value(123456.0)
+        (9612.0, 123456.0)
+    """
+    v = float(v)
+    if not math.isfinite(v) or v.is_integer():
+        return v
+    return float(f"{v:.{int(digits)}g}")

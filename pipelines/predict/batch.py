@@ -37,6 +37,7 @@ import numpy as np
 from pipelines.cluster import connect_ray
 from pipelines.console import configure, private_local_token
 from pipelines.datadir import probe_writable
+from pipelines.metrics import logged_value
 from pipelines.model.package import PACKAGE_FILE, WEIGHTS_FILE, find_package
 from pipelines.model.prediction import DEFAULT_CHUNK_SIZE
 
@@ -335,7 +336,7 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
         client.log_param(run_id, "inputs", json.dumps(files)[:500])
         for k, v in (("rows", rows), ("bad_rows", bad), ("blank_lines", blank), ("seconds", seconds),
                      ("rows_per_s", result.per_second), ("actors", actors)):
-            client.log_metric(run_id, k, float(v))
+            client.log_metric(run_id, k, logged_value(v))
         client.set_terminated(run_id)
         result = PredictResult(rows, bad, blank, seconds, result.output, run_id)
         log(f"MLflow run {run_id} (experiment predict)")

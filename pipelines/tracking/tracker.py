@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from pipelines.tracking import outbox
 from pipelines.errors import user_error
+from pipelines.metrics import logged_value
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 
@@ -189,12 +190,13 @@ def _safe_key(k: str) -> str:
 
 
 def metric_items(metrics: Mapping[str, Any], step: int = 0, timestamp_ms: Optional[int] = None) -> list[list]:
-    """``[key, value, timestamp_ms, step]`` for each numeric, finite metric (keys made MLflow-safe);
-    the timestamp is now unless given."""
+    """``[key, value, timestamp_ms, step]`` for each numeric, finite metric (keys made MLflow-safe,
+    values to :data:`pipelines.metrics.LOGGED_DIGITS` significant digits by
+    :func:`pipelines.metrics.logged_value`); the timestamp is now unless given."""
     import time
 
     ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
-    return [[_safe_key(k), v, ts, int(step)] for k, v in finite_metrics(metrics).items()]
+    return [[_safe_key(k), logged_value(v), ts, int(step)] for k, v in finite_metrics(metrics).items()]
 
 
 def _params(params: Mapping[str, Any]) -> dict[str, str]:

@@ -56,7 +56,8 @@ def test_tracker_logs_everything(tmp_path):
     t = trk.Tracker.start(uri, "unit", run_name="r", tags={"k": "v"})
     t.params({"opt.lr": "0.1", **trk.system_info(2)})
     for step in (1, 2):
-        t.metrics({"dev/acc": 0.5 * step, "bad": float("nan"), "s": "str", "n": 3}, step=step)
+        t.metrics({"dev/acc": 0.5 * step, "bad": float("nan"), "s": "str", "n": 3,
+                   "dev/auc": 0.9209039548022598, "count": 123456.0}, step=step)
     assert t.logged_steps("dev/acc") == {1, 2}
     t.table(pd.DataFrame([{"model": "ours", "acc": 0.9}, {"model": "paper", "acc": 0.88}]))
     fig, ax = plt.subplots()
@@ -70,7 +71,9 @@ def test_tracker_logs_everything(tmp_path):
     run = client.get_run(t.run_id)
     assert run.info.status == "FINISHED" and run.data.tags["k"] == "v"
     assert run.data.params["opt.lr"] == "0.1" and "sys.torch" in run.data.params
-    assert set(run.data.metrics) == {"dev/acc", "n"}  # NaN and strings dropped
+    assert set(run.data.metrics) == {"dev/acc", "n", "dev/auc", "count"}  # NaN and strings dropped
+    # values as the UI shows them: 4 significant digits; counts unchanged
+    assert run.data.metrics["dev/auc"] == 0.9209 and run.data.metrics["count"] == 123456
     arts = {a.path for a in client.list_artifacts(t.run_id)}
     assert {"results.json", "plots", "weights", "tables"} <= arts
     png = client.download_artifacts(t.run_id, "plots/curve.png", str(tmp_path))
