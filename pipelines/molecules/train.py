@@ -45,61 +45,51 @@ def build_throughput(res: RunResult) -> dict[str, float]:
     return {"time/build_mol_per_s": float(np.median(rates)), "time/build_mol_per_s_epoch1": float(rates[0])}
 
 
-def predict(experiment: MoleculeExperiment, cfg: dict, context: TargetScaling, state_dict, records,
-            batch_size: int = 128):
-    """Probabilities / values of ``state_dict``'s model for ``records`` (built here, on the driver;
-    ``context``: the target scaling ``experiment.read_splits`` returned)."""
-    import torch
-
-    model = experiment.build_model(cfg, context)
-    model.load_state_dict(state_dict)
-    model.eval()
-    outs = []
-    with torch.no_grad():
-        for i in range(0, len(records), batch_size):
-            mb = experiment.make_batch(model, records[i:i + batch_size])
-            o = model(mb.batch)
-            if experiment.classification:
-                outs.append(torch.sigmoid(o))
-            elif isinstance(context.mean, float):
-                outs.append(o * context.std + context.mean)
-            else:  # one mean / std per task
-                outs.append(o * torch.tensor(context.std, dtype=o.dtype) + torch.tensor(context.mean, dtype=o.dtype))
-    return torch.cat(outs).numpy()
+def _test_predictor(experiment: MoleculeExperiment, cfg: dict, model_context: dict, state_dict):
+    """The trained model's :class:`~pipelines.molecules.inference.MoleculePredictor` (its
+    ``run`` turns outputs into probabilities or original units: the one place they are
+    un-scaled); the ``load`` of :func:`pipelines.model.mapping.map_model`."""
+    return experiment.predictor(cfg, model_context, state_dict)
 
 
-def _predict_block(table, experiment, cfg, context, state_ref, batch_size):
-    """Ray Data task: the test records of one block (rows ``pos``, ``rec``) -> ``pos``, ``id``,
-    ``smiles``, ``labels`` and ``probs`` (float64 lists, one entry per task)."""
+def _predict_records(predictor, table, batch_size: int = 128):
+    """One block of test records (rows ``pos``, ``rec``) -> ``pos``, ``id``, ``smiles``, ``labels``
+    and ``probs`` (float64 lists, one entry per task); the ``apply`` of
+    :func:`pipelines.model.mapping.map_model`."""
     import pickle
 
     import pyarrow as pa
-    import ray
 
-    from pipelines.data.cache import cached
+    from pipelines.molecules.experiment import featurize_cached
 
     recs = [pickle.loads(b) for b in table.column("rec").to_pylist()]
-    state = cached(("best_state", state_ref[0].hex()), lambda: ray.get(state_ref[0]))
-    probs = predict(experiment, cfg, context, state, recs, batch_size) if recs else np.zeros((0, len(experiment.tasks)))
-    labels = np.stack([r.labels for r in recs]) if recs else np.zeros((0, len(experiment.tasks)))
+    tasks = predictor.output_columns
+    probs = []
+    for i in range(0, len(recs), batch_size):
+        graphs = [featurize_cached(r.smiles).model_input() for r in recs[i:i + batch_size]]
+        probs += [[row[t] for t in tasks] for row in predictor.run(graphs)]
+    labels = [np.asarray(r.labels, np.float64).tolist() for r in recs]
     lists = pa.list_(pa.float64())
     return pa.table({"pos": table.column("pos"), "id": pa.array([r.id for r in recs], pa.int64()),
                      "smiles": pa.array([r.smiles for r in recs], pa.string()),
-                     "labels": pa.array(labels.astype(np.float64).tolist(), lists),
-                     "probs": pa.array(np.asarray(probs, np.float64).tolist(), lists)})
+                     "labels": pa.array(labels, lists), "probs": pa.array(probs, lists)})
 
 
 def predict_test_split(experiment: MoleculeExperiment, cfg: dict, state_dict, context: Optional[TargetScaling] = None):
     """``(ids, smiles, labels [n, T], probs [n, T])`` of the best model on the test split, in
     test-split order; None when there is no test split.
 
-    The test records are read, featurised and predicted in Ray Data tasks
-    (:meth:`MoleculeExperiment.read_splits`, then one model per task process); only these four
+    The test records are read and featurised in Ray Data tasks
+    (:meth:`MoleculeExperiment.read_splits`) and predicted there by the model's predictor
+    (:func:`pipelines.model.mapping.map_model`, one model per task process); only these four
     columns reach the driver.  ``context``: the run's target scaling (``RunResult.context``; read
     again when None)."""
+    import functools
+
     import ray
 
     from pipelines.cluster import connect_ray
+    from pipelines.model.mapping import map_model
 
     started = connect_ray(cfg["ray"]["address"], cfg.get("verbose", False))
     reader_log = logging.getLogger("pipelines.molecules")
@@ -113,9 +103,9 @@ def predict_test_split(experiment: MoleculeExperiment, cfg: dict, state_dict, co
         src = splits.sources.get("test")
         if src is None or not src.n:
             return None
-        ref = [ray.put(state_dict)]
-        out = src.dataset.map_batches(_predict_block, batch_format="pyarrow", batch_size=None, fn_kwargs=dict(
-            experiment=experiment, cfg=cfg, context=context or splits.context, state_ref=ref, batch_size=128))
+        model_context = experiment.model_context(cfg, context or splits.context)
+        out = map_model(src.dataset, load=functools.partial(_test_predictor, experiment, cfg, model_context),
+                        apply=_predict_records, shared={"state_dict": state_dict})
         rows = sorted(out.iter_rows(), key=lambda r: r["pos"])
     finally:
         if started:

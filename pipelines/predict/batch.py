@@ -9,10 +9,11 @@ Inputs: text files, one input per line (PTB trees for SST, SMILES for molecules)
 read in Ray Data tasks by the training pipeline's readers
 (:func:`pipelines.data.sources.read_lines`, :func:`pipelines.data.sources.read_csv_columns`) into
 rows ``path``, ``line``, ``text``, ``error`` (a CSV row that cannot be read), ``blank``; an actor
-pool (``map_batches`` with :class:`PredictActor`, each actor holding one
+pool (:func:`pipelines.model.mapping.map_model` with :func:`predict_rows`, each actor holding one
 :class:`~pipelines.model.prediction.Predictor` built from the model's package, shipped once through
-the object store) parses, batches with the engine and predicts, and the rows stream to Parquet in
-``--output`` (bounded memory: Ray Data's streaming executor).  Output columns: ``path``, ``line``
+the object store) parses, batches with the engine and predicts; the prediction rows are kept in
+Ray's object store (spilled to disk when large; counted there) and written by the workers to
+Parquet in ``--output`` (``Dataset.write_parquet``, files ``part-<n>.parquet`` in input order).  Output columns: ``path``, ``line``
 (the input's ``file:line``; for CSV the reader's line number, the header being line 1),
 ``input``, the predictor's columns and ``error`` (null for a good row; for a bad row the reason:
 the predictor's, or the CSV reader's, with null predictions; a bad row is kept and counted, never
@@ -23,6 +24,7 @@ none).
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import json
 import os
@@ -38,10 +40,11 @@ from pipelines.cluster import connect_ray
 from pipelines.console import configure, private_local_token
 from pipelines.datadir import probe_writable
 from pipelines.metrics import logged_value
+from pipelines.model.mapping import map_model
 from pipelines.model.package import PACKAGE_FILE, WEIGHTS_FILE, find_package
 from pipelines.model.prediction import DEFAULT_CHUNK_SIZE
 
-__all__ = ["PredictResult", "PredictActor", "SUCCESS_FILE", "resolve_inputs", "output_files", "check_output",
+__all__ = ["PredictResult", "predict_rows", "SUCCESS_FILE", "resolve_inputs", "output_files", "check_output",
            "load_package_bytes",
            "predictor_from_package", "input_rows", "actor_pool_size", "run", "main"]
 
@@ -196,40 +199,61 @@ def input_rows(path: str, column: str):
     return read_lines(path).map_batches(_line_rows, batch_format="pyarrow", fn_kwargs={"path": path})
 
 
-class PredictActor:
-    """Ray Data actor: builds the predictor once from the package bytes (an object ref), then maps
-    blocks of input rows (:func:`input_rows`) to prediction rows."""
+def predict_rows(predictor, batch, chunk_size: int):
+    """One batch of input rows (:func:`input_rows`, numpy format) -> its prediction rows (pandas):
+    ``path``, ``line``, ``input``, the predictor's columns, ``error`` and ``blank`` (0); blank
+    lines are dropped, and a block with some carries one marker row (``line`` -1) with their count
+    in ``blank``.  The ``apply`` of :func:`pipelines.model.mapping.map_model`."""
+    import pandas as pd
 
-    def __init__(self, package_ref, chunk_size: int):
-        import ray
+    blank = batch["blank"].astype(bool)
+    keep = np.flatnonzero(~blank)
+    read_error = batch["error"][keep]
+    ok = [k for k, e in enumerate(read_error) if e is None]
+    texts = batch["text"][keep]
+    frame = predictor.predict([texts[k] for k in ok], chunk_size=chunk_size)
+    if len(ok) < len(keep):   # rows the reader refused: null predictions, the reader's error
+        frame.index = ok
+        frame = frame.reindex(range(len(keep)))
+        bad = [k for k, e in enumerate(read_error) if e is not None]
+        frame.loc[bad, "error"] = [read_error[k] for k in bad]
+    frame.insert(0, "input", [texts[k] for k in range(len(keep))])
+    frame.insert(0, "line", batch["line"][keep].astype(np.int64))
+    frame.insert(0, "path", [str(p) for p in batch["path"][keep]])
+    frame["blank"] = 0
+    if len(keep) < len(blank):   # one marker row per block carries its blank-line count
+        marker = frame.iloc[:0].reindex([len(frame)])
+        marker[["path", "line", "input", "blank"]] = ["", -1, "", int(blank.sum())]
+        frame = pd.concat([frame, marker], ignore_index=True)
+    return frame
 
-        files = package_ref if isinstance(package_ref, dict) else ray.get(package_ref)
-        self.predictor = predictor_from_package(files)
-        self.chunk_size = chunk_size
 
-    def __call__(self, batch):
-        import pandas as pd
+def _tally(frame):
+    """Ray Data task: one block of :func:`predict_rows` output -> one row of its counts."""
+    import pandas as pd
 
-        blank = batch["blank"].astype(bool)
-        keep = np.flatnonzero(~blank)
-        read_error = batch["error"][keep]
-        ok = [k for k, e in enumerate(read_error) if e is None]
-        texts = batch["text"][keep]
-        frame = self.predictor.predict([texts[k] for k in ok], chunk_size=self.chunk_size)
-        if len(ok) < len(keep):   # rows the reader refused: null predictions, the reader's error
-            frame.index = ok
-            frame = frame.reindex(range(len(keep)))
-            bad = [k for k, e in enumerate(read_error) if e is not None]
-            frame.loc[bad, "error"] = [read_error[k] for k in bad]
-        frame.insert(0, "input", [texts[k] for k in range(len(keep))])
-        frame.insert(0, "line", batch["line"][keep].astype(np.int64))
-        frame.insert(0, "path", [str(p) for p in batch["path"][keep]])
-        frame["blank"] = 0
-        if len(keep) < len(blank):   # one marker row per block carries its blank-line count
-            marker = frame.iloc[:0].reindex([len(frame)])
-            marker[["path", "line", "input", "blank"]] = ["", -1, "", int(blank.sum())]
-            frame = pd.concat([frame, marker], ignore_index=True)
-        return frame
+    marks = frame["line"] < 0
+    good = frame.loc[~marks]
+    return pd.DataFrame({"rows": [len(good)], "bad": [int(good["error"].notna().sum())],
+                         "blank": [int(frame.loc[marks, "blank"].sum())]})
+
+
+def _without_markers(frame):
+    """Ray Data task: the rows written to Parquet (no marker rows, no ``blank`` column)."""
+    return frame.loc[frame["line"] >= 0].drop(columns=["blank"])
+
+
+def _part_files():
+    """Parquet file names ``part-<write task>-<write id>.parquet``: in input order by name (the
+    write tasks follow the blocks, ``preserve_order``), and what :func:`output_files` finds (Ray
+    requires the write's id in the name)."""
+    from ray.data.datasource import FilenameProvider
+
+    class PartFiles(FilenameProvider):
+        def get_filename_for_task(self, write_uuid, task_index):
+            return f"part-{task_index:06d}-{write_uuid}.parquet"
+
+    return PartFiles()
 
 
 def actor_pool_size(actors: Optional[int], cpus_per_actor: float, cluster_cpus: float, gpus_per_actor: float = 0.0,
@@ -300,23 +324,17 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True
         t0 = time.perf_counter()
-        ref = ray.put(package)
         parts = [input_rows(path, column) for path in files]
         ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
-        preds = ds.map_batches(PredictActor, fn_constructor_args=(ref, chunk_size), batch_size=4 * chunk_size,
-                               batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=actors),
-                               num_cpus=cpus_per_actor, num_gpus=gpus_per_actor or None)
+        preds = map_model(ds, load=predictor_from_package, apply=functools.partial(predict_rows, chunk_size=chunk_size),
+                          shared={"files": package}, actors=actors, num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
+                          batch_size=4 * chunk_size, batch_format="numpy").materialize()
+        counts = preds.map_batches(_tally, batch_format="pandas", batch_size=None).to_pandas()
+        rows, bad, blank = (int(counts[c].sum()) for c in ("rows", "bad", "blank"))
         os.makedirs(output, exist_ok=True)
-        blank = 0
-        rows = bad = 0
-        for block in preds.iter_batches(batch_format="pandas", batch_size=None):
-            marks = block["line"] < 0
-            blank += int(block.loc[marks, "blank"].sum())
-            good = block.loc[~marks].drop(columns=["blank"])
-            if len(good):
-                good.to_parquet(os.path.join(output, f"part-{rows:012d}.parquet"), index=False)
-            rows += len(good)
-            bad += int(good["error"].notna().sum())
+        if rows:
+            preds.map_batches(_without_markers, batch_format="pandas", batch_size=None).write_parquet(
+                output, filename_provider=_part_files())
         seconds = time.perf_counter() - t0
         with open(os.path.join(output, SUCCESS_FILE), "w") as f:
             f.write(f"{rows} rows\n")

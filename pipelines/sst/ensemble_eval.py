@@ -14,18 +14,24 @@ from pipelines.experiment import Experiment
 from pipelines.metrics import sum_into
 from pipelines.sst.model import count_stats, node_outputs, summarize_counts
 
-__all__ = ["evaluate_ensemble_streaming"]
+__all__ = ["ensemble_sums", "evaluate_ensemble_streaming"]
 
 
-def _ensemble_sums(experiment, context, configs, states, trees, batch_size):
-    """``(ensemble count sums, [member count sums])`` (``count_stats`` summed) over ``trees``;
-    ``context``: what ``experiment.read_splits`` loaded for the members' shared data config."""
+def _members(experiment, context, configs, states) -> list:
+    """The members' models, weights loaded, in eval mode; the ``load`` of
+    :func:`pipelines.model.mapping.map_model`."""
     models = []
     for cfg, state in zip(configs, states):
         model = experiment.build_model(cfg, context)
         model.load_state_dict(state)
         model.eval()
         models.append(model)
+    return models
+
+
+def ensemble_sums(models, trees, batch_size: int) -> tuple[dict, list[dict]]:
+    """``(ensemble count sums, [member count sums])`` (``count_stats`` summed) of ``models`` over
+    ``trees``: the members' class probabilities averaged at every node."""
     ens_sums: dict[str, float] = {}
     member_sums: list[dict[str, float]] = [{} for _ in models]
     with torch.no_grad():
@@ -49,19 +55,15 @@ def _ensemble_sums(experiment, context, configs, states, trees, batch_size):
     return ens_sums, member_sums
 
 
-def _ensemble_block(table, experiment, configs, state_refs, context, batch_size):
-    """Ray Data task: one block of trees (rows ``pos``, ``rec``) -> one row, the pickled
-    :func:`_ensemble_sums` over it (count sums add up over blocks)."""
+def _block_sums(models, table, batch_size: int):
+    """One block of trees (rows ``pos``, ``rec``) -> one row, the pickled :func:`ensemble_sums`
+    over it (count sums add up over blocks); the ``apply`` of :func:`pipelines.model.mapping.map_model`."""
     import pickle
 
     import pyarrow as pa
-    import ray
-
-    from pipelines.data.cache import cached
 
     trees = [pickle.loads(b) for b in table.column("rec").to_pylist()]
-    states = [cached(("member_state", r.hex()), lambda r=r: ray.get(r)) for r in state_refs]
-    sums = _ensemble_sums(experiment, context, configs, states, trees, batch_size) if trees else ({}, [])
+    sums = ensemble_sums(models, trees, batch_size) if trees else ({}, [])
     return pa.table({"sums": pa.array([pickle.dumps(sums)], pa.binary())})
 
 
@@ -69,13 +71,16 @@ def evaluate_ensemble_streaming(experiment: Experiment, configs: Sequence[dict],
                                 split: str, batch_size: int = 250) -> tuple[dict, list[dict]]:
     """``(ensemble metrics, [member metrics])`` (keys of :func:`pipelines.sst.model.summarize_counts`)
     on ``split``, the trees read, parsed and evaluated in Ray Data tasks (:meth:`pipelines.sst.experiment.SSTExperiment.read_splits`
-    of the first member's config): only per-block count sums reach the driver, never the trees.
-    Connects to (or starts) Ray as the training run does."""
+    of the first member's config; the members mapped over them by
+    :func:`pipelines.model.mapping.map_model`): only per-block count sums reach the driver, never
+    the trees.  Connects to (or starts) Ray as the training run does."""
+    import functools
     import pickle
 
     import ray
 
     from pipelines.cluster import connect_ray
+    from pipelines.model.mapping import map_model
 
     started = connect_ray(configs[0].get("ray", {}).get("address"), configs[0].get("verbose", False))
     try:
@@ -83,10 +88,8 @@ def evaluate_ensemble_streaming(experiment: Experiment, configs: Sequence[dict],
         src = splits.sources.get(split)
         if src is None or not src.n:
             raise ValueError(f"split {split!r} has no trees")
-        refs = [ray.put(s) for s in states]
-        out = src.dataset.map_batches(_ensemble_block, batch_format="pyarrow", batch_size=None, fn_kwargs=dict(
-            experiment=experiment, configs=list(configs), state_refs=refs, context=splits.context,
-            batch_size=batch_size))
+        out = map_model(src.dataset, load=functools.partial(_members, experiment, splits.context, list(configs)),
+                        apply=functools.partial(_block_sums, batch_size=batch_size), shared={"states": list(states)})
         ens_sums: dict[str, float] = {}
         member_sums: list[dict[str, float]] = [{} for _ in states]
         for row in out.iter_rows():

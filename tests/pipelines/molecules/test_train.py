@@ -73,12 +73,10 @@ def test_tox21_slice_two_workers_logs_complete_mlflow_run(ray_cluster, data_dir,
     assert list(df["test mean ROC-AUC"][1:3]) == [0.820, 0.829]
     assert all(f"test {t}" in df.columns for t in TOX21_TASKS)
 
-    # the ROC plot's predictions were made in Ray Data tasks: the same as predicting the reference
-    # loader's test records in-process
+    # the ROC plot's predictions were made in Ray Data tasks: the same as the model's predictor on
+    # the reference loader's test SMILES in-process (pipelines.model.mapping: one way to predict)
     import numpy as np
     import torch
-
-    from pipelines.molecules.train import predict
 
     from ..reference_splits import molecule_splits
 
@@ -86,7 +84,9 @@ def test_tox21_slice_two_workers_logs_complete_mlflow_run(ray_cluster, data_dir,
     ids, smiles, labels, probs = predict_test_split(exp, cfg, state, res.context)
     test = molecule_splits(exp, cfg).records["test"]
     d_ids, d_smiles = [r.id for r in test], [r.smiles for r in test]
-    d_labels, d_probs = np.stack([r.labels for r in test]), predict(exp, cfg, res.context, state, test)
+    predictor = exp.predictor(cfg, exp.model_context(cfg, res.context), state)
+    d_labels = np.stack([r.labels for r in test])
+    d_probs = predictor.predict(d_smiles)[list(exp.tasks)].to_numpy(np.float64)
     assert len(ids) == 15 and ids == d_ids and smiles == d_smiles
     np.testing.assert_array_equal(labels, d_labels)
     np.testing.assert_allclose(probs, d_probs, rtol=1e-5, atol=1e-6)
