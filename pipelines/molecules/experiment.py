@@ -41,6 +41,7 @@ from pipelines.config import Field
 from pipelines.experiment import Experiment
 
 from pipelines.molecules.model import MolBatch, build_compiler, masked_bce_sum
+from pipelines.molecules.scaling import TargetScaling
 
 log = logging.getLogger("pipelines.molecules")
 
@@ -49,14 +50,6 @@ MOLECULENET_TOX21 = [("anchor: Weave (MoleculeNet)", 0.820), ("anchor: GraphConv
 # MoleculeNet paper, ESOL random split test RMSE (log mol/L); quoted from memory, not re-checked.
 MOLECULENET_ESOL = [("anchor: Weave (MoleculeNet)", 0.61), ("anchor: GraphConv (MoleculeNet)", 0.97),
                     ("anchor: MPNN (MoleculeNet)", 0.58)]
-
-
-class TargetScaling(NamedTuple):
-    """Regression targets are learnt as ``(y - mean) / std`` (the training split's statistics,
-    over its labelled values): floats for one task, tuples of floats (one per task) for several."""
-
-    mean: float | tuple = 0.0
-    std: float | tuple = 1.0
 
 
 class MolRecord(NamedTuple):
@@ -499,12 +492,8 @@ class MoleculeExperiment(Experiment):
             loss = loss_sum / len(self.tasks)
             return out, loss, {"loss_sum": float(loss.detach()), "count": n, "labelled": float(n_lab)}
         s: TargetScaling = model.target_scaling
-        mean, std = s.mean, s.std
-        if not isinstance(mean, float):  # one per task
-            mean = torch.tensor(mean, dtype=out.dtype, device=out.device)
-            std = torch.tensor(std, dtype=out.dtype, device=out.device)
-        z = (labels - mean) / std
-        pred = out.detach() * std + mean
+        z = s.standardize(labels)
+        pred = s.unscale(out.detach())
         mask = ~torch.isnan(labels)
         if bool(mask.all()):  # ESOL: every label present
             loss = ((out - z) ** 2).sum()

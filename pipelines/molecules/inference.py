@@ -16,6 +16,7 @@ import torch
 from pipelines.model.prediction import InputTooLarge, Predictor
 
 from pipelines.molecules.featurize import featurize_mol, parse_smiles
+from pipelines.molecules.scaling import TargetScaling
 
 __all__ = ["MoleculePredictor"]
 
@@ -25,7 +26,8 @@ class MoleculePredictor(Predictor):
 
     Args:
       tasks: the task names (the output columns), in the model's output order.
-      classification: sigmoid of the logits if true, else ``out * std + mean``.
+      classification: sigmoid of the logits if true, else the outputs in the targets' units
+        (:meth:`pipelines.molecules.scaling.TargetScaling.unscale`).
       mean, std: the target scaling (floats, or one per task).
       max_atoms: the largest molecule (heavy atoms) predicted; a SMILES longer than
         ``CHARS_PER_ATOM * max_atoms`` characters is refused before RDKit parses it.
@@ -41,8 +43,7 @@ class MoleculePredictor(Predictor):
         self.max_size = int(max_atoms)
         self.output_columns = list(tasks)
         self.classification = classification
-        self.mean = torch.as_tensor(mean, dtype=torch.float32)
-        self.std = torch.as_tensor(std, dtype=torch.float32)
+        self.scaling = TargetScaling(mean, std)
 
     def parse(self, raw) -> tuple:
         """The weave model's input ``(atoms, pairs)`` of one SMILES
@@ -61,5 +62,5 @@ class MoleculePredictor(Predictor):
     @torch.no_grad()
     def run(self, graphs: list) -> list:
         out = self.compiler(self.compiler.build_batch(graphs)).float().cpu()
-        values = torch.sigmoid(out) if self.classification else out * self.std + self.mean
+        values = torch.sigmoid(out) if self.classification else self.scaling.unscale(out)
         return [dict(zip(self.output_columns, row)) for row in values.tolist()]
