@@ -17,6 +17,8 @@
 #   FOLD_RAY_TEMP_DIR        a private dir (yours, mode 0700) holding Ray's temp/session root
 #                            (default: a fresh mktemp -d /tmp/fold-ray.XXXXXXXX, recorded in the
 #                            state dir and reused by later starts; kept short: unix socket paths)
+#   FOLD_RAY_DRAIN_TIMEOUT_S seconds Ray drains the head on SIGTERM before stopping (default 0:
+#                            no drain; cluster_down.sh stops an idle or used head in seconds)
 #   FOLD_MLFLOW_PORT         MLflow tracking server port                      (default 5000)
 #   FOLD_PYTHON              the Python whose ray/mlflow to use   (default <repo>/.venv/bin/python,
 #                            else python3 on PATH)

@@ -255,7 +255,13 @@ start_ray() {
     # setsid: the head and everything it spawns share one session, so cluster_down.sh can
     # stop exactly these processes. --block keeps `ray start` alive as the session leader.
     [ -s "$LOG_DIR/ray.log" ] && mv -f "$LOG_DIR/ray.log" "$LOG_DIR/ray.previous.log"
-    RAY_USAGE_STATS_ENABLED=0 setsid "$ray_bin" "${args[@]}" >"$LOG_DIR/ray.log" 2>&1 </dev/null &
+    # RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S: on SIGTERM Ray (2.60) first drains the node, waiting up
+    # to 30 s for it to go idle, which it never does while a finished job's Ray Data actors
+    # (_StatsActor, _AutoscalingCoordinatorActor) live: cluster_down.sh then needed SIGKILL.  The
+    # drain lets Serve proxies on Kubernetes finish requests; here it is off unless
+    # FOLD_RAY_DRAIN_TIMEOUT_S asks for it.
+    RAY_USAGE_STATS_ENABLED=0 RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="${FOLD_RAY_DRAIN_TIMEOUT_S:-0}" \
+      setsid "$ray_bin" "${args[@]}" >"$LOG_DIR/ray.log" 2>&1 </dev/null &
     echo $! >"$pidfile"
     if ray_ready "$pidfile"; then
       break
