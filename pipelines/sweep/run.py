@@ -28,7 +28,7 @@ ASHA or left behind by a killed driver end as ``KILLED`` MLflow runs.
 Resuming: the sweep's directory (``--storage``/``--name``, default ``ray_results/sweeps/<name>``)
 holds Tune's experiment state and ``sweep.json`` (:class:`SweepPlan`: the resolved config, the
 space, the parent run id).  ``--resume DIR`` restores the Tuner (``Tuner.restore``): finished
-trials are kept, not rerun; unfinished ones restart (their Ray Train run, named after the trial,
+trials are kept, not rerun; unfinished and errored ones restart (their Ray Train run, named after the trial,
 continues from its last epoch checkpoint); the same parent run is completed.
 
 CPUs: each trial's workers get ``ray.cpus_per_worker`` (default: what leaves one CPU of the cluster
@@ -39,8 +39,10 @@ The parent's writes, and its tags on the trials' runs, go through an outbox in
 policy: a tracking server lost at the end of a sweep loses nothing (the sweep ends naming the
 outbox and the replay command); reading the trials' runs back needs the server.
 An interrupted sweep (Ctrl-C: Tune saves its state and returns) leaves the parent run RUNNING and
-exits with status 3, naming the ``--resume`` command; a sweep in which no trial finished ends its
-parent run FAILED and exits with status 1.
+exits with status 3, naming the ``--resume`` command; a sweep in which a trial errored (a crash
+beyond ``ray.max_failures``, a trial started during a tracking outage longer than its retry
+budget) ends its parent run FAILED (tag ``sweep.incomplete``) and exits with status 1, naming the
+``--resume`` command, which reruns the errored trials.
 The final line printed is a JSON object (parent run id, ``best/*`` means, ``sd/*``, ``ensemble/*``);
 ``--result-json PATH`` writes it to a file too (as the training entry points' ``--result-json``, with
 ``time/mean_*``: the means over the finished trials).  ``--verbose``: everything the libraries log.
@@ -535,7 +537,12 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
         table = paper_table(summary, experiment.sweep_layout(), experiment.name, ensemble, summary.n_finished)
         _log_parent(plan, tracker, trials, summary, ensemble, table)
         _save_sweep_view(experiment, plan, tracker, ensemble, trials)
-        status = "FINISHED" if summary.n_finished else "FAILED"
+        # a trial that errored (e.g. it started during a tracking outage) leaves the sweep
+        # incomplete: its parent ends FAILED and --resume reruns that trial
+        status = "FINISHED" if summary.n_finished and not summary.n_errored else "FAILED"
+        if summary.n_errored:
+            tracker.tags({"sweep.incomplete": f"{summary.n_errored} of {len(trials)} trial(s) errored; rerun them with "
+                                              f"python -m pipelines.sweep --resume {plan.directory}"})
         tracker.end(status)
         if not tracker.drain():
             msg = f"sweep {plan.name}: {tracker.outage_message()}"
@@ -604,7 +611,8 @@ def run_sweep(plan: SweepPlan) -> SweepResult:
 
 def resume_sweep(directory: str) -> SweepResult:
     """Continue the sweep saved in ``directory`` (``Tuner.restore``): finished trials stay, the
-    others run; the same parent MLflow run is completed.  Ray must be up."""
+    others run, errored ones again (their Ray Train run continues from its last epoch
+    checkpoint); the same parent MLflow run is completed.  Ray must be up."""
     from ray import tune
 
     plan = SweepPlan.load(directory)
@@ -613,7 +621,7 @@ def resume_sweep(directory: str) -> SweepResult:
                           "first trial was recorded); start it again", source="--resume")
     log.info("resuming sweep %s (parent MLflow run %s)", plan.name, plan.parent_run_id)
     return _execute(plan, lambda: tune.Tuner.restore(plan.directory, trainable=_trainable(plan),
-                                                     resume_unfinished=True, resume_errored=False))
+                                                     resume_unfinished=True, resume_errored=True))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -706,8 +714,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[SweepResult]:
     if plan_cfg["verbose"] or args.verbose or not args.result_json:
         print(text)
     if not result.summary.n_finished:
-        log.error("no trial finished (%d errored, %d stopped early): see the trials' errors in %s",
-                  result.summary.n_errored, result.summary.n_stopped, result.tracking_uri)
+        log.error("no trial finished (%d errored, %d stopped early): see the trials' errors in %s; rerun them "
+                  "with python -m pipelines.sweep --resume %s", result.summary.n_errored, result.summary.n_stopped,
+                  result.tracking_uri, result.directory)
+        raise SystemExit(1)
+    if result.summary.n_errored:
+        first = next((t for t in result.trials if t.status == ERROR), None)
+        log.error("%d of %d trial(s) errored (first: %s); the figures above are over the %d finished; rerun the "
+                  "errored ones with python -m pipelines.sweep --resume %s", result.summary.n_errored,
+                  len(result.trials), first.error if first else "?", result.summary.n_finished, result.directory)
         raise SystemExit(1)
     return result
 

@@ -3,8 +3,8 @@
 The search syntax and the plan's checks run without Ray.  Two real sweeps of the toy experiment
 (real Ray Tune over real Ray Train, real MLflow on sqlite): a seed sweep whose driver (a real
 subprocess with its own local Ray) is SIGKILLed after its first trial finished and which
-``--resume`` completes; an ASHA search in which the trial that cannot learn (lr 0) is stopped
-after its first epoch.
+``--resume`` completes; a seed sweep whose trial errors (exit 1 naming ``--resume``, which reruns
+it); an ASHA search in which the trial that cannot learn (lr 0) is stopped after its first epoch.
 """
 from __future__ import annotations
 
@@ -181,6 +181,45 @@ def test_seed_sweep_survives_a_killed_driver(tmp_path):
     table = json.loads(open(client.download_artifacts(parent, "trials.json", str(tmp_path))).read())
     assert sorted(table["columns"][:4]) == sorted(["trial", "mlflow_run_id", "status", "epochs"])
     assert {row[table["columns"].index("status")] for row in table["data"]} == {FINISHED}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(420)
+def test_an_errored_trial_fails_the_sweep_and_resume_reruns_it(tmp_path):
+    """A trial that errors (here its worker exits once, with ray.max_failures=0; in the field, a
+    trial started during a tracking outage longer than its retry budget) leaves the sweep
+    incomplete: exit status 1 naming --resume, the parent FAILED with a ``sweep.incomplete`` tag;
+    ``--resume`` reruns the errored trial only and completes the same parent."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = dict(os.environ, PYTHONPATH=str(REPO), RAY_AUTH_MODE="disabled")
+    env.pop("RAY_ADDRESS", None)
+    marker = tmp_path / "failed-once"
+    first = subprocess.run(_sweep_cmd(tmp_path, "--seeds", "2", *_toy_overrides(tmp_path), "ray.max_failures=0",
+                                      "toy.fail_at_call=3", f"toy.fail_marker={marker}"),
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = first.stdout[-3000:] + first.stderr[-3000:]
+    sweep_dir = tmp_path / "sweeps" / "seeds"
+    assert first.returncode == 1 and marker.exists(), out
+    assert "1 of 2 trial(s) errored" in first.stderr and f"--resume {sweep_dir}" in first.stderr, out
+    client = MlflowClient(uri)
+    parent = json.loads((sweep_dir / PLAN_FILE).read_text())["parent_run_id"]
+    p = client.get_run(parent)
+    assert p.info.status == "FAILED" and f"--resume {sweep_dir}" in p.data.tags["sweep.incomplete"]
+    done_before = {r.data.tags["sweep.trial_id"]: r.info.run_id for r in _children(client, parent)
+                   if r.info.status == "FINISHED"}
+    assert len(done_before) == 1, out
+
+    again = subprocess.run([sys.executable, "-m", "pipelines.sweep", "--resume", str(sweep_dir),
+                            "--result-json", str(tmp_path / "out.json")], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    p = client.get_run(parent)
+    assert p.info.status == "FINISHED"
+    assert p.data.metrics["sweep/n_finished"] == 2 and p.data.metrics["sweep/n_errored"] == 0
+    finished = [r for r in _children(client, parent) if r.info.status == "FINISHED"]
+    assert sorted(r.data.params["seed"] for r in finished) == ["3", "4"]
+    for tid, run_id in done_before.items():                     # the finished trial did not rerun
+        assert [r.info.run_id for r in finished if r.data.tags["sweep.trial_id"] == tid] == [run_id]
 
 
 @pytest.mark.integration
