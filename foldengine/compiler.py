@@ -833,6 +833,7 @@ class Compiler(nn.Module):
                     cause = err.__cause__
                     msg = f"its operation raised {cause!r}" if cause is not None else str(err)
                     raise InputError(i, BlockInputError(err.block, msg)) from err
+                ctx.end_input()
                 counts.append([len(ctx.metrics.get(name, ())) for name in self._metric_names])
         finally:
             sys.setrecursionlimit(old)

@@ -46,7 +46,7 @@ class GraphTracer:
     """
 
     __slots__ = ("h_depth", "node_op", "node_ptr", "edges", "node_out", "consts", "const_blocks",
-                 "n_block_rows", "const_h", "metrics", "n_types", "op_out_tids", "_zeros", "input_ends")
+                 "n_block_rows", "const_h", "metrics", "n_types", "op_out_tids", "_zeros", "input_ends", "shared")
 
     def __init__(self, n_types: int, op_out_tids: Sequence[Sequence[int]]):
         self.n_types = n_types
@@ -68,6 +68,9 @@ class GraphTracer:
         #: per input ended by :meth:`end_input`: the counts (nodes, edges, handles, then
         #: constants per type, then values per metric name in ``metric_names`` order)
         self.input_ends: List[tuple] = []
+        #: per :class:`~foldengine.blocks.Shared` block (by ``id``): ``{id(x): (x, value)}`` of
+        #: the current input (cleared by :meth:`end_input`)
+        self.shared: Dict[int, dict] = {}
 
     def end_input(self, metric_names: Sequence[str]) -> None:
         """Mark the end of one input's records.  Zeros handles are shared within an input
@@ -78,6 +81,7 @@ class GraphTracer:
                                + tuple(len(c) + k for c, k in zip(self.consts, self.n_block_rows))
                                + tuple(len(metrics.get(m, ())) for m in metric_names))
         self._zeros.clear()
+        self.shared.clear()
 
     def const(self, tid: int, value) -> int:
         h = len(self.h_depth)
@@ -509,6 +513,13 @@ class EagerContext:
         self.types = types  # list of TensorType by tid
         self.device = device
         self.metrics: Dict[str, list] = {}
+        #: the :class:`~foldengine.blocks.Shared` blocks' values of the current input (as
+        #: :attr:`GraphTracer.shared`; :meth:`end_input` clears it)
+        self.shared: Dict[int, dict] = {}
+
+    def end_input(self) -> None:
+        """Start the next input: nothing is shared across inputs."""
+        self.shared.clear()
 
     def const(self, tid: int, value):
         t = self.types[tid]

@@ -47,6 +47,7 @@ and reports ``foldengine.blocks`` as its module (so ``fb.X`` is the one name to 
 * :mod:`.combinators`: Pipe, Record, AllOf, OneOf, Optional;
 * :mod:`.sequences`: Map, Fold, Reduce, RNN, Broadcast, Zip, ZipWith, Chain, NGrams;
 * :mod:`.composition`: Composition (DAGs); :mod:`.recursion`: ForwardDeclaration;
+  :mod:`.sharing`: Shared (a part of an input reached twice, computed once);
 * :mod:`.conversion`: :func:`convert_to_block` (what counts as a block).
 """
 from __future__ import annotations
@@ -61,6 +62,7 @@ from .combinators import Pipe, Record, AllOf, OneOf, Optional
 from .sequences import Map, Fold, Reduce, Broadcast, ZipWith, Zip, Chain, NGrams, RNN
 from .composition import Composition
 from .recursion import ForwardDeclaration
+from .sharing import Shared
 from .conversion import convert_to_block
 
 __all__ = [
@@ -68,7 +70,7 @@ __all__ = [
     "InputTransform", "Pipe", "Record", "OneOf", "Optional", "AllOf", "Map", "Fold", "RNN", "Reduce", "Sum",
     "Mean", "Max", "Min", "Broadcast", "ZipWith", "Zip", "Chain", "NGrams", "Nth", "Concat", "Zeros", "Identity",
     "GetItem", "Slice", "Length", "OneHot", "OneHotFromList", "Void", "Metric", "Composition",
-    "ForwardDeclaration", "FC", "Embedding", "ScopedLayer", "Pending", "convert_to_block",
+    "ForwardDeclaration", "Shared", "FC", "Embedding", "ScopedLayer", "Pending", "convert_to_block",
 ]
 
 for _name in __all__:
