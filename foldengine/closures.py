@@ -105,6 +105,8 @@ def compile_tracer(root, tracer: GraphTracer, templates: Optional["TraceTemplate
 
     def traced_with_templates(x):
         v = prefix(x)
+        if not cache.pays():           # structures that rarely repeat: the key would cost more
+            return suffix(v)
         chunks: list = []
         try:
             structure = read(v, chunks)
@@ -157,6 +159,12 @@ class TraceTemplates:
         input_hits / input_misses: :meth:`get_input` lookups that found a trace / did not.
         nbytes / input_nbytes: bytes of the templates / whole-input traces kept (each up to
             ``max_bytes``).
+        probe / min_hit_rate: templates (and kept traces) are used while they pay: after
+            ``probe`` lookups, only while at least ``min_hit_rate`` of them hit
+            (:meth:`pays`).  A miss costs the block-by-block trace plus the key and the copy
+            kept (about twice the trace on graphs whose structures never repeat); a hit saves
+            most of it.  Once they stop paying they stay off for this root (:meth:`clear`
+            starts over).
 
     Pickles empty (the templates are rebuilt as inputs are traced).
     """
@@ -164,10 +172,21 @@ class TraceTemplates:
     #: a structure whose records cannot be replayed (kept, so it is not tried again)
     FAILED = object()
 
-    def __init__(self, max_bytes: int = 32 << 20, enabled: bool = True):
+    def __init__(self, max_bytes: int = 32 << 20, enabled: bool = True, probe: int = 256,
+                 min_hit_rate: float = 0.5):
         self.max_bytes = int(max_bytes)
         self.enabled = bool(enabled)
+        self.probe = int(probe)
+        self.min_hit_rate = float(min_hit_rate)
         self.clear()
+
+    def pays(self, inputs: bool = False) -> bool:
+        """Whether templates (``inputs``: kept whole-input traces) are worth their lookups:
+        fewer than :attr:`probe` lookups so far, or a hit rate of at least
+        :attr:`min_hit_rate`."""
+        hits, misses = (self.input_hits, self.input_misses) if inputs else (self.hits, self.misses)
+        n = hits + misses
+        return n < self.probe or hits >= self.min_hit_rate * n
 
     def clear(self) -> None:
         """Forget every template and whole-input trace (and the split of the root)."""
@@ -180,7 +199,8 @@ class TraceTemplates:
         self.hits = self.misses = self.input_hits = self.input_misses = 0
 
     def __getstate__(self):
-        return {"max_bytes": self.max_bytes, "enabled": self.enabled}
+        return {"max_bytes": self.max_bytes, "enabled": self.enabled, "probe": self.probe,
+                "min_hit_rate": self.min_hit_rate}
 
     def __setstate__(self, state):
         self.__init__(**state)

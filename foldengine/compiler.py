@@ -573,6 +573,9 @@ class Compiler(nn.Module):
         later: List[Tuple[int, int, GraphTracer]] = []   # (input, that first input, its prefix's tracer)
         todo: List[int] = []
         for i, x in enumerate(inputs):
+            if not templates.pays(inputs=True):   # keys that rarely repeat: trace block by block
+                todo.append(i)
+                continue
             tracer = GraphTracer(len(self.types), self.op_info.out_tids)
             try:
                 key = templates.input_key(x, tracer)

@@ -179,6 +179,33 @@ def test_duplicate_input_handles_are_traced_block_by_block():
     assert compiler.trace_templates.hits == 0
 
 
+def test_templates_stop_where_structures_do_not_repeat():
+    """After ``probe`` lookups with a hit rate under ``min_hit_rate`` (every graph a new size:
+    templates would cost a key and a kept copy per input and never be used) both template paths
+    stop looking up, and the traces, batches and outputs stay those of tracing block by block;
+    where structures repeat they stay on."""
+    fast, slow = _compilers()
+    fast.trace_templates.probe = 8
+    distinct = _graphs(list(range(1, 25)))
+    _assert_same_traces(fast.trace(distinct), slow.trace(distinct))
+    tt = fast.trace_templates
+    assert (tt.input_hits, tt.input_misses) == (0, 8) and not tt.pays(inputs=True)
+    tracer = GraphTracer(len(fast.types), fast.op_info.out_tids)
+    f = compile_tracer(fast.root, tracer, tt)
+    for g in distinct:
+        f(g)
+        tracer.end_input(fast._metric_names)
+    assert (tt.hits, tt.misses) == (0, 8) and not tt.pays()
+    torch.testing.assert_close(fast(fast.build_batch(distinct)), slow(slow.build_batch(distinct)))
+
+    again, _ = _compilers()
+    again.trace_templates.probe = 8
+    repeated = _graphs([3, 2] * 12)
+    _assert_same_traces(again.trace(repeated), slow.trace(repeated))
+    tt = again.trace_templates
+    assert tt.pays(inputs=True) and tt.input_misses == 2      # two structures, each traced once
+
+
 def test_bounded_and_pickled_empty():
     fast, slow = _compilers()
     fast.trace_templates.max_bytes = 40000
