@@ -5,6 +5,11 @@
 * Ray started inside tests (``ray.init()``) runs without token auth and without usage stats, so
   no token is written to ``~/.ray`` and nothing is reported.
 * Every test starts with MLflow's process-wide tracking URI unset (autouse fixture).
+* Tests marked ``fault`` (failure injection: a worker, the driver or the tracking server lost,
+  concurrent replays) run beside a CPU burner: ``FOLD_TEST_BURNERS`` busy processes (default 1,
+  ``0`` turns it off) for the test's duration, so that the recovery paths are checked on a
+  loaded machine, where timing-dependent bugs show (autouse fixture; their pids in
+  ``FOLD_TEST_BURNER_PIDS``).
 * Fixtures: ``data_dir`` (the datasets directory; skips the test when it is absent, fails under CI) and
   ``mlflow_sqlite_uri`` (a fresh MLflow sqlite store under ``tmp_path``).
 """
@@ -12,6 +17,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -67,3 +74,26 @@ def _isolated_mlflow_tracking_uri():
         yield
     finally:
         tracking_utils._tracking_uri = saved
+
+
+#: what a burner runs: a busy loop (it exits when the test's process goes away)
+_BURN = "import os, time\nppid = os.getppid()\nwhile os.getppid() == ppid:\n    for _ in range(100000): pass\n"
+
+
+@pytest.fixture(autouse=True)
+def _cpu_burner(request):
+    """For a test marked ``fault``: ``FOLD_TEST_BURNERS`` busy processes beside it (module
+    docstring); nothing for the others."""
+    n = int(os.environ.get("FOLD_TEST_BURNERS", "1"))
+    if request.node.get_closest_marker("fault") is None or n <= 0:
+        yield
+        return
+    procs = [subprocess.Popen([sys.executable, "-c", _BURN]) for _ in range(n)]
+    os.environ["FOLD_TEST_BURNER_PIDS"] = ",".join(str(p.pid) for p in procs)
+    try:
+        yield
+    finally:
+        os.environ.pop("FOLD_TEST_BURNER_PIDS", None)
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -75,3 +75,27 @@ def test_the_rule_sees_a_fixture_and_a_call(tmp_path, monkeypatch):
                                             "tests/test_zz_marker_probe.py::test_b"]
     finally:
         probe.unlink()
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.fault
+def test_a_fault_test_runs_beside_a_busy_cpu_burner():
+    """The ``fault`` marker's burner (tests/conftest.py) is there and burning CPU."""
+    import os
+    import time
+
+    pids = [int(p) for p in os.environ.get("FOLD_TEST_BURNER_PIDS", "").split(",") if p]
+    if os.environ.get("FOLD_TEST_BURNERS", "1") == "0":
+        assert not pids
+        return
+    assert pids
+
+    def cpu_ticks(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])        # utime + stime
+    before = [cpu_ticks(p) for p in pids]
+    time.sleep(0.5)
+    assert all(cpu_ticks(p) > b for p, b in zip(pids, before))

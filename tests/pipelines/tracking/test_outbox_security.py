@@ -138,6 +138,7 @@ def test_an_outbox_others_may_write_into_is_refused(store, tmp_path):
     assert "a" not in client.get_run(run_id).data.tags
 
 
+@pytest.mark.fault
 def test_a_second_replay_says_the_first_is_running(store, tmp_path):
     uri, client, run_id = store
     box = tmp_path / "box"
@@ -154,6 +155,7 @@ def test_a_second_replay_says_the_first_is_running(store, tmp_path):
     assert client.get_run(run_id).data.tags["a"] == "1"
 
 
+@pytest.mark.fault
 def test_two_concurrent_replays_send_everything_once_without_a_failure(store, tmp_path):
     uri, client, run_id = store
     box = tmp_path / "box"

@@ -288,6 +288,7 @@ def _molecule_file(tmp, data_dir):
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(540)   # 330 s measured on 2 busy cores (load 4), the mlflow server's start included
+@pytest.mark.fault
 def test_a_run_whose_server_dies_at_once_loses_nothing(ray_cluster, server, data_dir, tmp_path, monkeypatch):
     """The tracking server is killed as soon as the run exists and never returns: the params, the
     runs-table view, the dataset inputs (and the run's own-data name), the skip report, the system

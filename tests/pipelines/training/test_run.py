@@ -163,6 +163,7 @@ def test_a_checkpoint_of_another_model_size_is_one_named_error(baseline, tmp_pat
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.fault
 def test_worker_killed_mid_epoch_restarts_from_checkpoint(baseline, tmp_path):
     ref, _ = baseline
     marker = tmp_path / "failed.once"
@@ -197,6 +198,7 @@ run(exp, load_config(sys.argv[1], sys.argv[2:], merged_schema(exp.config_schema)
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.fault
 def test_driver_killed_then_resumed_matches_uninterrupted(baseline, tmp_path):
     """A driver (its own process, on this cluster) SIGKILLed in epoch 2: its Ray job ends with it;
     resuming from its epoch-1 checkpoint reproduces the uninterrupted run, and the killed MLflow
