@@ -57,6 +57,17 @@ __all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext", "eval
 
 #: row layouts a Compiler knows (``row_layout``); the first is the default
 ROW_LAYOUTS = LAYOUTS + ("concat",)
+#: the schedulers ``scheduler='auto'`` compares on a compiler's first batch
+AUTO_SCHEDULERS = ("depth", "coalesce")
+#: an ``index_select`` (a gather of rows) in :func:`plan_cost`, in calls
+GATHER_COST = 0.5
+
+
+def plan_cost(stats: Mapping) -> float:
+    """The cost ``scheduler='auto'`` compares for a planned batch (its ``stats``): ``calls +
+    GATHER_COST * index_selects`` (both run once per step and are dominated by a fixed
+    per-call cost at the batch sizes of dynamic batching)."""
+    return float(stats["calls"]) + GATHER_COST * float(stats.get("index_selects", 0.0))
 #: the executors a Compiler can run batches with (``Compiler(executor=...)``)
 EXECUTORS = ("auto", "tables", "chunks")
 #: ``executor="auto"`` runs a batch on tables when its calls average at most this many rows.
@@ -225,7 +236,15 @@ class Compiler(nn.Module):
     Args:
         block: the root block (anything ``blocks.convert_to_block`` accepts).
         scheduler: a scheduler name (``'depth'``, ``'agenda'``, ``'coalesce'``; see
-            ``schedulers.SCHEDULERS``) or instance.
+            ``schedulers.SCHEDULERS``) or instance, or ``'auto'``: the first batch built from
+            inputs is planned with each of :data:`AUTO_SCHEDULERS` and the scheduler whose plan
+            costs least (:func:`plan_cost`: calls, plus :data:`GATHER_COST` per
+            ``index_select``) is kept for this compiler (``scheduler_costs`` holds the costs).
+            Coalescing merges a model's calls across depths, which usually also removes gathers
+            (SST: 21 calls and 61 index_selects against depth's 39 and 161), but where its merged
+            calls read from many steps it can gather more than it saves (a bidirectional
+            Tree-LSTM: 76 calls and 904 index_selects against 214 and 419, and slower).  With
+            ``row_layout='concat'`` ``'auto'`` keeps ``'depth'``.
         input_type: the root block's input type (Python objects by default).
         max_call_rows: a positive int: run batched calls larger than this in row blocks
             (same results), or None (no limit).  An execution setting, not part of the
@@ -316,7 +335,11 @@ class Compiler(nn.Module):
         super().__init__()
         block = convert_to_block(block)
         self.root = block
-        self.scheduler = get_scheduler(scheduler)
+        #: ``scheduler='auto'``: the plan cost of each of AUTO_SCHEDULERS on the first batch
+        #: (None until it is built; the cheapest is then :attr:`scheduler`)
+        self.scheduler_costs: Optional[Dict[str, float]] = None
+        self.auto_scheduler = isinstance(scheduler, str) and scheduler == "auto"
+        self.scheduler = get_scheduler("depth" if self.auto_scheduler else scheduler)
         self.max_call_rows = _checked_max_call_rows(max_call_rows)
         if not isinstance(defer_weight_grads, (bool, np.bool_)):
             raise TypeError(f"defer_weight_grads must be True or False, got {defer_weight_grads!r}")
@@ -732,14 +755,34 @@ class Compiler(nn.Module):
         if layout == "concat":
             raise ValueError("row_layout='concat' builds batches from traces (build_batch_from_traces)")
         t1 = time.perf_counter()
-        steps = self.scheduler.assign(merged.graph, self.op_info)
-        plan = lower(merged.graph, self.op_info, steps, self.types, self.output_type, merged.outputs,
-                     merged.metrics, layout)
+        if getattr(self, "auto_scheduler", False) and self.scheduler_costs is None and merged.graph.n_nodes:
+            plan = self._plan_cheapest(merged, layout)
+        else:
+            steps = self.scheduler.assign(merged.graph, self.op_info)
+            plan = lower(merged.graph, self.op_info, steps, self.types, self.output_type, merged.outputs,
+                         merged.metrics, layout)
         stats = dict(plan.stats, trace_s=trace_s, schedule_s=time.perf_counter() - t1)
         return self._with_rows(Batch(size=merged.size, consts=merged.consts, calls=plan.calls,
                                      step_bounds=plan.step_bounds, index_data=plan.index_data,
                                      outputs=plan.outputs, metrics=plan.metrics, stats=stats,
                                      signature=self.signature, metric_lengths=dict(merged.metric_lengths)))
+
+    def _plan_cheapest(self, merged: MergedTraces, layout: str):
+        """``scheduler='auto'``: plan ``merged`` with each of :data:`AUTO_SCHEDULERS`, keep the
+        cheapest scheduler (:func:`plan_cost`; the first on a tie) and return its plan."""
+        costs: Dict[str, float] = {}
+        best = None
+        for name in AUTO_SCHEDULERS:
+            scheduler = get_scheduler(name)
+            steps = scheduler.assign(merged.graph, self.op_info)
+            plan = lower(merged.graph, self.op_info, steps, self.types, self.output_type, merged.outputs,
+                         merged.metrics, layout)
+            costs[name] = plan_cost(plan.stats)
+            if best is None or costs[name] < best[0]:
+                best = (costs[name], scheduler, plan)
+        self.scheduler_costs = costs
+        self.scheduler = best[1]
+        return best[2]
 
     def _recursion_limit(self) -> int:
         """``recursion_limit``, checked: a positive int (``ValueError`` naming the value)."""
