@@ -40,11 +40,14 @@ SYSTEM_METRICS = "System metrics"
 _SPLITS = ("train", "dev", "test")
 
 
-def columns_for(key_metrics: Sequence[str], params: Sequence[str]) -> list[str]:
-    """The columns: test and dev of each key metric at the best epoch, the best epoch, seconds per
-    epoch and records per second, then ``params`` (the UI adds its own: dataset, source, model)."""
-    metrics = [f"best/{split}/{m}" for m in key_metrics for split in ("test", "dev")]
-    metrics += ["best/epoch", "time/mean_epoch_s", "time/mean_records_per_s"]
+def columns_for(key_metrics: Sequence[str], params: Sequence[str], splits: Sequence[str] = ("test", "dev"),
+                best_epoch: bool = True) -> list[str]:
+    """The columns: ``splits`` (test and dev) of each key metric at the best epoch, the best epoch
+    (``best_epoch``), seconds per epoch and records per second, then ``params`` (the UI adds its
+    own: dataset, source, model).  The UI shows metric columns in the order of their names
+    (``best/*`` before ``ensemble/*``, ``mean/*``, ``sd/*``, ``time/*``), whatever the order here."""
+    metrics = [f"best/{split}/{m}" for m in key_metrics for split in splits]
+    metrics += (["best/epoch"] if best_epoch else []) + ["time/mean_epoch_s", "time/mean_records_per_s"]
     return [f"metrics.`{m}`" for m in metrics] + [f"params.`{p}`" for p in params]
 
 

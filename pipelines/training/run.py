@@ -306,7 +306,9 @@ def save_training_view(experiment: Experiment, cfg: dict, tracker: trk.Tracker,
                        expanded: Sequence[str] = ()) -> None:
     """The experiment's saved view (:mod:`pipelines.tracking.runs_view`, an experiment tag sent through
     ``tracker``): the experiment's key metrics, timing and the params that tell runs apart as
-    columns, then ``extra_columns`` (metric keys: a sweep's ``mean/*``, ``sd/*``, ``ensemble/*``);
+    columns, and ``extra_columns`` (metric keys: a sweep parent's ``mean/*``, ``sd/*``,
+    ``ensemble/*``; then only the trials' ``best/test/*`` beside them, so that the parent's
+    figures are among the first columns the UI shows, which it orders by name);
     the chart view's sections of ``metric_keys`` (None: the keys a run of ``experiment`` logs per
     epoch and at its end, ``<split>/<metric>``, ``best/...``, ``time/...``) with the learning
     curves first; the parent runs ``expanded`` show their nested runs."""
@@ -317,8 +319,9 @@ def save_training_view(experiment: Experiment, cfg: dict, tracker: trk.Tracker,
         names = ("loss", experiment.selection_metric, *key_metrics)
         metric_keys = ["train/objective", "best/epoch", "time/epoch_s", "time/records_per_s"] + [
             f"{prefix}{split}/{m}" for prefix in ("", "best/") for split in ("train", "dev", "test") for m in names]
-    columns = columns_for(key_metrics, params)
-    columns[len(columns) - len(params):len(columns) - len(params)] = [f"metrics.`{m}`" for m in extra_columns]
+    sweep = bool(extra_columns)
+    columns = [f"metrics.`{m}`" for m in extra_columns] + columns_for(
+        key_metrics, params, splits=("test",) if sweep else ("test", "dev"), best_epoch=not sweep)
     save_runs_view(tracker, columns, metric_keys, expanded=expanded)
 
 

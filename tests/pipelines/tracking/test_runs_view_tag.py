@@ -78,3 +78,27 @@ def test_a_view_of_many_metrics_fits_mlflows_tag_limit():
     assert len(json.loads(small)["compareRunCharts"]) == len(KEYS)     # the charts when they fit
     (tiny,) = runs_view_tag(["params.`seed`"], keys, max_chars=100).values()
     assert json.loads(tiny) == {"selectedColumns": ["params.`seed`"]}
+
+
+def test_a_sweep_view_shows_the_parent_figures_first(tmp_path):
+    """A sweep's saved view (pipelines.training.run.save_training_view with the parent's columns)
+    holds ``mean/*``, ``sd/*`` and ``ensemble/*`` and, of the trials' ``best/*``, only
+    ``best/test/*``: the UI orders metric columns by name, so the parent's figures are among the
+    first it shows (the parent's row is not dashes as far as the screen reaches)."""
+    from mlflow import MlflowClient
+
+    from pipelines.config import load_config, merged_schema
+    from pipelines.sst.experiment import SCHEMA, SSTExperiment
+    from pipelines.tracking.tracker import Tracker
+    from pipelines.training.run import save_training_view
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker.start(uri, "sweep-view", run_name="parent")
+    extra = ["mean/best/test/fine", "sd/best/test/fine", "ensemble/test/fine"]
+    save_training_view(SSTExperiment(), load_config(None, [], merged_schema(SCHEMA)), tracker, extra_columns=extra)
+    tracker.end()
+    exp = MlflowClient(uri).get_experiment_by_name("sweep-view")
+    columns = json.loads(exp.tags[f"mlflow.sharedViewState.{VIEW_KEY}"])["selectedColumns"]
+    assert columns[:3] == [f"metrics.`{m}`" for m in extra]
+    metrics = sorted(c.split("`")[1] for c in columns if c.startswith("metrics."))   # as the UI shows them
+    assert metrics[:4] == ["best/test/binary", "best/test/fine", "ensemble/test/fine", "mean/best/test/fine"]
