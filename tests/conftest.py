@@ -5,8 +5,8 @@
 * Ray started inside tests (``ray.init()``) runs without token auth and without usage stats, so
   no token is written to ``~/.ray`` and nothing is reported.
 * Every test starts with MLflow's process-wide tracking URI unset (autouse fixture).
-* Tests marked ``fault`` (failure injection: a worker, the driver or the tracking server lost,
-  concurrent replays) run beside a CPU burner: ``FOLD_TEST_BURNERS`` busy processes (default 1,
+* Tests marked ``fault`` (failure injection: a worker, a node, the driver or the tracking server
+  lost, concurrent runs and replays, crafted outbox files) run beside a CPU burner: ``FOLD_TEST_BURNERS`` busy processes (default 1,
   ``0`` turns it off) for the test's duration, so that the recovery paths are checked on a
   loaded machine, where timing-dependent bugs show (autouse fixture; their pids in
   ``FOLD_TEST_BURNER_PIDS``).

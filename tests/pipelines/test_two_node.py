@@ -117,6 +117,7 @@ def _check_gather_across_nodes(node_id: str) -> None:
     assert got.column("rec").to_pylist() == [b"r%d" % p for p in want]
 
 
+@pytest.mark.fault
 @pytest.mark.timeout(900)
 def test_run_survives_losing_a_node(nodes, tmp_path):
     t_start = time.monotonic()

@@ -56,6 +56,7 @@ def _artifacts(client, run_id, path=""):
     return out
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("where", ["absolute", "parent"])
 def test_the_replay_command_refuses_an_entry_pointing_outside_the_outbox(store, victim, tmp_path, where):
     """An outbox written before lines were signed (no key) is replayed as it is, but an entry
@@ -76,6 +77,7 @@ def test_the_replay_command_refuses_an_entry_pointing_outside_the_outbox(store, 
     assert _artifacts(client, run_id) == []
 
 
+@pytest.mark.fault
 def test_a_symbolic_link_inside_an_outbox_folder_is_refused(store, victim, tmp_path):
     uri, client, run_id = store
     box = tmp_path / "box"
@@ -88,6 +90,7 @@ def test_a_symbolic_link_inside_an_outbox_folder_is_refused(store, victim, tmp_p
     assert (victim / "secret.txt").exists() and _artifacts(client, run_id) == []
 
 
+@pytest.mark.fault
 def test_a_runs_flush_sends_only_what_the_run_wrote(store, victim, tmp_path):
     """A file planted in a run's outbox mid-run (another user cannot read the key, so its lines
     carry no valid signature) is neither sent nor deleted by the run's end-of-run flush; the run's
@@ -128,6 +131,7 @@ def test_a_pickled_tracker_signs_with_its_runs_key(store, tmp_path):
     assert {"from", "from2"} <= set(client.get_run(run_id).data.tags)
 
 
+@pytest.mark.fault
 def test_an_outbox_others_may_write_into_is_refused(store, tmp_path):
     uri, client, run_id = store
     box = tmp_path / "box"

@@ -264,6 +264,7 @@ run(exp, cfg)
 """
 
 
+@pytest.mark.fault
 @pytest.mark.timeout(600)
 def test_two_runs_started_together_on_a_fresh_store_match_the_uninterrupted_run(baseline, tmp_path):
     """Two whole training runs (each its own driver process, on this cluster) start at the same
