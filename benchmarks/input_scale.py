@@ -225,7 +225,7 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
             from pipelines.data.background import EpochHead, read_head
             from pipelines.seeding import seed_all
             from pipelines.data.feed import declare_feed, train_dataset_name
-            from pipelines.training.run import configure_ray_data
+            from pipelines.cluster import configure_ray_data
 
             configure_ray_data(cfg)
             seed_all(int(cfg["seed"]))

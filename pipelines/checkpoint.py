@@ -20,15 +20,17 @@ import collections
 import dataclasses
 import os
 import pickle
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
 
+from pipelines.config import ConfigError, flatten
 from pipelines.errors import user_error
 
 __all__ = ["STATE_FILE", "BEST_FILE", "CheckpointError", "TrainingState", "write", "read_state",
-           "read_best_model", "load_plain", "plain", "load_into", "MISFIT", "misfit_in"]
+           "read_best_model", "load_plain", "plain", "load_into", "MISFIT", "misfit_in", "RESUME_MAY_CHANGE",
+           "check_resume"]
 
 STATE_FILE = "state.pt"
 BEST_FILE = "best_model.pt"
@@ -196,3 +198,40 @@ def read_best_model(directory: str) -> Optional[dict]:
     loaded with ``weights_only=True`` (:func:`load_plain`)."""
     path = os.path.join(directory, BEST_FILE)
     return load_plain(path) if os.path.exists(path) else None
+
+
+#: Config keys a resumed run may change: how long it trains, where it runs and logs, how it
+#: reports; anything else must equal the checkpoint's (the model, the data, the optimizer).
+RESUME_MAY_CHANGE = ("resume_from", "epochs", "log_every", "name", "verbose", "progress_every_s", "ray.", "tracking.",
+                     "data.progress_bars")
+
+
+def check_resume(path: str, config: Mapping[str, Any], epochs: int) -> TrainingState:
+    """Check the checkpoint directory ``path`` a run of ``config`` (validated) resumes for ``epochs``
+    epochs before any Ray work, as the workers will read it (``weights_only``); returns its state.
+    Raises :class:`ConfigError` (key ``resume_from``) when it holds no checkpoint, is not plain data, was trained with a config that differs in
+    keys outside :data:`RESUME_MAY_CHANGE` (each key named with both values; keys the
+    checkpoint's config lacks are not compared), or already
+    finished ``epochs``."""
+    if not os.path.exists(os.path.join(path, STATE_FILE)):
+        raise ConfigError(f"no {STATE_FILE} in {path} (give a checkpoint directory, "
+                          f"<ray.storage_path>/<run name>/checkpoint_NNNNNN)", "resume_from")
+    try:
+        state = read_state(path)
+        read_best_model(path)
+    except CheckpointError as err:
+        raise ConfigError(str(err), "resume_from") from None
+    if state.config is not None:
+        was, now = flatten(state.config), flatten(config)
+        # keys only one side has come from a schema that changed between the two versions
+        differ = sorted(k for k in set(was) & set(now) if was[k] != now[k] and not k.startswith(RESUME_MAY_CHANGE))
+        if differ:
+            shown = "; ".join(f"{k}: {was[k]} in the checkpoint, {now[k]} now" for k in differ[:20])
+            raise ConfigError(f"{path} was trained with a different config ({len(differ)} key(s): {shown}); resume "
+                              f"with the checkpoint's values (its config is in {STATE_FILE}) or start a fresh run",
+                              "resume_from")
+    if epochs <= state.epoch:
+        raise ConfigError(f"{path} already finished epoch {state.epoch} and epochs={epochs}: there is nothing "
+                          f"left to train. Set epochs above {state.epoch} to train on, or use its best model "
+                          f"({BEST_FILE}) as it is", "resume_from")
+    return state

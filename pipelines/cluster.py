@@ -3,16 +3,20 @@ ensemble connect (or start a local Ray) the same way, so one rule says where a c
 
 Where: ``address`` (a config's ``ray.address``), else ``$RAY_ADDRESS``, else a local Ray started
 by this process.  Quiet unless ``verbose``: :func:`pipelines.console.ray_init_kwargs`.
+
+Once connected: :func:`worker_resources` sizes a training worker from the cluster (checked by
+:func:`preflight`), and :func:`configure_ray_data` sets this process's Ray Data context.
 """
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from pipelines import console
+from pipelines.config import ConfigError
 
-__all__ = ["connect_ray"]
+__all__ = ["connect_ray", "worker_resources", "preflight", "configure_ray_data"]
 
 logger = logging.getLogger("pipelines.cluster")
 
@@ -32,3 +36,63 @@ def connect_ray(address: Optional[str] = None, verbose: bool = False, **init_kwa
     logger.info("connecting to Ray at %s" % address if address else "starting a local Ray")
     ray.init(address=address or None, **{**console.ray_init_kwargs(verbose), **init_kwargs})
     return True
+
+
+def worker_resources(ray_cfg: Mapping[str, Any]) -> dict[str, float]:
+    """The CPU (and GPU) each training worker reserves, per a config's ``ray`` section
+    (``num_workers``, ``cpus_per_worker``: None sizes it from the cluster, leaving Ray Data at
+    least one CPU; ``use_gpu``), checked against the cluster (:func:`preflight`) unless
+    ``wait_for_resources``.  Ray must be connected."""
+    import ray
+
+    world = ray_cfg["num_workers"]
+    res = ray.cluster_resources()
+    cpus = float(res.get("CPU", 1))
+    per = ray_cfg["cpus_per_worker"]
+    if per is None:
+        # Leave at least one CPU to Ray Data; fractional CPUs are fine for the workers.
+        per = 1.0 if cpus - world >= 1 else max(0.1, round((cpus - 1) / world, 2))
+        if cpus <= 1:
+            per = max(0.1, round(cpus / (2 * world), 2))
+    out = {"CPU": per}
+    if ray_cfg["use_gpu"]:
+        out["GPU"] = 1
+    if not ray_cfg["wait_for_resources"]:
+        preflight(out, world, res)
+    return out
+
+
+def preflight(per_worker: Mapping[str, float], world: int, cluster: Mapping[str, float]) -> None:
+    """Fail in seconds, before any data or training work, when the cluster (``ray.cluster_resources()``)
+    can never hold ``world`` training workers of ``per_worker`` resources: a GPU asked for where
+    the cluster has none or too few, or more CPUs than it has.  Raises :class:`ConfigError`
+    naming the key, the value, what the cluster has and the fix (``ray.wait_for_resources=true``
+    waits for a cluster that will grow instead)."""
+    gpus = float(cluster.get("GPU", 0))
+    if per_worker.get("GPU"):
+        need = world * per_worker["GPU"]
+        if gpus < need:
+            raise ConfigError(
+                f"true asks for {need:g} GPU(s) ({world} worker(s) x {per_worker['GPU']:g}) but the Ray cluster has "
+                f"{gpus:g}; set ray.use_gpu=false, fewer ray.num_workers, or ray.wait_for_resources=true for a "
+                "cluster that will add GPU nodes", "ray.use_gpu")
+    cpus = float(cluster.get("CPU", 0))
+    need = world * per_worker["CPU"]
+    if need > cpus + 1e-9:
+        raise ConfigError(
+            f"{world} workers x {per_worker['CPU']:g} CPUs = {need:g} CPUs, but the Ray cluster has {cpus:g}; "
+            "lower ray.num_workers or ray.cpus_per_worker, or set ray.wait_for_resources=true for a cluster that "
+            "will grow", "ray.num_workers")
+
+
+def configure_ray_data(cfg: Mapping[str, Any]) -> None:
+    """Set this process's Ray Data context for ordered, reproducible execution
+    (``preserve_order``), ``ray.no_progress_timeout_s`` and ``data.progress_bars``; call before
+    any dataset is created."""
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_no_progress_timeout_s = cfg["ray"]["no_progress_timeout_s"]
+    ctx.execution_options.preserve_order = True  # step order must be reproducible
+    bars = cfg["data"]["progress_bars"]
+    ctx.enable_progress_bars = bool(bars)

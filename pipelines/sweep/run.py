@@ -488,14 +488,14 @@ def _save_sweep_view(experiment, plan: SweepPlan, tracker: trk.Tracker, ensemble
     columns (``mean/best/test/<m>``, ``sd/best/test/<m>``, ``ensemble/test/<m>`` of the key
     metrics) and the trials' curves (:func:`trial_curves`) as the chart view's first section; the
     parent is expanded (its trials show as rows)."""
-    from pipelines.training.run import save_training_view
+    from pipelines.tracking.runs_view import save_training_view
 
     keys = experiment.key_metrics or (experiment.selection_metric,)
     extra = [f"{agg}/best/test/{m}" for m in keys for agg in ("mean", "sd")]
     extra += [f"ensemble/test/{m}" for m in keys if f"test/{m}" in ensemble]
     charts = sorted(trial_curves(trials, plan.metric)) + [f"mean/best/test/{m}" for m in keys] + [
         f"ensemble/test/{m}" for m in keys if f"test/{m}" in ensemble]
-    save_training_view(experiment, plan.config, tracker, metric_keys=charts, extra_columns=extra,
+    save_training_view(tracker, experiment, trk.flatten_params(plan.config), metric_keys=charts, extra_columns=extra,
                        expanded=[plan.parent_run_id] if plan.parent_run_id else ())
 
 

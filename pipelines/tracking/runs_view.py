@@ -24,12 +24,12 @@ keeps its chart layout in the browser's local storage only: its sections stay al
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from typing import Mapping, Optional, Sequence
 
 __all__ = ["VIEW_KEY", "MODEL_TRAINING", "MODEL_METRICS", "SYSTEM_METRICS", "MAX_TAG_CHARS", "save_runs_view",
            "runs_view_tag",
            "runs_view_url", "charts_view_url", "run_url", "columns_for", "chart_section", "chart_sections",
-           "charts_view_state"]
+           "charts_view_state", "save_training_view"]
 
 #: The share key of the view the pipelines save (one per experiment, rewritten by each run).
 VIEW_KEY = "foldengine"
@@ -154,3 +154,27 @@ def charts_view_url(ui_url: str, experiment_id: str, key: str = VIEW_KEY) -> str
 def run_url(ui_url: str, experiment_id: str, run_id: str) -> str:
     """A run's page, in the UI's model-training mode."""
     return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING}"
+
+
+def save_training_view(tracker, experiment, params: Mapping[str, str],
+                       metric_keys: Optional[Sequence[str]] = None, extra_columns: Sequence[str] = (),
+                       expanded: Sequence[str] = ()) -> None:
+    """The saved view of a training run's experiment (an experiment tag sent through ``tracker``, a
+    :class:`pipelines.tracking.tracker.Tracker`): ``experiment``'s key metrics (an
+    :class:`pipelines.experiment.Experiment`: its ``key_metrics`` and ``selection_metric``), timing
+    and the params (``params``: the run's flattened config) that tell runs apart as columns, and
+    ``extra_columns`` (metric keys: a sweep parent's ``mean/*``, ``sd/*``, ``ensemble/*``; then only the trials' ``best/test/*`` beside them, so that the parent's
+    figures are among the first columns the UI shows, which it orders by name);
+    the chart view's sections of ``metric_keys`` (None: the keys a run of ``experiment`` logs per
+    epoch and at its end, ``<split>/<metric>``, ``best/...``, ``time/...``) with the learning
+    curves first; the parent runs ``expanded`` show their nested runs."""
+    shown = [p for p in ("scheduler", "seed", "epochs", "batch_size", "optimizer.lr", "precision") if p in params]
+    key_metrics = experiment.key_metrics or (experiment.selection_metric,)
+    if metric_keys is None:
+        names = ("loss", experiment.selection_metric, *key_metrics)
+        metric_keys = ["train/objective", "best/epoch", "time/epoch_s", "time/records_per_s"] + [
+            f"{prefix}{split}/{m}" for prefix in ("", "best/") for split in ("train", "dev", "test") for m in names]
+    sweep = bool(extra_columns)
+    columns = [f"metrics.`{m}`" for m in extra_columns] + columns_for(
+        key_metrics, shown, splits=("test",) if sweep else ("test", "dev"), best_epoch=not sweep)
+    save_runs_view(tracker, columns, metric_keys, expanded=expanded)

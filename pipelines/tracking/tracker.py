@@ -632,6 +632,85 @@ class Tracker:
             logger.warning("could not mark MLflow run %s FAILED: %s", self.run_id, e)
 
 
+def outbox_dir(tracking: Mapping[str, Any], storage: str, run_id: str) -> str:
+    """The local outbox of run ``run_id``: ``tracking["buffer_dir"]`` (a config's ``tracking``
+    section), else under ``storage`` (the run's ``ray.storage_path``), else -- that being a URI --
+    under the temporary directory."""
+    if tracking["buffer_dir"]:
+        return os.path.abspath(tracking["buffer_dir"])
+    root = storage if "://" not in storage else os.path.join(tempfile.gettempdir(), "foldengine")
+    return os.path.join(root, "mlflow-outbox", run_id)
+
+
+def start_training_run(cfg: Mapping[str, Any], experiment: str, storage: str) -> Tracker:
+    """The tracker of a training run of ``cfg`` (a validated config) for ``experiment`` (its
+    name), whose checkpoints go to ``storage``: per ``tracking.mode``, disabled (``off``); or a
+    new MLflow run in ``tracking.experiment`` (default: the config's ``name``), the config as its
+    params (:func:`flatten_params`), with its outbox (:func:`outbox_dir`) and outage policy, after checking the store (``required``: raises
+    :class:`TrackingUnavailable`; ``optional``: one warning and a disabled tracker).  A run that
+    resumes a checkpoint (``resume_from``) is linked to the run(s) that wrote it
+    (:func:`link_interrupted`)."""
+    tracking = cfg["tracking"]
+    if tracking["mode"] == "off":
+        return Tracker(None, enabled=False)
+    uri = resolve_uri(tracking["uri"])
+    try:
+        check_reachable(uri, tracking["check_timeout_s"])
+        tracker = Tracker.start(
+            uri, tracking["experiment"] or cfg["name"], run_name=run_name_for(cfg, experiment),
+            tags={**run_tags(cfg, experiment), **{k: str(v) for k, v in tracking["tags"].items()}})
+    except Exception as e:  # noqa: BLE001
+        if tracking["mode"] == "required":
+            if isinstance(e, TrackingUnavailable):
+                raise
+            raise TrackingUnavailable(f"MLflow tracking store {uri} is unusable: {e}") from e
+        logger.warning("tracking disabled (tracking.mode=optional): %s", e)
+        return Tracker(uri, enabled=False)
+    tracker = tracker.with_outbox(outbox_dir(tracking, storage, tracker.run_id), OutagePolicy.from_config(tracking))
+    try:
+        tracker.params(flatten_params(cfg))
+        if cfg["resume_from"]:
+            link_interrupted(tracker, cfg["resume_from"])
+    except BaseException:
+        tracker.fail()
+        raise
+    return tracker
+
+
+def link_interrupted(tracker: Tracker, resume_from: str) -> None:
+    """Tag this run with the checkpoint it resumes (the directory ``resume_from``) and the MLflow
+    run(s) that wrote it (found in this store by their ``ray.run_name`` tag: the checkpoint's
+    parent directory); such a run
+    still RUNNING (its driver died) is marked KILLED and tagged with this run's id.  While the
+    tracking server does not answer, the other runs are left as they are (one warning) and this
+    run's tag waits in its outbox; so do the other runs' tags and status when the server stops
+    answering after they were found."""
+    path = os.path.abspath(resume_from)
+    ray_run = os.path.basename(os.path.dirname(path))
+    tags = {"resumed_from.checkpoint": path}
+    if tracker.enabled:
+        client = tracker.client
+        try:
+            exp_id = client.get_run(tracker.run_id).info.experiment_id
+            found = [r for r in client.search_runs([exp_id], filter_string=f"tags.`ray.run_name` = '{ray_run}'")
+                     if r.info.run_id != tracker.run_id]
+            if found:
+                tags["resumed_from.run_id"] = ",".join(r.info.run_id for r in found)
+            for r in found:
+                other = tracker.for_run(r.info.run_id)  # buffered with this run's operations if the server goes
+                other.tags({"resumed_by.run_id": tracker.run_id})
+                if r.info.status == "RUNNING":
+                    other.end("KILLED")
+                    logger.info("MLflow run %s (interrupted, still RUNNING) marked KILLED; %s resumes it",
+                                r.info.run_id, tracker.run_id)
+        except Exception as err:  # noqa: BLE001 - classified below
+            if not outbox.is_transient(err):
+                raise
+            logger.warning("the interrupted MLflow run of %s is not linked (the tracking server does not answer: "
+                           "%s: %s); this run is tagged with the checkpoint", path, type(err).__name__, str(err)[:200])
+    tracker.tags(tags)
+
+
 def replay_main(argv: Optional[list[str]] = None) -> int:
     """``python -m pipelines.tracking replay DIR [--uri URI]``: send an outbox's operations."""
     import argparse

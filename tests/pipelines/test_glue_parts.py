@@ -101,14 +101,15 @@ def test_placement_keys_are_checked_before_any_work():
     import ray
 
     from pipelines.config import ConfigError, load_config, merged_schema
-    from pipelines.training.run import _extra_worker_resources, run
+    from pipelines.training.checks import extra_worker_resources
+    from pipelines.training.run import run
     from tests.pipelines.toy_experiment import ToyExperiment
 
     schema = merged_schema(ToyExperiment.config_schema)
     cfg = load_config(None, ["ray.placement_strategy=STRICT_SPREAD", "ray.worker_resources={train_slot: 1}"],
                       schema)
     assert cfg["ray"]["placement_strategy"] == "STRICT_SPREAD"
-    assert _extra_worker_resources(cfg) == {"train_slot": 1.0}
+    assert extra_worker_resources(cfg["ray"]) == {"train_slot": 1.0}
     assert load_config(None, [], schema)["ray"]["placement_strategy"] == "PACK"
     with pytest.raises(ConfigError, match="ray.placement_strategy"):
         load_config(None, ["ray.placement_strategy=SPREAD_THIN"], schema)

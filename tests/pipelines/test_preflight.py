@@ -23,7 +23,8 @@ import ray
 from pipelines.config import ConfigError, load_config, merged_schema
 from pipelines.datadir import (DataNotFoundError, DatasetFile, OwnFile, check_files, default_data_dir,
                                resolve_data_file)
-from pipelines.training.run import preflight, run
+from pipelines.cluster import preflight
+from pipelines.training.run import run
 from tests.conftest import skip_without_data
 from tests.pipelines.toy_experiment import ToyExperiment
 
@@ -70,7 +71,7 @@ def test_unknown_scheduler_is_refused_when_the_config_loads():
 def test_an_unwritable_storage_path_fails_before_any_work(tmp_path):
     """The preflight writes and deletes a probe in ray.storage_path; a path it cannot write
     fails in seconds naming the key and the path, before the MLflow run and Ray start."""
-    from pipelines.training.run import probe_storage
+    from pipelines.training.storage import probe_storage
 
     probe_storage(str(tmp_path / "new" / "dir"))
     assert not os.path.exists(tmp_path / "new")  # the probe and the directories made for it are gone
@@ -90,7 +91,7 @@ def test_an_unwritable_storage_path_fails_before_any_work(tmp_path):
 
 
 def test_a_storage_failure_during_the_run_is_named():
-    from pipelines.training.run import StorageError, storage_failure
+    from pipelines.training.storage import StorageError, storage_failure
 
     # the exception chain as pyarrow's upload raises it inside Ray Train (a real run: below)
     try:
@@ -148,7 +149,7 @@ def test_storage_made_read_only_mid_run_fails_naming_it(ray_cluster, tmp_path):
     marked FAILED."""
     from mlflow.tracking import MlflowClient
 
-    from pipelines.training.run import StorageError
+    from pipelines.training.storage import StorageError
 
     exp = ToyExperiment()
     uri = f"sqlite:///{tmp_path}/mlflow.db"

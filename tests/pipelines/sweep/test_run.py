@@ -266,7 +266,7 @@ def test_the_sweep_runs_the_experiment_its_config_names(tmp_path):
     not guess it from the config's sections, and a train entry point refuses another's config."""
     from pipelines.experiment import experiment_class
     from pipelines.sweep.run import sweep_experiment
-    from pipelines.training.run import check_experiment
+    from pipelines.training.checks import check_experiment
 
     assert sweep_experiment(None, "conf/sst_tai2015.yaml") == "sst"
     assert sweep_experiment(None, "conf/molecules_tox21.yaml") == "molecules"

@@ -81,7 +81,7 @@ def test_a_view_of_many_metrics_fits_mlflows_tag_limit():
 
 
 def test_a_sweep_view_shows_the_parent_figures_first(tmp_path):
-    """A sweep's saved view (pipelines.training.run.save_training_view with the parent's columns)
+    """A sweep's saved view (pipelines.tracking.runs_view.save_training_view with the parent's columns)
     holds ``mean/*``, ``sd/*`` and ``ensemble/*`` and, of the trials' ``best/*``, only
     ``best/test/*``: the UI orders metric columns by name, so the parent's figures are among the
     first it shows (the parent's row is not dashes as far as the screen reaches)."""
@@ -90,12 +90,14 @@ def test_a_sweep_view_shows_the_parent_figures_first(tmp_path):
     from pipelines.config import load_config, merged_schema
     from pipelines.sst.experiment import SCHEMA, SSTExperiment
     from pipelines.tracking.tracker import Tracker
-    from pipelines.training.run import save_training_view
+    from pipelines.tracking.runs_view import save_training_view
+    from pipelines.tracking.tracker import flatten_params
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tracker = Tracker.start(uri, "sweep-view", run_name="parent")
     extra = ["mean/best/test/fine", "sd/best/test/fine", "ensemble/test/fine"]
-    save_training_view(SSTExperiment(), load_config(None, [], merged_schema(SCHEMA)), tracker, extra_columns=extra)
+    save_training_view(tracker, SSTExperiment(), flatten_params(load_config(None, [], merged_schema(SCHEMA))),
+                       extra_columns=extra)
     tracker.end()
     exp = MlflowClient(uri).get_experiment_by_name("sweep-view")
     columns = json.loads(exp.tags[f"mlflow.sharedViewState.{VIEW_KEY}"])["selectedColumns"]

@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 from pipelines.tracking import tracker as trk  # noqa: E402
 from pipelines.config import load_config, merged_schema  # noqa: E402
-from pipelines.training.run import _setup_tracking, run  # noqa: E402
+from pipelines.training.run import run  # noqa: E402
 from tests.pipelines.toy_experiment import ToyExperiment  # noqa: E402
 
 
@@ -111,10 +111,10 @@ def test_run_fails_fast_on_unreachable_tracking_server(tmp_path):
 def test_optional_tracking_degrades_to_disabled(tmp_path):
     exp, cfg = _toy_cfg(tmp_path, f"tracking.uri=http://127.0.0.1:{_unused_port()}",
                         "tracking.check_timeout_s=1", "tracking=optional")
-    t = _setup_tracking(exp, cfg)
+    t = trk.start_training_run(cfg, exp.name, str(tmp_path / "rr"))
     assert not t.enabled
     exp, cfg = _toy_cfg(tmp_path, "tracking=off")
-    assert not _setup_tracking(exp, cfg).enabled
+    assert not trk.start_training_run(cfg, exp.name, str(tmp_path / "rr")).enabled
 
 
 def test_run_name_for_names_preset_scheduler_and_seed():
