@@ -8,16 +8,17 @@ Inputs: text files, one input per line (PTB trees for SST, SMILES for molecules)
 ``smiles``; another with ``column``) holds the inputs, a row per input.  Data flow: the files are
 read in Ray Data tasks by the training pipeline's readers
 (:func:`pipelines.data.sources.read_lines`, :func:`pipelines.data.sources.read_csv_columns`) into
-rows ``path``, ``line``, ``text``, ``error`` (a CSV row that cannot be read), ``blank``; an actor
-pool (:func:`pipelines.model.mapping.map_model` with :func:`predict_rows`, each actor holding one
+rows ``path``, ``line``, ``text``, ``error`` (a CSV row that cannot be read), blank lines left
+out and counted (:class:`BlankLines`); an actor pool (:func:`pipelines.model.mapping.map_model` with :func:`predict_rows`, each actor holding one
 :class:`~pipelines.model.prediction.Predictor` built from the model's package, shipped once through
 the object store) parses, batches with the engine and predicts, and the rows stream to Parquet in
-``--output`` (bounded memory: Ray Data's streaming executor; the files are written by this
-process as the rows arrive, ``part-<first row>.parquet``).  Output columns: ``path``, ``line``
+``--output``.  Output columns: ``path``, ``line``
 (the input's ``file:line``; for CSV the reader's line number, the header being line 1),
 ``input``, the predictor's columns and ``error`` (null for a good row; for a bad row the reason:
 the predictor's, or the CSV reader's, with null predictions; a bad row is kept and counted, never
-fatal).  Blank lines are skipped and counted.  The counts (rows, bad rows, blank lines) and the
+fatal).  Blank lines are skipped and counted.  The rows are written by ``Dataset.write_parquet`` on
+the workers as they stream (bounded memory), ``part-<task>-<block>.parquet`` in input order; the
+counts (rows, bad rows, blank lines) and the
 throughput are printed and logged as an MLflow run in experiment ``predict`` (``--no-tracking``:
 none).
 """
@@ -45,7 +46,7 @@ from pipelines.model.package import PACKAGE_FILE, WEIGHTS_FILE, find_package
 from pipelines.model.prediction import DEFAULT_CHUNK_SIZE
 
 __all__ = ["PredictResult", "predict_rows", "SUCCESS_FILE", "resolve_inputs", "output_files", "check_output",
-           "load_package_bytes",
+           "load_package_bytes", "BlankLines", "PartNames", "written_counts",
            "predictor_from_package", "input_rows", "actor_pool_size", "run", "main"]
 
 #: CPUs kept free of actors for the read tasks (a Ray Data read task reserves one CPU)
@@ -153,27 +154,47 @@ def predictor_from_package(files: Mapping[str, bytes]):
 
 
 #: the rows every input file is read into (:func:`input_rows`)
-INPUT_SCHEMA = (("path", "string"), ("line", "int64"), ("text", "string"), ("error", "string"), ("blank", "bool_"))
+INPUT_SCHEMA = (("path", "string"), ("line", "int64"), ("text", "string"), ("error", "string"))
 
 
-def _rows_table(path: str, lines: list, texts: list, errors: list, blanks: list):
+class BlankLines:
+    """Ray actor: the blank lines the read tasks left out, per (file, first line of a batch), so
+    that a task Ray runs again counts its batch once."""
+
+    def __init__(self):
+        self.per_batch: dict = {}
+
+    def add(self, key: tuple, n: int) -> None:
+        self.per_batch[key] = n
+
+    def total(self) -> int:
+        return int(sum(self.per_batch.values()))
+
+
+def _rows_table(path: str, lines: list, texts: list, errors: list, blanks: list, counter):
+    """The input rows of one batch, its blank lines left out and counted in ``counter``."""
     import pyarrow as pa
+    import ray
 
+    if any(blanks):
+        ray.get(counter.add.remote((path, int(lines[0])), int(sum(blanks))))
+    keep = [k for k, b in enumerate(blanks) if not b]
     types = {name: getattr(pa, t)() for name, t in INPUT_SCHEMA}
-    cols = {"path": [path] * len(lines), "line": lines, "text": texts, "error": errors, "blank": blanks}
+    cols = {"path": [path] * len(keep), "line": [lines[k] for k in keep], "text": [texts[k] for k in keep],
+            "error": [errors[k] for k in keep]}
     return pa.table({name: pa.array(cols[name], types[name]) for name, _ in INPUT_SCHEMA})
 
 
-def _line_rows(table, path: str):
+def _line_rows(table, path: str, counter):
     """Ray Data task: a text file's lines (:func:`~pipelines.data.sources.read_lines`) -> input rows
     (UTF-8 decoded, undecodable bytes replaced; newline and a leading BOM removed)."""
     texts = [t.decode("utf-8", errors="replace").rstrip("\r\n").lstrip("\ufeff")
              for t in table.column("text").to_pylist()]
     return _rows_table(path, table.column("line").to_pylist(), texts, [None] * len(texts),
-                       [not t.strip() for t in texts])
+                       [not t.strip() for t in texts], counter)
 
 
-def _csv_rows(table, path: str, column: str):
+def _csv_rows(table, path: str, column: str, counter):
     """Ray Data task: a CSV file's rows (:func:`~pipelines.data.sources.read_csv_columns` of
     ``column``) -> input rows; a row the reader refused or an empty field is a bad row."""
     texts, errors, blanks = [], [], []
@@ -183,49 +204,69 @@ def _csv_rows(table, path: str, column: str):
         texts.append(fields[0] if err is None and fields else None)
         errors.append(None if err is None else f"CSV: {err}")
         blanks.append(err is None and not fields)
-    return _rows_table(path, table.column("line").to_pylist(), texts, errors, blanks)
+    return _rows_table(path, table.column("line").to_pylist(), texts, errors, blanks, counter)
 
 
-def input_rows(path: str, column: str):
-    """A lazy ``ray.data.Dataset`` of one input file as rows ``path``, ``line``, ``text``, ``error``,
-    ``blank`` (:data:`INPUT_SCHEMA`): a CSV file (:func:`pipelines.data.sources.is_csv`) by its
-    ``column``, any other file by lines.  Raises ``ValueError`` naming a CSV file whose header
-    lacks ``column`` or cannot be read."""
+def input_rows(path: str, column: str, counter):
+    """A lazy ``ray.data.Dataset`` of one input file as rows ``path``, ``line``, ``text``, ``error``
+    (:data:`INPUT_SCHEMA`): a CSV file (:func:`pipelines.data.sources.is_csv`) by its ``column``,
+    any other file by lines; blank lines are left out and counted in ``counter`` (a
+    :class:`BlankLines` actor).  Raises ``ValueError`` naming a CSV file whose header lacks
+    ``column`` or cannot be read."""
     from pipelines.data.sources import is_csv, read_csv_columns, read_lines
 
     if is_csv(path):
-        return read_csv_columns(path, [column]).map_batches(_csv_rows, batch_format="pyarrow",
-                                                            fn_kwargs={"path": path, "column": column})
-    return read_lines(path).map_batches(_line_rows, batch_format="pyarrow", fn_kwargs={"path": path})
+        return read_csv_columns(path, [column]).map_batches(
+            _csv_rows, batch_format="pyarrow", fn_kwargs={"path": path, "column": column, "counter": counter})
+    return read_lines(path).map_batches(_line_rows, batch_format="pyarrow",
+                                        fn_kwargs={"path": path, "counter": counter})
 
 
 def predict_rows(predictor, batch, chunk_size: int):
     """One batch of input rows (:func:`input_rows`, numpy format) -> its prediction rows (pandas):
-    ``path``, ``line``, ``input``, the predictor's columns, ``error`` and ``blank`` (0); blank
-    lines are dropped, and a batch with some carries one marker row (``line`` -1) with their
-    count in ``blank``.  The ``apply`` of :func:`pipelines.model.mapping.map_model`."""
-    import pandas as pd
-
-    blank = batch["blank"].astype(bool)
-    keep = np.flatnonzero(~blank)
-    read_error = batch["error"][keep]
+    ``path``, ``line``, ``input``, the predictor's columns and ``error`` (a row the reader refused:
+    null predictions, the reader's error).  The ``apply`` of :func:`pipelines.model.mapping.map_model`."""
+    read_error = batch["error"]
     ok = [k for k, e in enumerate(read_error) if e is None]
-    texts = batch["text"][keep]
+    texts = batch["text"]
     frame = predictor.predict([texts[k] for k in ok], chunk_size=chunk_size)
-    if len(ok) < len(keep):   # rows the reader refused: null predictions, the reader's error
+    if len(ok) < len(texts):
         frame.index = ok
-        frame = frame.reindex(range(len(keep)))
+        frame = frame.reindex(range(len(texts)))
         bad = [k for k, e in enumerate(read_error) if e is not None]
         frame.loc[bad, "error"] = [read_error[k] for k in bad]
-    frame.insert(0, "input", [texts[k] for k in range(len(keep))])
-    frame.insert(0, "line", batch["line"][keep].astype(np.int64))
-    frame.insert(0, "path", [str(p) for p in batch["path"][keep]])
-    frame["blank"] = 0
-    if len(keep) < len(blank):   # one marker row per batch carries its blank-line count
-        marker = frame.iloc[:0].reindex([len(frame)])
-        marker[["path", "line", "input", "blank"]] = ["", -1, "", int(blank.sum())]
-        frame = pd.concat([frame, marker], ignore_index=True)
+    frame.insert(0, "input", list(texts))
+    frame.insert(0, "line", batch["line"].astype(np.int64))
+    frame.insert(0, "path", [str(p) for p in batch["path"]])
     return frame
+
+
+class PartNames:
+    """``Dataset.write_parquet``'s file names (a ``ray.data.datasource.FilenameProvider``, duck-typed
+    so that this module imports no Ray): ``part-<write task>-<write uuid>...parquet``, in the
+    order of the rows (the write tasks follow the dataset's order)."""
+
+    def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+        return f"part-{task_index:06d}-{write_uuid}"
+
+    def get_filename_for_block(self, block, write_uuid: str, task_index: int, block_index: int) -> str:
+        return f"part-{task_index:06d}-{block_index:06d}.parquet"
+
+    def get_filename_for_row(self, row, write_uuid: str, task_index: int, block_index: int, row_index: int) -> str:
+        return f"part-{task_index:06d}-{block_index:06d}-{row_index:06d}.parquet"
+
+
+def written_counts(output: str) -> tuple[int, int]:
+    """``(rows, bad rows)`` of the Parquet parts in ``output``, from their metadata and ``error``
+    column alone."""
+    import pyarrow.parquet as pq
+
+    rows = bad = 0
+    for path in glob.glob(os.path.join(output, "part-*.parquet")):
+        errors = pq.read_table(path, columns=["error"]).column("error")
+        rows += len(errors)
+        bad += len(errors) - errors.null_count
+    return rows, bad
 
 
 def actor_pool_size(actors: Optional[int], cpus_per_actor: float, cluster_cpus: float, gpus_per_actor: float = 0.0,
@@ -296,23 +337,15 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True
         t0 = time.perf_counter()
-        parts = [input_rows(path, column) for path in files]
+        blanks = ray.remote(num_cpus=0)(BlankLines).remote()
+        parts = [input_rows(path, column, blanks) for path in files]
         ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
         preds = map_model(ds, load=predictor_from_package, apply=functools.partial(predict_rows, chunk_size=chunk_size),
                           shared={"files": package}, actors=actors, num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
                           batch_size=4 * chunk_size, batch_format="numpy")
-        os.makedirs(output, exist_ok=True)
-        # One pass, streaming: the rows are written here as they arrive (a second Ray Data pass to
-        # count blank lines before Dataset.write_parquet cost 2.4x on small inputs)
-        blank = rows = bad = 0
-        for block in preds.iter_batches(batch_format="pandas", batch_size=None):
-            marks = block["line"] < 0
-            blank += int(block.loc[marks, "blank"].sum())
-            good = block.loc[~marks].drop(columns=["blank"])
-            if len(good):
-                good.to_parquet(os.path.join(output, f"part-{rows:012d}.parquet"), index=False)
-            rows += len(good)
-            bad += int(good["error"].notna().sum())
+        preds.write_parquet(output, filename_provider=PartNames())
+        rows, bad = written_counts(output)
+        blank = ray.get(blanks.total.remote())
         seconds = time.perf_counter() - t0
         with open(os.path.join(output, SUCCESS_FILE), "w") as f:
             f.write(f"{rows} rows\n")
