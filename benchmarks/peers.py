@@ -29,8 +29,9 @@ every row updated each step, as PyTorch code usually is) and ``vs_hand_dense`` i
 against it.  ``floor/module-calls`` (:class:`ModuleCallsFloor`, on unless ``floor=False``) runs the
 same module calls with no data movement between them: its ``vs_hand`` is (up to noise) the most
 any executor can reach with these modules, and ``vs_floor`` says how close each variant comes.
-``dynet/autobatch``: the same model in DyNet 2.1 with autobatching (:mod:`benchmarks.dynet_treelstm`,
-graph building included, one thread), when ``dynet`` is importable.  ``fused_gates`` adds
+``dynet/autobatch``: the same model in DyNet 2.1 with autobatching at its best (:mod:`benchmarks.dynet_treelstm`:
+its own process, the layout of DyNet's own Tree-LSTM example; graph building included, one thread),
+when ``dynet`` imports in ``dynet_python``; its rows carry the DyNet process's own wall and CPU seconds.  ``fused_gates`` adds
 ``foldengine/<first scheduler>/fused-gates`` and ``hand-written/fused-gates``: the same runs with
 the cell's gate arithmetic as one autograd node with a hand-derived backward
 (``BinaryTreeLSTMCell(fused_gates=True)``, :func:`foldengine.lstm_gates.tree_lstm_gates`) instead of
@@ -53,7 +54,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -73,6 +74,10 @@ DENSE_HAND = "hand-written/dense-emb"
 FLOOR = "floor/module-calls"
 #: DyNet 2.1's autobatching (:mod:`benchmarks.dynet_treelstm`), when ``dynet`` imports; 1 thread
 DYNET = "dynet/autobatch"
+#: ``--dynet-ablation``: what made the old DyNet reference slower, one variant each (name ->
+#: ``(flush_to_zero, layout)`` of :class:`benchmarks.dynet_treelstm.DyNetProcess` / ``.model``)
+DYNET_VARIANTS = {DYNET: (True, "example"), f"{DYNET}/stacked-gates": (True, "stacked"),
+                  f"{DYNET}/no-ftz": (False, "example"), f"{DYNET}/stacked-gates/no-ftz": (False, "stacked")}
 #: suffix of the variants whose cell computes its gates as one fused autograd node
 FUSED_GATES = "fused-gates"
 
@@ -224,6 +229,22 @@ def check_equal(modules, trees: Sequence, stoi, scheduler: str = "coalesce", ato
     return {"loss": float(loss_h), "max_grad_diff": diff}
 
 
+def _count_ops(trainers: Mapping[str, object], rows: List[Dict[str, object]], metrics: Dict[str, float],
+               prefix: str) -> None:
+    """``ops_per_step`` and ``ops_vs_hand`` into the ``rows`` (and ``metrics``) of the PyTorch
+    ``trainers`` (:class:`Trainer`; DyNet's process is not counted)."""
+    from .op_counts import ops_per_step
+
+    ops = {k: ops_per_step(tr) for k, tr in trainers.items() if isinstance(tr, Trainer)}
+    for row in rows:
+        k = row["variant"]
+        if k in ops:
+            row["ops_per_step"] = ops[k]
+            row["ops_vs_hand"] = ops[k] / ops["hand-written"]
+            key = f"{prefix}.{k.replace('/', '_').replace('-', '_')}"
+            metrics[f"{key}.ops_per_step"], metrics[f"{key}.ops_vs_hand"] = ops[k], row["ops_vs_hand"]
+
+
 def _dgl_available(log) -> bool:
     try:
         import dgl  # noqa: F401
@@ -266,6 +287,7 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
         executors: Sequence[str] = ("auto", "chunks"), no_defer: bool = True,
         emb: int = 50, overrides: Sequence[str] = (), seed: int = 0, data_dir: Optional[str] = None,
         floor: bool = True, dynet: bool = True, fused_gates: bool = True, mlflow: bool = True,
+        dynet_python: Optional[str] = None, dynet_ablation: bool = False, op_counts: bool = True,
         log: Callable[[str], None] = echo) -> Dict[str, float]:
     """Measure, print, log to MLflow (experiment ``bench_peers``, with a plot) unless
     ``mlflow=False``; returns the metrics (``t1.b25.foldengine_coalesce.vs_hand``, ...).
@@ -277,8 +299,12 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
     ``floor``: also :class:`ModuleCallsFloor` (``floor/module-calls``), whose ``vs_hand`` bounds
     every variant's; each variant's ``vs_floor`` (``t_floor / t_variant``, <= 1) is the share of
     its step that the modules' own compute is.  ``dynet``: also DyNet's autobatching
-    (``dynet/autobatch``, :mod:`benchmarks.dynet_treelstm`; at 1 thread, checked equal first) when
-    ``dynet`` imports (a message otherwise)."""
+    (``dynet/autobatch``, :mod:`benchmarks.dynet_treelstm`: in its own process, ``dynet_python``
+    or this interpreter; at 1 thread, checked equal first) when ``dynet`` imports there (a message
+    otherwise); ``dynet_ablation`` adds the variants of :data:`DYNET_VARIANTS` (the old reference's
+    stacked gates, flush-to-zero off, both), each in its own process.  ``op_counts``: each PyTorch variant's ATen operator calls per training step
+    (``ops_per_step``, :mod:`benchmarks.op_counts`; one more epoch after the timing, at the first
+    thread count) and ``ops_vs_hand``, that over the hand-written loop's."""
     from pipelines.sst.data import load_split
     from pipelines.sst.model import build_compiler
     from pipelines.sst.vocab import build_vocab
@@ -300,94 +326,119 @@ def run(trees: int = 2000, batches: Sequence[int] = (25, 100), threads: Sequence
     log(f"check: foldengine and hand-written agree on one batch of {max(batches)} "
         f"(loss {check['loss']:.4f}, max gradient difference {check['max_grad_diff']:.2e})")
     _dgl_available(log)
-    use_dynet, check_dy = False, None
+    use_dynet, check_dy, dy_processes = False, None, {}
     if dynet:
         from . import dynet_treelstm
-        use_dynet, why = dynet_treelstm.available()
+        use_dynet, why = dynet_treelstm.available(dynet_python)
         if use_dynet:
-            check_dy = dynet_treelstm.check_equal(modules, train[:max(batches)], vocab.stoi)
-            log(f"check: DyNet and hand-written agree on one batch of {max(batches)} "
+            names = list(DYNET_VARIANTS) if dynet_ablation else [DYNET]
+            try:
+                for name in names:   # each in its own process, checked equal
+                    ftz, layout = DYNET_VARIANTS[name]
+                    dy_processes[name] = p = dynet_treelstm.DyNetProcess(dynet_python, flush_to_zero=ftz)
+                    p.model(dynet_treelstm.weights_of(modules), vocab.stoi, lr=cfg["optimizer"]["lr"], seed=seed,
+                            layout=layout)
+                    check_dy = dynet_treelstm.check_equal(p, modules, train[:max(batches)], vocab.stoi)
+            except BaseException:
+                for p in dy_processes.values():
+                    p.close()
+                raise
+            log(f"check: DyNet (its own process) and hand-written agree on one batch of {max(batches)} "
                 f"(loss {check_dy['loss']:.4f}, max gradient difference {check_dy['max_grad_diff']:.2e})")
         else:
             log(f"DyNet: skipped ({why}; bash scripts/install_dynet.sh builds it)")
     params["dynet"] = use_dynet
-
-    rows, metrics = [], {"check_max_grad_diff": check["max_grad_diff"]}
-    if check_dy is not None:
-        metrics["check_dynet_max_grad_diff"] = check_dy["max_grad_diff"]
-    for t in threads:
-        torch.set_num_threads(t)
-        for B in batches:
-            chunks = [train[i:i + B] for i in range(0, len(train), B)]
-            trainers = {}
-            variants = [(s, executors[0], True, f"foldengine/{s}") for s in schedulers]
-            variants += [(schedulers[0], e, True, f"foldengine/{schedulers[0]}/{e}") for e in executors[1:] if schedulers]
-            if schedulers and no_defer:
-                variants.append((schedulers[0], executors[0], False, f"foldengine/{schedulers[0]}/no-defer"))
-            if schedulers and fused_gates:
-                variants.append((schedulers[0], executors[0], True, f"foldengine/{schedulers[0]}/{FUSED_GATES}"))
-            for s, e, defer, name in variants:
+    try:
+        rows, metrics = [], {"check_max_grad_diff": check["max_grad_diff"]}
+        if check_dy is not None:
+            metrics["check_dynet_max_grad_diff"] = check_dy["max_grad_diff"]
+        for t in threads:
+            torch.set_num_threads(t)
+            for B in batches:
+                chunks = [train[i:i + B] for i in range(0, len(train), B)]
+                trainers = {}
+                variants = [(s, executors[0], True, f"foldengine/{s}") for s in schedulers]
+                variants += [(schedulers[0], e, True, f"foldengine/{schedulers[0]}/{e}") for e in executors[1:] if schedulers]
+                if schedulers and no_defer:
+                    variants.append((schedulers[0], executors[0], False, f"foldengine/{schedulers[0]}/no-defer"))
+                if schedulers and fused_gates:
+                    variants.append((schedulers[0], executors[0], True, f"foldengine/{schedulers[0]}/{FUSED_GATES}"))
+                for s, e, defer, name in variants:
+                    m = copy.deepcopy(modules).train()
+                    if name.endswith(FUSED_GATES):
+                        _fused_gates(m)
+                    c = build_compiler(m, vocab.stoi, s)
+                    c.executor, c.defer_weight_grads = e, defer
+                    prebuilt = [(c.build_batch(ch), len(ch)) for ch in chunks]
+                    trainers[name] = Trainer(lambda b, c=c: foldengine_loss(c, b[0], b[1]), prebuilt,
+                                             make_optimizer(cfg, m))
+                lbs = [level_batch(ch, vocab.stoi) for ch in chunks]
                 m = copy.deepcopy(modules).train()
-                if name.endswith(FUSED_GATES):
-                    _fused_gates(m)
-                c = build_compiler(m, vocab.stoi, s)
-                c.executor, c.defer_weight_grads = e, defer
-                prebuilt = [(c.build_batch(ch), len(ch)) for ch in chunks]
-                trainers[name] = Trainer(lambda b, c=c: foldengine_loss(c, b[0], b[1]), prebuilt,
-                                         make_optimizer(cfg, m))
-            lbs = [level_batch(ch, vocab.stoi) for ch in chunks]
-            m = copy.deepcopy(modules).train()
-            trainers["hand-written"] = Trainer(LevelWiseTreeLSTM(m).loss, lbs, make_optimizer(cfg, m))
-            if fused_gates:
-                m = _fused_gates(copy.deepcopy(modules).train())
-                trainers[f"hand-written/{FUSED_GATES}"] = Trainer(LevelWiseTreeLSTM(m).loss, lbs, make_optimizer(cfg, m))
-            if modules.embedding.sparse:   # also as a plain nn.Embedding (dense gradient): the issue's baseline
-                m = copy.deepcopy(modules).train()
-                m.embedding.sparse = False
-                trainers[DENSE_HAND] = Trainer(LevelWiseTreeLSTM(m).loss, lbs, make_optimizer(cfg, m))
-            if use_dynet and t == 1:    # DyNet computes on one thread whatever torch's setting
-                dy_model = dynet_treelstm.DyNetTreeLSTM(modules, vocab.stoi, lr=cfg["optimizer"]["lr"], seed=seed)
-                trainers[DYNET] = dynet_treelstm.DyNetTrainer(dy_model, chunks)
-            if floor:
-                m = copy.deepcopy(modules).train()
-                trainers[FLOOR] = Trainer(ModuleCallsFloor(m, lbs, seed).loss, lbs, make_optimizer(cfg, m))
-            cpu: Dict[str, List[float]] = {}
-            times = interleaved({k: tr.epoch for k, tr in trainers.items()}, repeats, warmup, cpu_times=cpu)
-            for k, tr in trainers.items():
-                sp = tr.splits[warmup:]
-                med = statistics.median(times[k])
-                q1, r, q3 = ratio_quartiles(times["hand-written"], times[k])
-                row = {"threads": t, "batch": B, "variant": k, "trees": len(train), "epoch_s": med,
-                       "cpu_s": statistics.median(cpu[k]),
-                       "trees_per_s": len(train) / med,
-                       "forward_s": statistics.median(x[0] for x in sp),
-                       "backward_s": statistics.median(x[1] for x in sp),
-                       "optimizer_s": statistics.median(x[2] for x in sp),
-                       "vs_hand": median_ratio(times["hand-written"], times[k]), "vs_hand_q1": q1, "vs_hand_q3": q3}
-                if DENSE_HAND in times:
-                    row["vs_hand_dense"] = median_ratio(times[DENSE_HAND], times[k])
-                if FLOOR in times:
-                    row["vs_floor"] = median_ratio(times[FLOOR], times[k])
-                rows.append(row)
-                key = f"t{t}.b{B}.{k.replace('/', '_').replace('-', '_')}"
-                metrics.update({f"{key}.trees_per_s": row["trees_per_s"], f"{key}.vs_hand": row["vs_hand"],
-                                f"{key}.cpu_s": row["cpu_s"], f"{key}.epoch_s": row["epoch_s"],
-                                f"{key}.forward_s": row["forward_s"], f"{key}.backward_s": row["backward_s"],
-                                f"{key}.optimizer_s": row["optimizer_s"]})
-                for extra in ("vs_hand_dense", "vs_floor"):
-                    if extra in row:
-                        metrics[f"{key}.{extra}"] = row[extra]
-            log(f"threads {t}, batch {B}: " + ", ".join(f"{r['variant']} {r['trees_per_s']:.0f} trees/s "
-                                                         f"({r['vs_hand']:.2f}x)" for r in rows[-len(trainers):]))
-    log(format_table(rows, ["threads", "batch", "variant", "trees_per_s", "epoch_s", "cpu_s", "forward_s", "backward_s",
-                            "optimizer_s", "vs_hand", "vs_hand_q1", "vs_hand_q3"]
-                     + [c for c in ("vs_hand_dense", "vs_floor") if any(c in r for r in rows)]))
-    torch.set_num_threads(threads[0] if threads else 1)
-    if mlflow:
-        fig = _plot(rows)
-        run_id = log_to_mlflow("bench_peers", params, {"peers": rows}, metrics, figures=[("peers", fig)])
-        log(f"MLflow run {run_id}")
-    return metrics
+                trainers["hand-written"] = Trainer(LevelWiseTreeLSTM(m).loss, lbs, make_optimizer(cfg, m))
+                if fused_gates:
+                    m = _fused_gates(copy.deepcopy(modules).train())
+                    trainers[f"hand-written/{FUSED_GATES}"] = Trainer(LevelWiseTreeLSTM(m).loss, lbs, make_optimizer(cfg, m))
+                if modules.embedding.sparse:   # also as a plain nn.Embedding (dense gradient): the issue's baseline
+                    m = copy.deepcopy(modules).train()
+                    m.embedding.sparse = False
+                    trainers[DENSE_HAND] = Trainer(LevelWiseTreeLSTM(m).loss, lbs, make_optimizer(cfg, m))
+                for name, p in dy_processes.items():
+                    if t != 1:   # DyNet computes on one thread
+                        break
+                    # a fresh model from the same weights (the check's backward left gradients in the last)
+                    p.model(dynet_treelstm.weights_of(modules), vocab.stoi, lr=cfg["optimizer"]["lr"], seed=seed,
+                            layout=DYNET_VARIANTS[name][1])
+                    p.batches(chunks)
+                    trainers[name] = dynet_treelstm.RemoteTrainer(p)
+                if floor:
+                    m = copy.deepcopy(modules).train()
+                    trainers[FLOOR] = Trainer(ModuleCallsFloor(m, lbs, seed).loss, lbs, make_optimizer(cfg, m))
+                cpu: Dict[str, List[float]] = {}
+                times = interleaved({k: tr.epoch for k, tr in trainers.items()}, repeats, warmup, cpu_times=cpu)
+                for name in dy_processes:   # the DyNet processes' own seconds, not the pipe's
+                    if name in trainers:
+                        times[name], cpu[name] = trainers[name].walls[warmup:], trainers[name].cpus[warmup:]
+                for k, tr in trainers.items():
+                    sp = tr.splits[warmup:]
+                    med = statistics.median(times[k])
+                    q1, r, q3 = ratio_quartiles(times["hand-written"], times[k])
+                    row = {"threads": t, "batch": B, "variant": k, "trees": len(train), "epoch_s": med,
+                           "cpu_s": statistics.median(cpu[k]),
+                           "trees_per_s": len(train) / med,
+                           "forward_s": statistics.median(x[0] for x in sp),
+                           "backward_s": statistics.median(x[1] for x in sp),
+                           "optimizer_s": statistics.median(x[2] for x in sp),
+                           "vs_hand": median_ratio(times["hand-written"], times[k]), "vs_hand_q1": q1, "vs_hand_q3": q3}
+                    if DENSE_HAND in times:
+                        row["vs_hand_dense"] = median_ratio(times[DENSE_HAND], times[k])
+                    if FLOOR in times:
+                        row["vs_floor"] = median_ratio(times[FLOOR], times[k])
+                    rows.append(row)
+                    key = f"t{t}.b{B}.{k.replace('/', '_').replace('-', '_')}"
+                    metrics.update({f"{key}.trees_per_s": row["trees_per_s"], f"{key}.vs_hand": row["vs_hand"],
+                                    f"{key}.cpu_s": row["cpu_s"], f"{key}.epoch_s": row["epoch_s"],
+                                    f"{key}.forward_s": row["forward_s"], f"{key}.backward_s": row["backward_s"],
+                                    f"{key}.optimizer_s": row["optimizer_s"]})
+                    for extra in ("vs_hand_dense", "vs_floor"):
+                        if extra in row:
+                            metrics[f"{key}.{extra}"] = row[extra]
+                if op_counts and t == threads[0]:   # after the timing: one more epoch each, counted
+                    _count_ops(trainers, rows[-len(trainers):], metrics, f"t{t}.b{B}")
+                log(f"threads {t}, batch {B}: " + ", ".join(f"{r['variant']} {r['trees_per_s']:.0f} trees/s "
+                                                             f"({r['vs_hand']:.2f}x)" for r in rows[-len(trainers):]))
+        log(format_table(rows, ["threads", "batch", "variant", "trees_per_s", "epoch_s", "cpu_s", "forward_s", "backward_s",
+                                "optimizer_s", "vs_hand", "vs_hand_q1", "vs_hand_q3"]
+                         + [c for c in ("vs_hand_dense", "vs_floor", "ops_per_step", "ops_vs_hand")
+                            if any(c in r for r in rows)]))
+        torch.set_num_threads(threads[0] if threads else 1)
+        if mlflow:
+            fig = _plot(rows)
+            run_id = log_to_mlflow("bench_peers", params, {"peers": rows}, metrics, figures=[("peers", fig)])
+            log(f"MLflow run {run_id}")
+        return metrics
+    finally:
+        for p in dy_processes.values():
+            p.close()
 
 
 def _ints(s):
@@ -412,10 +463,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the module calls alone (floor/module-calls): the bound on any variant's ratio")
     ap.add_argument("--dynet", action=argparse.BooleanOptionalAction, default=True,
-                    help="also DyNet's autobatching at 1 thread when dynet imports (scripts/install_dynet.sh)")
+                    help="also DyNet's autobatching at 1 thread, in its own process, when dynet imports there "
+                         "(scripts/install_dynet.sh)")
+    ap.add_argument("--dynet-python", default=None,
+                    help="the Python of the DyNet process (default: this one)")
+    ap.add_argument("--dynet-ablation", action="store_true",
+                    help="also DyNet with the old reference's stacked gates and/or flush-to-zero off, each in its "
+                         "own process: what made that reference slower")
     ap.add_argument("--fused-gates", dest="fused_gates", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the first scheduler and the hand-written loop with the cell's gates as one fused "
                          "autograd node (BinaryTreeLSTMCell(fused_gates=True)) instead of plain aten operators")
+    ap.add_argument("--op-counts", dest="op_counts", action=argparse.BooleanOptionalAction, default=True,
+                    help="count each PyTorch variant's ATen operator calls per training step (one more epoch each)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--emb", type=int, default=50)

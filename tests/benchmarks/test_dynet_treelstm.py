@@ -33,7 +33,32 @@ def test_rejects_what_it_does_not_implement(small):
     m = copy.deepcopy(modules)
     m.tree_lstm.cell.forget_bias = 1.0
     with pytest.raises(ValueError, match="forget_bias"):
-        dynet_treelstm.DyNetTreeLSTM(m, vocab.stoi)
+        dynet_treelstm.weights_of(m)
+
+
+def test_weights_are_the_cells_rows_per_gate(small):
+    """DyNet's example layout: one matrix per gate, cut from the cell's stacked W, U and bias."""
+    _, _, _, modules = small
+    w = dynet_treelstm.weights_of(modules)
+    cell, S = modules.tree_lstm.cell, modules.state_size
+    stacked = np.concatenate([w[f"U_{g}"] for g in dynet_treelstm.GATES])
+    np.testing.assert_array_equal(stacked, cell.U.weight.detach().numpy())
+    np.testing.assert_array_equal(w["W_o"], cell.W.weight.detach().numpy()[3 * S:4 * S])
+    assert w["E"].dtype == np.float32 and float(w["output_dropout"]) == modules.classifier[0].p
+
+
+def test_a_failure_in_the_dynet_process_is_raised_here(small):
+    """The DyNet process answers a failing request with its error (here: DyNet not installed, or
+    a request it does not know), raised in the benchmark's process; the process then quits."""
+    with dynet_treelstm.DyNetProcess() as dy:
+        with pytest.raises(RuntimeError, match="the DyNet process: ValueError: unknown request"):
+            dy._call("nonsense")
+        ok, _ = dynet_treelstm.available()
+        if not ok:
+            _, trees, vocab, modules = small
+            with pytest.raises(RuntimeError, match="the DyNet process: .*dynet"):
+                dy.model(dynet_treelstm.weights_of(modules), vocab.stoi)
+    assert dy.proc.returncode == 0
 
 
 def _needs_dynet():
@@ -42,39 +67,40 @@ def _needs_dynet():
         pytest.skip(why)
 
 
-def test_importing_dynet_keeps_subnormal_floats():
-    """DyNet's -ffast-math library must not switch the process to flush-to-zero (it did: later
-    tests drawing subnormal floats failed)."""
+@pytest.mark.parametrize("layout,flush_to_zero", [("example", True), ("stacked", False)])
+def test_dynet_computes_the_hand_written_function_in_its_own_process(small, layout, flush_to_zero):
+    """Both layouts (DyNet's example's, the old reference's), with flush-to-zero kept or off."""
     _needs_dynet()
-    tiny = 2.2250738585072014e-308       # the smallest normal double
-    assert tiny / 2 > 0 and np.float64(5e-324) * 1.0 > 0
-
-
-def test_dynet_computes_the_hand_written_function(small):
-    _needs_dynet()
+    import sys
     _, trees, vocab, modules = small
-    res = dynet_treelstm.check_equal(modules, trees, vocab.stoi)
+    with dynet_treelstm.DyNetProcess(flush_to_zero=flush_to_zero) as dy:
+        dy.model(dynet_treelstm.weights_of(modules), vocab.stoi, layout=layout)
+        res = dynet_treelstm.check_equal(dy, modules, trees, vocab.stoi)
     assert res["loss"] > 0 and res["max_grad_diff"] < 1e-4
+    assert "dynet" not in sys.modules   # the benchmark's own process never loads DyNet (nor its -ffast-math)
 
 
-def test_check_catches_a_different_function(small, monkeypatch):
+def test_check_catches_a_different_function(small):
     _needs_dynet()
     _, trees, vocab, modules = small
-    node = dynet_treelstm.DyNetTreeLSTM._node
-
-    def swapped(self, tree, losses):   # children swapped: another function
-        return node(self, tree if len(tree) == 2 else (tree[0], tree[2], tree[1]), losses)
-    monkeypatch.setattr(dynet_treelstm.DyNetTreeLSTM, "_node", swapped)
-    with pytest.raises(AssertionError):
-        dynet_treelstm.check_equal(modules, trees, vocab.stoi)
+    w = dynet_treelstm.weights_of(modules)
+    w["U_f_l"], w["U_f_r"] = w["U_f_r"], w["U_f_l"]     # the children's forget gates swapped: another function
+    with dynet_treelstm.DyNetProcess() as dy:
+        dy.model(w, vocab.stoi)
+        with pytest.raises(AssertionError):
+            dynet_treelstm.check_equal(dy, modules, trees, vocab.stoi)
 
 
 def test_trainer_updates_the_parameters(small):
     _needs_dynet()
     _, trees, vocab, modules = small
-    model = dynet_treelstm.DyNetTreeLSTM(modules, vocab.stoi)
-    before = model.U.as_array().copy()
-    tr = dynet_treelstm.DyNetTrainer(model, [trees[:6], trees[6:]])
-    tr.epoch()
+    with dynet_treelstm.DyNetProcess() as dy:
+        dy.model(dynet_treelstm.weights_of(modules), vocab.stoi)
+        before, _ = dy.check(trees)
+        dy.model(dynet_treelstm.weights_of(modules), vocab.stoi)   # the check's gradients gone
+        dy.batches([trees[:6], trees[6:]])
+        tr = dynet_treelstm.RemoteTrainer(dy)
+        tr.epoch()
+        after, _ = dy.check(trees)
     assert len(tr.splits) == 1 and all(s > 0 for s in tr.splits[0])
-    assert (model.U.as_array() != before).any()
+    assert tr.walls[0] > 0 and tr.cpus[0] > 0 and after != before

@@ -114,6 +114,32 @@ def test_bench_peers_tiny_run(data_dir):
     assert m["t1.b4.hand_written.vs_hand"] == 1.0
     assert "t1.b4.foldengine_coalesce.vs_hand_dense" in m
     assert 0 < m["t1.b4.foldengine_coalesce.vs_floor"] and m["t1.b4.floor_module_calls.vs_floor"] == 1.0
+    # operations per step: counted per variant, deterministic, relative to the hand-written loop
+    assert m["t1.b4.hand_written.ops_vs_hand"] == 1.0 and m["t1.b4.hand_written.ops_per_step"] > 10
+    assert m["t1.b4.foldengine_coalesce.ops_per_step"] > 10
+
+
+def test_operation_counts_are_exact_and_include_backward_and_the_optimizer():
+    from benchmarks.op_counts import OpCounter, ops_per_step
+
+    class OneStep:   # peers.Trainer's contract: epoch() over .batches
+        batches = [0, 1]
+
+        def __init__(self):
+            self.w = torch.nn.Parameter(torch.randn(3, 2))
+            self.opt = torch.optim.SGD([self.w], lr=0.1)
+
+        def epoch(self):
+            for _ in self.batches:
+                self.opt.zero_grad(set_to_none=True)
+                (torch.ones(4, 3) @ self.w).tanh().sum().backward()
+                self.opt.step()
+    counts = []
+    for _ in range(2):
+        c = OpCounter()
+        counts.append(ops_per_step(OneStep(), c))
+    assert counts[0] == counts[1] and c.counts["mm"] == 2 * 2   # forward + weight gradient, 2 steps
+    assert c.counts["tanh_backward"] == 2 and c.total == 2 * counts[0]
 
 
 def test_bench_peers_plot():
