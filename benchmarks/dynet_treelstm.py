@@ -43,8 +43,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["GATES", "weights_of", "DyNetTreeLSTM", "DyNetTrainer", "DyNetProcess", "RemoteTrainer", "available",
-           "check_equal", "serve"]
+__all__ = ["GATES", "weights_of", "parse_tree", "DyNetTreeLSTM", "DyNetTrainer", "DyNetProcess", "RemoteTrainer", "available",
+           "check_equal", "serve", "main"]
 
 #: the cell's gates, in the order of the rows of ``W`` and ``U`` (:class:`pipelines.sst.model.BinaryTreeLSTMCell`)
 GATES = ("i", "f_l", "f_r", "o", "u")
@@ -186,21 +186,38 @@ class DyNetTreeLSTM:
             u = dy.tanh(dy.affine_transform([p["b_u"], p["U_u"], e]))
             c = dy.cmult(i, u) + dy.cmult(f_l, c_l) + dy.cmult(f_r, c_r)
         h = dy.cmult(o, dy.tanh(c))
-        x = dy.dropout(h, self.output_dropout) if self.training and self.output_dropout else h
-        losses.append(dy.pickneglogsoftmax(dy.affine_transform([p["bc"], p["Wc"], x]), int(tree[0])))
+        if losses is not None:
+            x = dy.dropout(h, self.output_dropout) if self.training and self.output_dropout else h
+            losses.append(dy.pickneglogsoftmax(dy.affine_transform([p["bc"], p["Wc"], x]), int(tree[0])))
         return h, c
+
+    def _parameters(self) -> dict:
+        """The parameters by name, used in expressions as they are (DyNet 2.1 adds a parameter to
+        the graph where it is used; the explicit ``dy.parameter`` of older code is deprecated)."""
+        p = {f"W_{g}": w for g, w in self.W.items()}
+        p.update({f"U_{g}": u for g, u in self.U.items()})
+        p.update({f"b_{g}": b for g, b in self.b.items()})
+        p.update(Wc=self.Wc, bc=self.bc)
+        if self.layout == "stacked":
+            p.update(W_all=self.W_all, U_all=self.U_all, b_all=self.b_all)
+        return p
+
+    def root_probabilities(self, trees: Sequence) -> np.ndarray:
+        """Inference: the softmax of each tree's root logits, ``[len(trees), classes]`` (float32),
+        from one computation graph (autobatched; no per-node classifier, no dropout)."""
+        dy = self.dy
+        dy.renew_cg()
+        p = self._parameters()
+        outs = [dy.softmax(dy.affine_transform([p["bc"], p["Wc"], self._node(t, None, p)[0]])) for t in trees]
+        return np.asarray(dy.concatenate_cols(outs).npvalue(), dtype=np.float32).reshape(-1, len(trees)).T
 
     def loss(self, trees: Sequence):
         """A new computation graph holding the batch's loss (a DyNet expression, not yet run)."""
         dy = self.dy
         dy.renew_cg()
-        p = {f"W_{g}": dy.parameter(w) for g, w in self.W.items()}
-        p.update({f"U_{g}": dy.parameter(u) for g, u in self.U.items()})
-        p.update({f"b_{g}": dy.parameter(b) for g, b in self.b.items()})
-        p.update(Wc=dy.parameter(self.Wc), bc=dy.parameter(self.bc))
+        p = self._parameters()
         losses: List = []
         if self.layout == "stacked":
-            p.update(W_all=dy.parameter(self.W_all), U_all=dy.parameter(self.U_all), b_all=dy.parameter(self.b_all))
             for t in trees:
                 self._stacked_node(t, losses, p)
         else:
@@ -221,6 +238,47 @@ class DyNetTreeLSTM:
         for group, params in (("W", self.W), ("U", self.U), ("b", self.b)):
             out.update({f"{group}_{g}": p.grad_as_array() for g, p in params.items()})
         return out
+
+
+_TOKENS = None
+
+
+def parse_tree(line: str):
+    """One PTB line -> the raw tuple tree (``(label, word)`` / ``(label, left, right)``), parsed
+    as DyNet's Tree-LSTM example reads its trees (a regular expression's tokens, recursively);
+    raises ``ValueError`` for a line that is not a binary tree."""
+    global _TOKENS
+    import re
+    if _TOKENS is None:
+        _TOKENS = re.compile(r"[()]|[^\s()]+")
+    toks = _TOKENS.findall(line)
+    pos = 0
+
+    def node():
+        nonlocal pos
+        if toks[pos] != "(":
+            raise ValueError(f"expected '(' at token {pos}")
+        label = int(toks[pos + 1])
+        pos += 2
+        if toks[pos] != "(":
+            word = toks[pos]
+            if toks[pos + 1] != ")":
+                raise ValueError("a leaf of more than one word")
+            pos += 2
+            return (label, word)
+        left = node()
+        right = node()
+        if toks[pos] != ")":
+            raise ValueError("not a binary tree")
+        pos += 1
+        return (label, left, right)
+    try:
+        tree = node()
+    except IndexError:
+        raise ValueError("unbalanced parentheses") from None
+    if pos != len(toks):
+        raise ValueError("trailing text")
+    return tree
 
 
 class DyNetTrainer:
@@ -273,6 +331,9 @@ def serve(stdin=None, stdout=None) -> None:
     * ``("batches", batches)`` -> ``None``: the epoch's batches (lists of raw trees);
     * ``("epoch",)`` -> ``(wall_s, cpu_s, splits)`` of :meth:`DyNetTrainer.epoch` (training mode);
     * ``("check", trees)`` -> ``(loss, gradients)`` of one batch in eval mode (no update);
+    * ``("infer", lines, batch)`` -> ``(wall_s, cpu_s, probabilities)``: every PTB line parsed
+      (:func:`parse_tree`) and predicted, ``batch`` trees per graph
+      (:meth:`DyNetTreeLSTM.root_probabilities`);
     * ``("quit",)``.
 
     A failing request is answered ``("error", text)``."""
@@ -297,6 +358,13 @@ def serve(stdin=None, stdout=None) -> None:
             elif req[0] == "epoch":
                 model.training = True
                 reply = trainer.epoch()
+            elif req[0] == "infer":
+                model.training = False
+                c0, t0 = time.process_time(), time.perf_counter()
+                lines, batch = req[1], int(req[2])
+                probs = [model.root_probabilities([parse_tree(x) for x in lines[a:a + batch]])
+                         for a in range(0, len(lines), batch)]
+                reply = (time.perf_counter() - t0, time.process_time() - c0, np.concatenate(probs))
             elif req[0] == "check":
                 model.training = False
                 loss = model.loss(req[1])
@@ -349,6 +417,10 @@ class DyNetProcess:
 
     def check(self, trees: Sequence) -> Tuple[float, Dict[str, np.ndarray]]:
         return self._call("check", list(trees))
+
+    def infer(self, lines: Sequence[str], batch: int) -> Tuple[float, float, np.ndarray]:
+        """``(wall_s, cpu_s, probabilities)`` of the DyNet process predicting ``lines``."""
+        return self._call("infer", list(lines), int(batch))
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -434,10 +506,21 @@ def check_equal(dynet: DyNetProcess, modules, trees: Sequence, stoi, atol: float
     return {"loss": float(loss_h), "max_grad_diff": diff}
 
 
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m benchmarks.dynet_treelstm --serve``: the DyNet process (:func:`serve`), started
+    by :class:`DyNetProcess` for ``benchmarks.peers`` and ``benchmarks.peers_inference``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.dynet_treelstm",
+                                 description="The DyNet process of benchmarks.peers and benchmarks.peers_inference: "
+                                             "requests on stdin, replies on stdout (see serve()).")
+    ap.add_argument("--serve", action="store_true", required=True, help="answer requests until stdin closes")
+    ap.parse_args(argv)
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)   # DyNet prints its notes on stdout: they go to stderr, the replies keep the pipe
+    serve(sys.stdin.buffer, replies)
+    return 0
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--serve"]:
-        replies = os.fdopen(os.dup(1), "wb")
-        os.dup2(2, 1)   # DyNet prints its notes on stdout: they go to stderr, the replies keep the pipe
-        serve(sys.stdin.buffer, replies)
-    else:
-        sys.exit("usage: python -m benchmarks.dynet_treelstm --serve  (the DyNet process of benchmarks.peers)")
+    sys.exit(main())
