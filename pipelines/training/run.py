@@ -21,10 +21,11 @@
 5. logs to MLflow: params (flattened config), system info, skip counts, per-epoch metrics
    (live, from a Ray Train callback in the controller), timing, results table, plots, best model.
 
-Module map: ``pipelines.data`` (the data path, in the order the data flows), ``pipelines.training.checks``
-(the checks before Ray), ``pipelines.training.storage`` (``ray.storage_path``), ``pipelines.cluster`` (the
-Ray connection, worker sizing), ``pipelines.training.worker`` (the per-rank training loop), ``pipelines.checkpoint`` (checkpoint contents), ``pipelines.seeding``
-(seeds, RNG state, parameter hashes), ``pipelines.training.optim``, ``pipelines.metrics`` (metric dicts),
+Module map: ``pipelines.data`` (the data path, in the order the data flows),
+``pipelines.training.checks`` (the checks before Ray), ``pipelines.training.storage``
+(``ray.storage_path``), ``pipelines.cluster`` (the Ray connection, worker sizing),
+``pipelines.training.worker`` (the per-rank training loop), ``pipelines.checkpoint`` (checkpoint
+contents), ``pipelines.seeding`` (seeds, RNG state, parameter hashes), ``pipelines.training.optim``, ``pipelines.metrics`` (metric dicts),
 ``pipelines.tracking`` (MLflow).
 """
 from __future__ import annotations
@@ -33,8 +34,6 @@ import dataclasses
 import json
 import logging
 import os
-import pathlib
-import sys
 import tempfile
 import time
 from typing import Any, Mapping, Optional, Sequence
