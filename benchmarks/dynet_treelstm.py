@@ -34,14 +34,14 @@ the embedding rows used); DyNet has one learning rate per trainer, so the embedd
 from __future__ import annotations
 
 import os
-import pickle
-import struct
 import subprocess
 import sys
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+
+from .peer_process import PeerProcess, reply_stream, serve_loop
 
 __all__ = ["GATES", "weights_of", "parse_tree", "DyNetTreeLSTM", "DyNetTrainer", "DyNetProcess", "RemoteTrainer", "available",
            "check_equal", "serve", "main"]
@@ -308,24 +308,9 @@ class DyNetTrainer:
 
 # --------------------------------------------------------------------------- the DyNet process
 
-def _send(stream, obj) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(struct.pack("<Q", len(data)) + data)
-    stream.flush()
-
-
-def _receive(stream):
-    head = stream.read(8)
-    if len(head) < 8:
-        raise EOFError("the other process closed the pipe")
-    (n,) = struct.unpack("<Q", head)
-    return pickle.loads(stream.read(n))
-
-
 def serve(stdin=None, stdout=None) -> None:
-    """The DyNet process's loop (``python -m benchmarks.dynet_treelstm --serve``): length-prefixed
-    pickled requests on ``stdin``, one reply each on ``stdout`` (the process's original standard
-    output; everything else printed there goes to standard error):
+    """The DyNet process's loop (``python -m benchmarks.dynet_treelstm --serve``;
+    :func:`benchmarks.peer_process.serve_loop`'s wire format):
 
     * ``("model", weights, stoi, lr, eps, seed, layout)`` -> ``None``: a new :class:`DyNetTreeLSTM`;
     * ``("batches", batches)`` -> ``None``: the epoch's batches (lists of raw trees);
@@ -337,48 +322,41 @@ def serve(stdin=None, stdout=None) -> None:
     * ``("quit",)``.
 
     A failing request is answered ``("error", text)``."""
-    stdin = stdin or sys.stdin.buffer
-    stdout = stdout or sys.stdout.buffer
-    model: Optional[DyNetTreeLSTM] = None
-    trainer: Optional[DyNetTrainer] = None
-    while True:
-        try:
-            req = _receive(stdin)
-        except EOFError:
-            return
-        try:
-            if req[0] == "quit":
-                _send(stdout, None)
-                return
-            if req[0] == "model":
-                model, trainer = DyNetTreeLSTM(req[1], req[2], lr=req[3], eps=req[4], seed=req[5], layout=req[6]), None
-                reply = None
-            elif req[0] == "batches":
-                trainer, reply = DyNetTrainer(model, req[1]), None
-            elif req[0] == "epoch":
-                model.training = True
-                reply = trainer.epoch()
-            elif req[0] == "infer":
-                model.training = False
-                c0, t0 = time.process_time(), time.perf_counter()
-                lines, batch = req[1], int(req[2])
-                probs = [model.root_probabilities([parse_tree(x) for x in lines[a:a + batch]])
-                         for a in range(0, len(lines), batch)]
-                reply = (time.perf_counter() - t0, time.process_time() - c0, np.concatenate(probs))
-            elif req[0] == "check":
-                model.training = False
-                loss = model.loss(req[1])
-                value = loss.value()
-                loss.backward()
-                reply = (value, model.gradients())
-            else:
-                raise ValueError(f"unknown request {req[0]!r}")
-        except Exception as err:   # noqa: BLE001 - sent back, raised in the benchmark's process
-            reply = ("error", f"{type(err).__name__}: {err}")
-        _send(stdout, reply)
+    state: dict = {}
+
+    def model(weights, stoi, lr, eps, seed, layout):
+        state["model"] = DyNetTreeLSTM(weights, stoi, lr=lr, eps=eps, seed=seed, layout=layout)
+        state.pop("trainer", None)
+
+    def batches(b):
+        state["trainer"] = DyNetTrainer(state["model"], b)
+
+    def epoch():
+        state["model"].training = True
+        return state["trainer"].epoch()
+
+    def infer(lines, batch):
+        m = state["model"]
+        m.training = False
+        c0, t0 = time.process_time(), time.perf_counter()
+        batch = int(batch)
+        probs = [m.root_probabilities([parse_tree(x) for x in lines[a:a + batch]])
+                 for a in range(0, len(lines), batch)]
+        return time.perf_counter() - t0, time.process_time() - c0, np.concatenate(probs)
+
+    def check(trees):
+        m = state["model"]
+        m.training = False
+        loss = m.loss(trees)
+        value = loss.value()
+        loss.backward()
+        return value, m.gradients()
+
+    serve_loop({"model": model, "batches": batches, "epoch": epoch, "infer": infer, "check": check},
+               stdin, stdout)
 
 
-class DyNetProcess:
+class DyNetProcess(PeerProcess):
     """DyNet in its own process (``python``, default this interpreter, running :func:`serve`);
     ``flush_to_zero=False`` puts the floating-point environment back after DyNet loads (as the old
     in-process reference did; :data:`FENV_VARIABLE`).
@@ -390,51 +368,25 @@ class DyNetProcess:
     """
 
     def __init__(self, python: Optional[str] = None, flush_to_zero: bool = True):
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        env.pop(FENV_VARIABLE, None)
-        if not flush_to_zero:
-            env[FENV_VARIABLE] = "restore"
-        self.proc = subprocess.Popen([python or sys.executable, "-m", "benchmarks.dynet_treelstm", "--serve"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=root, env=env)
-
-    def _call(self, *request):
-        _send(self.proc.stdin, request)
-        reply = _receive(self.proc.stdout)
-        if isinstance(reply, tuple) and reply and reply[0] == "error":
-            raise RuntimeError(f"the DyNet process: {reply[1]}")
-        return reply
+        super().__init__("benchmarks.dynet_treelstm", python, name="DyNet",
+                         env={FENV_VARIABLE: None if flush_to_zero else "restore"})
 
     def model(self, weights: Mapping[str, np.ndarray], stoi: Mapping[str, int], lr: float = 0.05,
               eps: float = 1e-10, seed: int = 0, layout: str = "example") -> None:
-        self._call("model", dict(weights), dict(stoi), float(lr), float(eps), int(seed), layout)
+        self.call("model", dict(weights), dict(stoi), float(lr), float(eps), int(seed), layout)
 
     def batches(self, batches: Sequence[Sequence]) -> None:
-        self._call("batches", [list(b) for b in batches])
+        self.call("batches", [list(b) for b in batches])
 
     def epoch(self) -> Tuple[float, float, Tuple[float, float, float]]:
-        return self._call("epoch")
+        return self.call("epoch")
 
     def check(self, trees: Sequence) -> Tuple[float, Dict[str, np.ndarray]]:
-        return self._call("check", list(trees))
+        return self.call("check", list(trees))
 
     def infer(self, lines: Sequence[str], batch: int) -> Tuple[float, float, np.ndarray]:
         """``(wall_s, cpu_s, probabilities)`` of the DyNet process predicting ``lines``."""
-        return self._call("infer", list(lines), int(batch))
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self._call("quit")
-            except (EOFError, BrokenPipeError, OSError):
-                pass
-            self.proc.wait(timeout=30)
-
-    def __enter__(self) -> "DyNetProcess":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        return self.call("infer", list(lines), int(batch))
 
 
 class RemoteTrainer:
@@ -516,9 +468,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                              "requests on stdin, replies on stdout (see serve()).")
     ap.add_argument("--serve", action="store_true", required=True, help="answer requests until stdin closes")
     ap.parse_args(argv)
-    replies = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)   # DyNet prints its notes on stdout: they go to stderr, the replies keep the pipe
-    serve(sys.stdin.buffer, replies)
+    serve(sys.stdin.buffer, reply_stream())   # DyNet prints its notes on stdout: they go to stderr
     return 0
 
 

@@ -1,25 +1,37 @@
-"""Tox21 weave benchmark (issue 35): foldengine's weave epoch beside dgllife's ``WeavePredictor``.
+"""Tox21 weave benchmark: foldengine's weave model beside dgllife's ``WeavePredictor`` at its best.
 
 Workload: ``molecules`` Tox21 molecules (a seeded sample, featurised once with RDKit before
 timing), the weave model of :mod:`pipelines.molecules.model` with the preset's sizes
 (``conf/molecules_tox21.yaml``: 2 weave layers, atom and pair hidden 50, ``gather`` sum or
 gaussian, molecule layer 128, 12 tasks), masked binary cross-entropy divided by the tasks, Adam at
-the preset's lr.  Traces are made once, before timing (``Compiler.trace``, as the pipeline's
-background pass does).  One *epoch* is one timed call: per batch of ``batch`` molecules,
-``build_batch_from_traces`` then zero_grad, forward, loss, backward, optimizer step.
+the preset's lr, one thread.  Three tables, each measured in interleaved rounds:
 
-Besides the epoch, the one-time cost per molecule of ``one_time_molecules`` molecules is measured
-in interleaved rounds: ``featurise`` (RDKit, :func:`pipelines.molecules.featurize.featurize_dataset`),
-``trace`` (``Compiler.trace`` with its trace templates emptied first, so each structure of the
-sample is traced and planned once block by block) and ``trace_blockwise`` (templates turned off:
-every molecule traced and planned block by block), wall and process CPU time;
-``trace_vs_featurise`` is the ratio of the first two (median over rounds).
+* **one-time cost per molecule** (``one_time_molecules``): ``featurise`` (RDKit,
+  :func:`pipelines.molecules.featurize.featurize_dataset`), ``trace`` (``Compiler.trace`` with its
+  trace templates emptied first, so each structure of the sample is traced and planned once
+  block by block), ``trace_blockwise`` (templates off: every molecule traced block by block), and
+  each dgllife's own featurisation (``smiles_to_complete_graph``); ``trace_vs_featurise`` is the
+  ratio of the first two.
+* **training epoch**: foldengine per batch of ``batch`` molecules ``build_batch_from_traces`` then
+  zero_grad, forward, loss, backward, Adam step, over traces made once before timing (as the
+  pipeline's background pass does); dgllife per batch ``dgl.batch`` then the same step, over
+  graphs featurised once before timing (as its example's dataset does).
+* **inference from SMILES** (``infer_batches``): foldengine's DataFrame predictor
+  (:class:`pipelines.molecules.inference.MoleculePredictor`, ``predict(smiles, chunk_size=B)``:
+  parse, featurise, trace, batch, forward, sigmoid) against dgllife featurising, batching and
+  predicting the same SMILES, ``B`` per batch.
 
-``dgllife/weave``: dgllife's ``WeavePredictor`` on the same molecules, when ``dgllife`` (and
-``dgl``) import; otherwise the run logs why it was skipped and reports foldengine alone.
-Results are printed and logged to MLflow (experiment ``bench_tox21_peers``).
+dgllife runs in its own interpreter (``--dgllife-python``, one or more, comma separated; ``bash
+scripts/make_dgllife_venv.sh`` makes ``.venv-dgllife``: :mod:`benchmarks.dgllife_weave`), so its
+rows carry that process's own seconds; ``over_dgllife`` is, per round, dgllife's seconds over
+foldengine's (> 1: foldengine faster), against the fastest dgllife given.  The two models are the
+same sizes, each with its own featurisation (41 + 13 features here, dgllife's 27 + 12) and
+dgllife's batch norm after its molecule layer, so their outputs are not compared.  Without a
+dgllife interpreter the run says why and reports foldengine alone.  Results are printed and
+logged to MLflow (experiment ``bench_tox21_peers``).
 
-    python -m benchmarks.tox21_peers [--molecules 1000] [--batch 100] [--gather sum] [--no-mlflow]
+    python -m benchmarks.tox21_peers [--molecules 1000] [--batch 100] [--gather sum]
+        [--dgllife-python .venv-dgllife/bin/python] [--no-mlflow]
 """
 from __future__ import annotations
 
@@ -37,19 +49,48 @@ import torch
 from .reporting import REPO_ROOT, echo, format_table, log_to_mlflow
 from .timing import interleaved, median_ratio
 
-__all__ = ["dgllife_available", "WeaveEpoch", "run"]
+__all__ = ["dgllife_available", "default_dgllife_pythons", "WeaveEpoch", "run"]
 
-DGLLIFE = "dgllife/weave"
+FOLDENGINE = "foldengine"
 
 
-def dgllife_available() -> Tuple[bool, str]:
-    """``(True, "")`` when ``dgllife`` and ``dgl`` import, else ``(False, why)``."""
-    try:
-        import dgl  # noqa: F401
-        import dgllife  # noqa: F401
-    except Exception as err:   # ImportError, or a native library that fails to load
-        return False, f"import dgllife/dgl failed: {err}"
-    return True, ""
+def default_dgllife_pythons() -> List[str]:
+    """The interpreters ``scripts/make_dgllife_venv.sh`` makes (``.venv-dgllife``,
+    ``.venv-dgllife-dgl1``), those that exist."""
+    return [p for p in (os.path.join(REPO_ROOT, v, "bin", "python") for v in (".venv-dgllife", ".venv-dgllife-dgl1"))
+            if os.path.exists(p)]
+
+
+def dgllife_available(python: Optional[str] = None) -> Tuple[bool, str]:
+    """``(True, versions)`` when dgl and dgllife import in ``python`` (default this interpreter),
+    else ``(False, why)``."""
+    from .dgllife_weave import available
+    return available(python)
+
+
+class _Remote:
+    """A timed column run in a peer process: ``call()`` returns ``(wall_s, cpu_s, ...)``, whose
+    seconds are kept (:attr:`walls`, :attr:`cpus`) to replace the pipe's."""
+
+    def __init__(self, call: Callable[[], tuple]):
+        self.call = call
+        self.walls: List[float] = []
+        self.cpus: List[float] = []
+
+    def __call__(self) -> None:
+        reply = self.call()
+        self.walls.append(reply[0])
+        self.cpus.append(reply[1])
+
+
+def _timed(columns: Dict[str, Callable], repeats: int, warmup: int) -> Tuple[Dict, Dict]:
+    """:func:`interleaved` with the peers' own seconds in place of their :class:`_Remote` calls."""
+    cpu: Dict[str, List[float]] = {}
+    times = interleaved(columns, repeats, warmup, cpu_times=cpu)
+    for k, fn in columns.items():
+        if isinstance(fn, _Remote):
+            times[k], cpu[k] = fn.walls[warmup:], fn.cpus[warmup:]
+    return times, cpu
 
 
 class WeaveEpoch:
@@ -85,38 +126,86 @@ class WeaveEpoch:
 
 
 def run(molecules: int = 1000, batch: int = 100, gather: str = "sum", repeats: int = 3, warmup: int = 1,
-        one_time_rounds: int = 3, seed: int = 0, one_time_molecules: int = 200, data_dir: Optional[str] = None, mlflow: bool = True,
-        log: Callable[[str], None] = echo) -> Dict[str, float]:
+        one_time_rounds: int = 3, seed: int = 0, one_time_molecules: int = 200, data_dir: Optional[str] = None,
+        dgllife_python: Optional[Sequence[str]] = None, infer_batches: Sequence[int] = (100, 256),
+        mlflow: bool = True, log: Callable[[str], None] = echo) -> Dict[str, float]:
     """Measure, print, log to MLflow unless ``mlflow=False``; returns the metrics
-    (``fold.molecules_per_s``, ``featurise_ms``, ``trace_ms``, ``trace_vs_featurise``...)."""
+    (``foldengine.molecules_per_s``, ``trace_vs_featurise``, ``over_dgllife``, ``b100.infer_over_dgllife``...).
+    ``dgllife_python``: the dgllife interpreters (default :func:`default_dgllife_pythons`; ``[]``
+    for none)."""
     from pipelines.config import load_config, merged_schema
     from pipelines.molecules.data import labels_matrix, load_tox21
     from pipelines.molecules.experiment import SCHEMA
     from pipelines.molecules.featurize import N_ATOM_FEATURES, N_PAIR_FEATURES, featurize_dataset
+    from pipelines.molecules.inference import MoleculePredictor
     from pipelines.molecules.model import build_compiler
+
+    from .dgllife_weave import DgllifeProcess
 
     cfg = load_config(os.path.join(REPO_ROOT, "conf", "molecules_tox21.yaml"), (), merged_schema(SCHEMA))
     mc = cfg["molecules"]
+    lr = cfg["optimizer"]["lr"]
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     records, _ = load_tox21(data_dir)
     picked = random.Random(seed).sample(records, min(len(records), molecules + molecules // 20 + 8))
     feats = featurize_dataset(picked)
     mols = [g.model_input() for g in feats.graphs][:molecules]
+    smiles = [picked[int(i)].smiles for i in feats.kept][:molecules]
     labels = labels_matrix(picked, feats.kept)[:molecules]
+    tasks = labels.shape[1]
     workload = (f"Tox21, {len(mols)} molecules, batch {batch}, weave x{mc['n_weave']} (atom {mc['atom_hidden']}, "
-                f"pair {mc['pair_hidden']}), gather {gather}, mol {mc['mol_hidden']}, Adam lr {cfg['optimizer']['lr']}, "
-                f"1 thread")
+                f"pair {mc['pair_hidden']}), gather {gather}, mol {mc['mol_hidden']}, Adam lr {lr}, 1 thread")
     log(f"workload: {workload}")
     torch.manual_seed(seed)
-    compiler = build_compiler(N_ATOM_FEATURES, N_PAIR_FEATURES, labels.shape[1], atom_hidden=mc["atom_hidden"],
+    compiler = build_compiler(N_ATOM_FEATURES, N_PAIR_FEATURES, tasks, atom_hidden=mc["atom_hidden"],
                               pair_hidden=mc["pair_hidden"], n_weave=mc["n_weave"], gather=gather,
                               mol_hidden=mc["mol_hidden"])
 
-    # one-time costs per molecule, interleaved: featurise (RDKit) and trace, the trace with the
-    # compiler's trace templates emptied before each call (every structure of the sample is traced
-    # and planned block by block once) and turned off
-    sample = picked[:one_time_molecules]
-    sample_mols = [g.model_input() for g in featurize_dataset(sample).graphs]
+    peers: Dict[str, DgllifeProcess] = {}
+    pythons = default_dgllife_pythons() if dgllife_python is None else list(dgllife_python)
+    if not pythons:
+        log("dgllife: skipped (no dgllife interpreter: bash scripts/make_dgllife_venv.sh makes .venv-dgllife, "
+            "then --dgllife-python .venv-dgllife/bin/python)")
+    for py in pythons:
+        ok, versions = dgllife_available(py)
+        if not ok:
+            log(f"dgllife: skipped {py} ({versions})")
+            continue
+        name = f"dgllife/weave ({versions.split(', dgllife')[0]})"
+        log(f"dgllife: {name} in its own process: {py} ({versions})")
+        peers[name] = DgllifeProcess(py)
+    metrics: Dict[str, float] = {}
+    tables: Dict[str, list] = {}
+    try:
+        tables["one_time"] = _one_time(compiler, picked[:one_time_molecules], peers, one_time_rounds, metrics, log)
+        tables["epoch"] = _epochs(compiler, mols, smiles, labels, peers, batch, lr, seed, mc, gather, repeats, warmup,
+                                  metrics, log)
+        predictor = MoleculePredictor(compiler, [f"task_{k}" for k in range(tasks)], classification=True)
+        tables["inference"] = _inference(predictor, smiles, peers, infer_batches, repeats, warmup, metrics, log)
+    finally:
+        for p in peers.values():
+            p.close()
+        torch.set_num_threads(threads)
+    if mlflow:
+        params = {"molecules": len(mols), "batch": batch, "gather": gather, "repeats": repeats, "warmup": warmup,
+                  "seed": seed, "workload": workload, "dgllife": ", ".join(peers) or "none",
+                  "infer_batches": list(infer_batches)}
+        log(f"MLflow run {log_to_mlflow('bench_tox21_peers', params, tables, metrics)}")
+    return metrics
+
+
+def _fastest(times: Dict[str, List[float]], names: Sequence[str]) -> Optional[str]:
+    return min(names, key=lambda k: statistics.median(times[k])) if names else None
+
+
+def _one_time(compiler, sample_records, peers, rounds: int, metrics: Dict[str, float], log) -> List[dict]:
+    """Featurise, trace (templates emptied first), trace block by block, and each dgllife's
+    featurisation: median ms per molecule, wall and process CPU."""
+    from pipelines.molecules.featurize import featurize_dataset
+
+    sample_mols = [g.model_input() for g in featurize_dataset(sample_records).graphs]
+    sample_smiles = [r.smiles for r in sample_records]
 
     def trace_cold():
         compiler.trace_templates.clear()
@@ -128,47 +217,103 @@ def run(molecules: int = 1000, batch: int = 100, gather: str = "sum", repeats: i
             return compiler.trace(sample_mols)
         finally:
             compiler.trace_templates.enabled = True
-    cpu: Dict[str, List[float]] = {}
-    t = interleaved({"featurise": lambda: featurize_dataset(sample), "trace": trace_cold,
-                     "trace_blockwise": trace_blockwise}, one_time_rounds, 1, cpu_times=cpu)
+    columns: Dict[str, Callable] = {"featurise": lambda: featurize_dataset(sample_records), "trace": trace_cold,
+                                    "trace_blockwise": trace_blockwise}
+    for name, p in peers.items():
+        columns[f"{name} featurise"] = _Remote(lambda p=p: p.featurise(sample_smiles))
+    t, cpu = _timed(columns, rounds, 1)
     n_s = len(sample_mols)
-    metrics = {"featurise_ms": 1e3 * statistics.median(t["featurise"]) / n_s,
-               "featurise_cpu_ms": 1e3 * statistics.median(cpu["featurise"]) / n_s,
-               "trace_ms": 1e3 * statistics.median(t["trace"]) / n_s,
-               "trace_cpu_ms": 1e3 * statistics.median(cpu["trace"]) / n_s,
-               "trace_blockwise_ms": 1e3 * statistics.median(t["trace_blockwise"]) / n_s,
-               "trace_blockwise_cpu_ms": 1e3 * statistics.median(cpu["trace_blockwise"]) / n_s,
-               "trace_vs_featurise": median_ratio(t["trace"], t["featurise"]),
-               "trace_vs_featurise_cpu": median_ratio(cpu["trace"], cpu["featurise"]),
-               "trace_blockwise_vs_trace_cpu": median_ratio(cpu["trace_blockwise"], cpu["trace"])}
+    rows = [{"step": k, "molecules": n_s, "ms_per_molecule": 1e3 * statistics.median(t[k]) / n_s,
+             "cpu_ms_per_molecule": 1e3 * statistics.median(cpu[k]) / n_s,
+             "vs_featurise_cpu": median_ratio(cpu[k], cpu["featurise"])} for k in columns]
+    metrics.update({"featurise_ms": rows[0]["ms_per_molecule"], "featurise_cpu_ms": rows[0]["cpu_ms_per_molecule"],
+                    "trace_ms": rows[1]["ms_per_molecule"], "trace_cpu_ms": rows[1]["cpu_ms_per_molecule"],
+                    "trace_blockwise_ms": rows[2]["ms_per_molecule"],
+                    "trace_blockwise_cpu_ms": rows[2]["cpu_ms_per_molecule"],
+                    "trace_vs_featurise": median_ratio(t["trace"], t["featurise"]),
+                    "trace_vs_featurise_cpu": median_ratio(cpu["trace"], cpu["featurise"]),
+                    "trace_blockwise_vs_trace_cpu": median_ratio(cpu["trace_blockwise"], cpu["trace"])})
+    for row in rows[3:]:
+        metrics[f"{row['step'].split(' (')[0].replace('/', '_')}.featurise_cpu_ms"] = row["cpu_ms_per_molecule"]
     log(f"one-time per molecule ({n_s} molecules): featurise {metrics['featurise_ms']:.2f} ms "
         f"(cpu {metrics['featurise_cpu_ms']:.2f}), trace {metrics['trace_ms']:.2f} ms (cpu {metrics['trace_cpu_ms']:.2f}): "
         f"trace/featurise {metrics['trace_vs_featurise']:.2f}x wall, {metrics['trace_vs_featurise_cpu']:.2f}x cpu; "
         f"block by block (no templates) {metrics['trace_blockwise_ms']:.2f} ms "
         f"(cpu {metrics['trace_blockwise_cpu_ms']:.2f}, {metrics['trace_blockwise_vs_trace_cpu']:.2f}x the trace)")
+    log(format_table(rows, ["step", "molecules", "ms_per_molecule", "cpu_ms_per_molecule", "vs_featurise_cpu"]))
+    return rows
 
+
+def _epochs(compiler, mols, smiles, labels, peers, batch, lr, seed, mc, gather, repeats, warmup,
+            metrics: Dict[str, float], log) -> List[dict]:
+    """One training epoch per column, interleaved (module docstring)."""
     traces = compiler.trace(mols)
-    columns = {"foldengine": WeaveEpoch(compiler, traces, labels, batch, cfg["optimizer"]["lr"]).epoch}
-    ok, why = dgllife_available()
-    if ok:
-        log("dgllife: importable, but no dgllife WeavePredictor variant is implemented in this benchmark yet: skipped")
-    else:
-        log(f"dgllife: skipped ({why}); dgllife needs dgl, which has no wheel for this Python/torch here")
-    cpu = {}
-    times = interleaved(columns, repeats, warmup, cpu_times=cpu)
+    columns: Dict[str, Callable] = {FOLDENGINE: WeaveEpoch(compiler, traces, labels, batch, lr).epoch}
+    sizes = {"num_gnn_layers": mc["n_weave"], "gnn_hidden_feats": mc["atom_hidden"], "graph_feats": mc["mol_hidden"],
+             "gaussian_expand": gather == "gaussian"}
+    if mc["atom_hidden"] != mc["pair_hidden"]:
+        log(f"dgllife: one hidden size for atoms and pairs; atom {mc['atom_hidden']} used for both")
+    for name, p in peers.items():
+        kept = p.data(smiles, labels)
+        if len(kept) != len(smiles):
+            log(f"{name}: featurised {len(kept)} of {len(smiles)} molecules (RDKit rejected the rest there)")
+        n_params = p.model(labels.shape[1], sizes, lr, seed, batch)
+        log(f"{name}: WeavePredictor, {n_params:,} parameters "
+            f"(foldengine's weave: {sum(x.numel() for x in compiler.parameters()):,})")
+        columns[name] = _Remote(p.epoch)
+    times, cpu = _timed(columns, repeats, warmup)
+    best = _fastest(times, list(peers))
     rows = []
-    for k in times:
+    for k in columns:
         med = statistics.median(times[k])
-        rows.append({"variant": k, "molecules": len(mols), "batch": batch, "gather": gather, "epoch_s": med,
-                     "cpu_s": statistics.median(cpu[k]), "molecules_per_s": len(mols) / med})
-        metrics.update({f"{k}.molecules_per_s": len(mols) / med, f"{k}.epoch_s": med,
-                        f"{k}.cpu_s": statistics.median(cpu[k])})
+        row = {"variant": k, "molecules": len(mols), "batch": batch, "gather": gather, "epoch_s": med,
+               "cpu_s": statistics.median(cpu[k]), "molecules_per_s": len(mols) / med}
+        if best:
+            row["over_dgllife"] = median_ratio(times[best], times[k])
+            row["over_dgllife_cpu"] = median_ratio(cpu[best], cpu[k])
+        rows.append(row)
+        key = k.split(" (")[0].replace("/", "_")
+        metrics.update({f"{key}.molecules_per_s": len(mols) / med, f"{key}.epoch_s": med,
+                        f"{key}.cpu_s": statistics.median(cpu[k])})
+    if best:
+        metrics["over_dgllife"], metrics["over_dgllife_cpu"] = rows[0]["over_dgllife"], rows[0]["over_dgllife_cpu"]
+        log(f"epoch: foldengine {rows[0]['molecules_per_s']:.0f} molecules/s, {best} "
+            f"{len(mols) / statistics.median(times[best]):.0f}: {rows[0]['over_dgllife']:.2f}x dgllife wall, "
+            f"{rows[0]['over_dgllife_cpu']:.2f}x cpu")
     log(format_table(rows))
-    if mlflow:
-        params = {"molecules": len(mols), "batch": batch, "gather": gather, "repeats": repeats, "warmup": warmup,
-                  "seed": seed, "workload": workload, "dgllife": ok}
-        log(f"MLflow run {log_to_mlflow('bench_tox21_peers', params, {'tox21': rows}, metrics)}")
-    return metrics
+    return rows
+
+
+def _inference(predictor, smiles, peers, infer_batches, repeats, warmup, metrics: Dict[str, float], log) -> List[dict]:
+    """Predictions from SMILES per column and batch size, interleaved (module docstring)."""
+    rows = []
+    for B in infer_batches:
+        columns: Dict[str, Callable] = {FOLDENGINE: lambda B=B: predictor.predict(smiles, chunk_size=B)}
+        for name, p in peers.items():
+            columns[name] = _Remote(lambda p=p, B=B: p.infer(smiles, B))
+        times, cpu = _timed(columns, repeats, warmup)
+        best = _fastest(times, list(peers))
+        for k in columns:
+            med = statistics.median(times[k])
+            row = {"batch": B, "variant": k, "molecules": len(smiles), "seconds": med,
+                   "molecules_per_s": len(smiles) / med, "cpu_s": statistics.median(cpu[k])}
+            if best:
+                row["over_dgllife"] = median_ratio(times[best], times[k])
+                row["over_dgllife_cpu"] = median_ratio(cpu[best], cpu[k])
+            rows.append(row)
+        fe_row = next(r for r in rows if r["batch"] == B and r["variant"] == FOLDENGINE)
+        metrics[f"b{B}.infer_molecules_per_s"] = fe_row["molecules_per_s"]
+        if best:
+            metrics[f"b{B}.infer_over_dgllife"] = fe_row["over_dgllife"]
+            metrics[f"b{B}.infer_over_dgllife_cpu"] = fe_row["over_dgllife_cpu"]
+            log(f"inference, batch {B}: foldengine {fe_row['molecules_per_s']:.0f} molecules/s "
+                f"({fe_row['over_dgllife']:.2f}x {best} wall, {fe_row['over_dgllife_cpu']:.2f}x cpu)")
+    log(format_table(rows))
+    return rows
+
+
+def _ints(text: str) -> List[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -181,6 +326,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--one-time-rounds", type=int, default=3, help="rounds of the featurise / trace comparison")
     ap.add_argument("--one-time-molecules", type=int, default=200, help="molecules of the featurise / trace comparison")
+    ap.add_argument("--infer-batches", type=_ints, default=[100, 256],
+                    help="comma separated: molecules per batch in the inference comparison")
+    ap.add_argument("--dgllife-python", type=lambda t: [x for x in t.split(",") if x], default=None,
+                    help="comma separated dgllife interpreters (default: the venvs scripts/make_dgllife_venv.sh "
+                         "makes, those that exist; '' for none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")

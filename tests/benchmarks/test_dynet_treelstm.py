@@ -52,7 +52,7 @@ def test_a_failure_in_the_dynet_process_is_raised_here(small):
     a request it does not know), raised in the benchmark's process; the process then quits."""
     with dynet_treelstm.DyNetProcess() as dy:
         with pytest.raises(RuntimeError, match="the DyNet process: ValueError: unknown request"):
-            dy._call("nonsense")
+            dy.call("nonsense")
         ok, _ = dynet_treelstm.available()
         if not ok:
             _, trees, vocab, modules = small
