@@ -26,13 +26,58 @@ from torch import nn
 import foldengine as fe
 from foldengine import blocks as fb
 
-__all__ = ["dense", "weave_module", "GaussianHistogram", "weave_model", "build_compiler", "MolBatch",
+__all__ = ["dense", "ConcatDense", "PairDense", "weave_module", "GaussianHistogram", "weave_model", "build_compiler", "MolBatch",
            "masked_bce_sum"]
 
 
 def dense(i: int, o: int) -> nn.Module:
     """A fully connected ReLU layer (the paper's 'typically fully connected ReLU layers')."""
     return nn.Sequential(nn.Linear(i, o), nn.ReLU())
+
+
+class ConcatDense(nn.Sequential):
+    """:func:`dense` on its arguments concatenated: ``ReLU(W [x; y] + b)``, ``[B, i_1], [B, i_2]
+    -> [B, o]`` with ``i_1 + i_2 = i``; the parameters of ``dense(i, o)``.
+
+    The weave model's ``f_A`` and ``f_P`` read two values; taking them as two arguments of one
+    Function (rather than ``Concat() >> dense``) keeps the concatenation inside the call, so the
+    atoms' and the pairs' concatenations are not batched together into one table that each
+    layer then gathers its rows back out of (a copy of every pair row, and its backward).
+    """
+
+    def __init__(self, i: int, o: int):
+        super().__init__(nn.Linear(i, o), nn.ReLU())
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        return super().forward(torch.cat(xs, -1))
+
+
+class PairDense(nn.Sequential):
+    """The dense layer ``f_A->P`` of a pair, ``ReLU(W [a_i; a_j] + b)`` with ``W = [W_1 W_2]``
+    (``Linear(2 n, d)`` then ``ReLU``, the parameters of :func:`dense`), computed by atom:
+
+        (l_i, r_i) = (W_1 a_i + b, W_2 a_i)                     project: [B, n] -> ([B, d], [B, d])
+        f_A->P(a_i, a_j) + f_A->P(a_j, a_i)
+            = ReLU(l_i + r_j) + ReLU(l_j + r_i)                  pair_sum: ([B, d], [B, d]) x 2 -> [B, d]
+
+    The same function as the pair layer applied to each concatenated pair (equal up to float
+    rounding), with ``N`` products per molecule instead of ``2 N^2``; dgllife's weave layer
+    computes its pair inputs by atom the same way.  Calling the module is the dense layer on a
+    concatenated pair, ``[B, 2 n] -> [B, d]``.
+    """
+
+    def __init__(self, n: int, d: int):
+        super().__init__(nn.Linear(2 * n, d), nn.ReLU())
+
+    def project(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lin = self[0]
+        d, n = lin.out_features, lin.in_features // 2
+        both = nn.functional.linear(a, lin.weight.view(d, 2, n).transpose(0, 1).reshape(2 * d, n))
+        return both[:, :d] + lin.bias, both[:, d:]
+
+    def pair_sum(self, x_i: tuple, x_j: tuple) -> torch.Tensor:
+        (l_i, r_i), (l_j, r_j) = x_i, x_j
+        return torch.relu(l_i + r_j) + torch.relu(l_j + r_i)
 
 
 def weave_module(n: int, m: int, d_a: int, d_p: int, name: str = "weave", pair_output: bool = True):
@@ -49,22 +94,24 @@ def weave_module(n: int, m: int, d_a: int, d_p: int, name: str = "weave", pair_o
     """
     f_a_a = fb.Function(dense(n, d_a), name="f_a_a")
     f_p_a = fb.Function(dense(m, d_a), name="f_p_a")
-    f_a = fb.Function(dense(2 * d_a, d_a), name="f_a")
+    f_a = fb.Function(ConcatDense(2 * d_a, d_a), name="f_a")
     funcs = dict(f_a_a=f_a_a, f_p_a=f_p_a, f_a=f_a)
     if pair_output:
-        f_a_p = fb.Function(dense(2 * n, d_p), name="f_a_p")
+        f_a_p = PairDense(n, d_p)
         f_p_p = fb.Function(dense(m, d_p), name="f_p_p")
-        f_p = fb.Function(dense(2 * d_p, d_p), name="f_p")
-        funcs.update(f_a_p=f_a_p, f_p_p=f_p_p, f_p=f_p)
+        f_p = fb.Function(ConcatDense(2 * d_p, d_p), name="f_p")
+        funcs.update(f_p_p=f_p_p, f_p=f_p)
 
+        # f_A->P(a_i, a_j) + f_A->P(a_j, a_i) for every pair: the dense layer's halves applied once
+        # per atom (PairDense.project), combined per pair (PairDense.pair_sum)
+        pair = fb.Composition(name="pair")
+        with pair.scope():
+            pair.output.reads(fb.ZipWith(fb.Function(f_a_p.pair_sum, name="pair_sum")).reads(
+                fb.Broadcast().reads(pair.input[0]), pair.input[1]))
         a_i_to_p = fb.Composition(name="a_i_to_p")
         with a_i_to_p.scope():
-            a_x_i = fb.Broadcast().reads(a_i_to_p.input[0])
-            a_x = a_i_to_p.input[1]
-            f_i_j = fb.ZipWith(fb.Concat() >> f_a_p).reads(a_x_i, a_x)
-            f_j_i = fb.ZipWith(fb.Concat() >> f_a_p).reads(a_x, a_x_i)
-            p = fb.ZipWith(fb.Sum()).reads(f_i_j, f_j_i)
-            a_i_to_p.output.reads(p)
+            halves = fb.Map(fb.Function(f_a_p.project, name="f_a_p")).reads(a_i_to_p.input)
+            a_i_to_p.output.reads(fb.ZipWith(pair).reads(halves, fb.Broadcast().reads(halves)))
 
     weave = fb.Composition(name=name)
     with weave.scope():
@@ -72,15 +119,18 @@ def weave_module(n: int, m: int, d_a: int, d_p: int, name: str = "weave", pair_o
         p_x = weave.input[1]
         a_to_a = fb.Map(f_a_a).reads(a_x)
         p_to_a = fb.Map(fb.Map(f_p_a) >> fb.Sum()).reads(p_x)
-        a_y = fb.ZipWith(fb.Concat() >> f_a).reads(a_to_a, p_to_a)
+        a_y = fb.ZipWith(f_a).reads(a_to_a, p_to_a)
         if pair_output:
-            a_to_p = fb.ZipWith(a_i_to_p).reads(a_x, fb.Broadcast().reads(a_x))
+            a_to_p = a_i_to_p.reads(a_x)
             p_to_p = fb.Map(fb.Map(f_p_p)).reads(p_x)
-            p_y = fb.ZipWith(fb.ZipWith(fb.Concat() >> f_p)).reads(a_to_p, p_to_p)
+            p_y = fb.ZipWith(fb.ZipWith(f_p)).reads(a_to_p, p_to_p)
             weave.output.reads(a_y, p_y)
         else:
             weave.output.reads(a_y)
-    return weave, {k: v.fn for k, v in funcs.items()}
+    modules = {k: v.fn for k, v in funcs.items()}
+    if pair_output:
+        modules["f_a_p"] = f_a_p
+    return weave, modules
 
 
 # Kearnes et al. 2016 / DeepChem WeaveGather: 11 Gaussians (mean, std) over a standard normal.
