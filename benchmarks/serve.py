@@ -6,23 +6,35 @@ on the same logged model, the same inputs and the same machine, in interleaved r
         [--clients 1,8,32] [--seconds 10] [--rounds 2] [--no-mlflow]
 
 Each client sends one input per request (an SST test tree, a Tox21 SMILES), back to back, for
-``--seconds``; per server and client count: rows per second, p50 and p99 latency (ms).  Both
+``--seconds``; per server and client count: rows per second, p50 and p99 latency (ms).  The
+clients are ``wrk`` connections (``--load wrk``, the default where ``wrk`` is installed: Debian's
+package; one C thread, ``benchmarks/serve_load.lua``), so the load generator takes almost none of
+the cores the servers share; ``--load python`` runs them as threads of this process (urllib),
+which on a 2-core machine takes a core's worth of CPU from the servers.  Both
 servers get every core: ``mlflow models serve --workers <cores>``, Ray Serve ``--replicas``
 replicas (default: one per core, half a CPU each beside the proxy).  The figures and the ratio
 Ray Serve / MLflow per client count are printed and logged to MLflow (experiment
 ``bench_serve``).  The model URIs are those ``scripts/reproduce.sh --quick`` prints.
+
+``ray serve floor (no model)`` (unless ``--no-floor``): a deployment beside the model's, on the
+same proxy with the same replicas and CPUs, that parses each request and answers null rows
+without a model: what Ray Serve's own request path (HTTP proxy, routing, the replica's ASGI
+handling) lets through on this machine, the ceiling of any model served this way.
 """
 from __future__ import annotations
 
 import argparse
+import http.client
 import concurrent.futures
 import gzip
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -86,6 +98,36 @@ def measure(url: str, inputs: Sequence[str], column: str, clients: int, seconds:
             "requests": float(rows)}
 
 
+LUA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_load.lua")
+
+
+def measure_wrk(url: str, bodies_path: str, clients: int, seconds: float, path: str = "/invocations") -> Dict[str, float]:
+    """:func:`measure` with ``wrk`` as the clients: ``clients`` connections on one thread, each
+    sending the request bodies of ``bodies_path`` (one JSON body per line) back to back, to
+    ``url + path``."""
+    res = subprocess.run(["wrk", "-t1", f"-c{clients}", f"-d{max(1, round(seconds))}s", "--timeout", "120s",
+                          "-s", LUA, url, "--", bodies_path, path], capture_output=True, text=True,
+                         timeout=seconds + 180)
+    line = next((x for x in res.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if res.returncode != 0 or line is None:
+        raise RuntimeError(f"wrk failed (exit {res.returncode}): {res.stderr[-2000:] or res.stdout[-2000:]}")
+    r = json.loads(line[len("RESULT "):])
+    if r["socket_errors"] or r["non_2xx"]:
+        raise RuntimeError(f"{url}: {r['non_2xx']} answers other than 2xx and {r['socket_errors']} socket errors "
+                           f"under {clients} clients")
+    return {"rows_per_s": r["requests"] / (r["duration_us"] / 1e6), "p50_ms": r["p50_us"] / 1e3,
+            "p99_ms": r["p99_us"] / 1e3, "requests": float(r["requests"])}
+
+
+def _merged(parts: List[Dict[str, float]]) -> Dict[str, float]:
+    """One measurement of clients split over several servers at once (run concurrently): the
+    rows/s add up; the latency percentiles are the larger of the parts' (an upper bound)."""
+    if len(parts) == 1:
+        return parts[0]
+    return {"rows_per_s": sum(p["rows_per_s"] for p in parts), "requests": sum(p["requests"] for p in parts),
+            "p50_ms": max(p["p50_ms"] for p in parts), "p99_ms": max(p["p99_ms"] for p in parts)}
+
+
 def _mlflow_serve(model: str, workers: int) -> tuple:
     port = _port()
     bin_dir = os.path.dirname(sys.executable)
@@ -98,19 +140,80 @@ def _mlflow_serve(model: str, workers: int) -> tuple:
     return url, lambda: (os.killpg(proc.pid, signal.SIGTERM), proc.wait(timeout=30))
 
 
-def _ray_serve(model: str, replicas: int) -> tuple:
+def _ray_serve(model: str, replicas: int) -> Dict[str, tuple]:
+    """The model's Serve application on a Ray started here with direct ingress: the same replicas
+    reached through Ray Serve's HTTP proxy and directly (:func:`pipelines.predict.serve.start`)."""
     import ray
     from ray import serve
 
     from pipelines.predict.batch import load_package_bytes
-    from pipelines.predict.serve import ServeSettings, start
+    from pipelines.predict.serve import ServeSettings, direct_ingress_env, replica_urls, start
 
+    port, proxy_port = _port(), _port()
     if not ray.is_initialized():
+        os.environ.update(direct_ingress_env(port, 2 * replicas))
         ray.init(include_dashboard=False, log_to_driver=False)
-    url = start(load_package_bytes(model), ServeSettings(max_batch_size=64, batch_wait_s=0.002), port=_port(),
-                replicas=replicas, cpus_per_replica=0.5)
-    _wait(url)
-    return url, serve.shutdown
+    start(load_package_bytes(model), ServeSettings(max_batch_size=64, batch_wait_s=0.002), port=port,
+          replicas=replicas, cpus_per_replica=0.5, ingress="direct", proxy_port=proxy_port)
+    proxy = f"http://127.0.0.1:{proxy_port}"
+    _wait(proxy)
+    return {"ray serve (proxy)": (proxy, serve.shutdown),
+            "ray serve (direct)": (replica_urls("127.0.0.1", port, replicas), lambda: None)}
+
+
+FLOOR_PREFIX = "/floor"
+
+
+class _Floor:
+    """The Ray Serve floor: the serving deployment's request path without a model.  It reads and
+    parses the body as :class:`pipelines.predict.serve.FoldServer` does and answers one null row
+    per input, so its rows/s is the most any model served this way can reach on the machine."""
+
+    def __init__(self, column: str, max_rows: int):
+        self.column, self.max_rows = column, max_rows
+
+    async def __call__(self, request):
+        from starlette.responses import Response
+
+        from pipelines.predict.serve import parse_request
+
+        if request.method == "GET":
+            return Response(b"floor\n", media_type="text/plain")
+        rows = parse_request(await request.body(), self.column, self.max_rows)
+        return Response(json.dumps({"predictions": [{"error": None}] * len(rows)}).encode(),
+                        media_type="application/json")
+
+
+def _ray_serve_floor(column: str, replicas: int, proxy: str) -> Dict[str, tuple]:
+    """:class:`_Floor` beside the model's application (same Ray, proxy, replicas and CPUs), through
+    the proxy at :data:`FLOOR_PREFIX` and directly (its replicas' own ports, found by their
+    ``GET`` answer)."""
+    import urllib.request
+
+    from ray import serve
+
+    from pipelines.predict.serve import ServeSettings
+
+    settings = ServeSettings(max_batch_size=64, batch_wait_s=0.002)
+    app = serve.deployment(name="floor")(_Floor).options(
+        ray_actor_options={"num_cpus": 0.5}, num_replicas=replicas,
+        max_ongoing_requests=max(100, 4 * settings.max_batch_size)).bind(column, settings.max_rows)
+    serve.run(app, name="floor", route_prefix=FLOOR_PREFIX, blocking=False)
+    direct = []
+    deadline = time.monotonic() + 60
+    base = int(os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"])
+    while len(direct) < replicas and time.monotonic() < deadline:
+        direct = []
+        for p in range(base, base + 2 * replicas + 64):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{p}{FLOOR_PREFIX}/", timeout=2) as r:
+                    if r.read() == b"floor\n":
+                        direct.append(f"http://127.0.0.1:{p}{FLOOR_PREFIX}")
+            except (OSError, http.client.HTTPException):   # nothing there, or another protocol
+                continue
+        time.sleep(0.5)
+    return {"ray serve floor (proxy)": (proxy + FLOOR_PREFIX, lambda: serve.delete("floor")),
+            "ray serve floor (direct)": (direct, lambda: None)}
 
 
 def _inputs(workload: str, data_dir: str, n: int = 500) -> tuple:
@@ -132,6 +235,10 @@ def main(argv: Optional[Sequence[str]] = None, log: Callable[[str], None] = echo
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--replicas", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--data-dir", default=os.environ.get("FOLD_DATA_DIR", "../shared/data"))
+    ap.add_argument("--load", choices=("wrk", "python"), default="wrk" if shutil.which("wrk") else "python",
+                    help="the clients: wrk connections (default where wrk is installed) or threads of this process")
+    ap.add_argument("--no-floor", dest="floor", action="store_false",
+                    help="leave out the Ray Serve floor (the request path without a model)")
     ap.add_argument("--no-mlflow", dest="mlflow", action="store_false")
     a = ap.parse_args(argv)
     import mlflow
@@ -144,17 +251,38 @@ def main(argv: Optional[Sequence[str]] = None, log: Callable[[str], None] = echo
     rows: List[Dict] = []
     for workload, model in workloads.items():
         inputs, column = _inputs(workload, a.data_dir)
-        servers = {"mlflow models serve": _mlflow_serve(model, os.cpu_count() or 1), "ray serve": _ray_serve(model, a.replicas)}
+        bodies = os.path.join(tempfile.mkdtemp(prefix="bench_serve_"), "bodies.jsonl")
+        with open(bodies, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"dataframe_records": [{column: x}]}) + "\n" for x in inputs)
+
+        def load(url, c):
+            if isinstance(url, list):       # direct ingress: the clients spread over the replicas' ports
+                shares = [(u, c // len(url) + (k < c % len(url))) for k, u in enumerate(url)]
+                with concurrent.futures.ThreadPoolExecutor(len(url)) as pool:
+                    return _merged(list(pool.map(lambda us: load(*us), [x for x in shares if x[1]])))
+            path = "/invocations"
+            if url.endswith(FLOOR_PREFIX):
+                url, path = url[:-len(FLOOR_PREFIX)], FLOOR_PREFIX + path
+            if a.load == "wrk":
+                return measure_wrk(url, bodies, c, a.seconds, path)
+            return measure(url + path[:-len("/invocations")], inputs, column, c, a.seconds)
+        servers = {"mlflow models serve": _mlflow_serve(model, os.cpu_count() or 1), **_ray_serve(model, a.replicas)}
+        if a.floor:
+            servers.update(_ray_serve_floor(column, a.replicas, servers["ray serve (proxy)"][0]))
+        for name, (url, _) in servers.items():
+            if not url:
+                raise RuntimeError(f"{name}: no replica answers on its own port (direct ingress)")
+            log(f"{name}: {url}")
         samples: Dict[tuple, List[Dict]] = {}
         try:
             for r in range(a.rounds):                       # interleaved: every server at every count, per round
                 for name, (url, _) in servers.items():
                     for c in counts:
-                        samples.setdefault((name, c), []).append(measure(url, inputs, column, c, a.seconds))
+                        samples.setdefault((name, c), []).append(load(url, c))
                         log(f"[{workload} round {r + 1}] {name:20s} clients {c:3d}: "
                             f"{samples[(name, c)][-1]['rows_per_s']:.0f} rows/s")
         finally:
-            for _, stop in servers.values():
+            for _, stop in reversed(list(servers.values())):
                 stop()
         for c in counts:
             best = {name: max(samples[(name, c)], key=lambda s: s["rows_per_s"]) for name in servers}
@@ -167,7 +295,7 @@ def main(argv: Optional[Sequence[str]] = None, log: Callable[[str], None] = echo
     if a.mlflow:
         metrics = {f"{r['workload']}.{r['server'].split()[0]}.c{r['clients']}.{k}": r[k]
                    for r in rows for k in ("rows_per_s", "p50_ms", "p99_ms", "over_mlflow")}
-        run_id = log_to_mlflow("bench_serve", {"clients": a.clients, "seconds": a.seconds, "rounds": a.rounds,
+        run_id = log_to_mlflow("bench_serve", {"clients": a.clients, "seconds": a.seconds, "rounds": a.rounds, "load": a.load,
                                                "replicas": a.replicas, **workloads, **git_state()},
                                {"serve": rows}, metrics,
                                view_metrics=[k for k in sorted(metrics) if k.endswith("over_mlflow")])
