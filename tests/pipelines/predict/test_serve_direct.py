@@ -1,0 +1,83 @@
+"""``python -m pipelines.predict.serve`` as the docs run it, on its own local Ray: direct ingress
+(the replica listens on ``--port`` itself), concurrent requests with good and bad rows batched
+together, each answered with exactly the predictor's rows for its own inputs; the size limit
+still refused with 413; Ctrl-C (SIGINT) stops it."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from pipelines.model.package import write_package
+from pipelines.predict.batch import predictor_from_package
+from tests.pipelines.helpers import sst_lines, untrained_sst
+from tests.pipelines.mlflow_server import unused_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+BAD_TREE = "(3 (2 unbalanced) (3 tree)"
+
+
+def _post(url, body: bytes):
+    req = urllib.request.Request(url + "/invocations", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_the_serve_command_answers_on_its_port_with_direct_ingress(data_dir, tmp_path):
+    exp, cfg, mc, model, _ = untrained_sst(data_dir)
+    pkg = tmp_path / "package"
+    write_package(str(pkg), exp, cfg, mc, model.state_dict())
+    predictor = predictor_from_package({name: (pkg / name).read_bytes() for name in os.listdir(pkg)})
+    lines = sst_lines(data_dir, 30)
+    port = unused_port()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.predict.serve", "--model", str(pkg), "--port", str(port),
+                             "--max-request-bytes", "20000", "--cpus-per-replica", "0.5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        deadline, banner = time.monotonic() + 240, ""
+        while "Ctrl-C stops it" not in banner:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, banner
+            banner += line
+            assert time.monotonic() < deadline, banner
+        url = f"http://127.0.0.1:{port}"
+        assert f"at {url}/invocations (1 replica(s), direct ingress" in banner, banner
+        requests = [[lines[i % 30]] + ([BAD_TREE] if i % 4 == 0 else []) for i in range(32)]
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            answers = list(pool.map(
+                lambda inputs: _post(url, json.dumps({"dataframe_records": [{"tree": t} for t in inputs]}).encode()),
+                requests))
+        for inputs, (status, body) in zip(requests, answers):
+            assert status == 200, body
+            want = predictor.predict(inputs)
+            got = body["predictions"]
+            assert [p["error"] is not None for p in got] == [t == BAD_TREE for t in inputs]
+            np.testing.assert_allclose([np.nan if p["prob_2"] is None else p["prob_2"] for p in got],
+                                       want["prob_2"].to_numpy(dtype=float), rtol=1e-5, atol=1e-6)
+        with urllib.request.urlopen(url + "/stats", timeout=30) as r:
+            stats = json.loads(r.read())
+        assert stats["requests"] == 32 and stats["batches"] < 32, stats
+        status, body = _post(url, b"{" + b" " * 30_000 + b"}")
+        assert status == 413 and "over the limit of 20000" in body["message"]
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
