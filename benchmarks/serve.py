@@ -141,8 +141,9 @@ def _mlflow_serve(model: str, workers: int) -> tuple:
 
 
 def _ray_serve(model: str, replicas: int) -> Dict[str, tuple]:
-    """The model's Serve application on a Ray started here with direct ingress: the same replicas
-    reached through Ray Serve's HTTP proxy and directly (:func:`pipelines.predict.serve.start`)."""
+    """The model's Serve application on a Ray started here with direct ingress (a fresh one per
+    workload: the replicas' ports are set when Ray starts): the same replicas reached through Ray
+    Serve's HTTP proxy and directly (:func:`pipelines.predict.serve.start`)."""
     import ray
     from ray import serve
 
@@ -150,9 +151,10 @@ def _ray_serve(model: str, replicas: int) -> Dict[str, tuple]:
     from pipelines.predict.serve import ServeSettings, direct_ingress_env, replica_urls, start
 
     port, proxy_port = _port(), _port()
-    if not ray.is_initialized():
-        os.environ.update(direct_ingress_env(port, 2 * replicas))
-        ray.init(include_dashboard=False, log_to_driver=False)
+    if ray.is_initialized():        # the Ray of another workload: its direct-ingress ports were set at its start
+        ray.shutdown()
+    os.environ.update(direct_ingress_env(port, 2 * replicas))
+    ray.init(include_dashboard=False, log_to_driver=False)
     start(load_package_bytes(model), ServeSettings(max_batch_size=64, batch_wait_s=0.002), port=port,
           replicas=replicas, cpus_per_replica=0.5, ingress="direct", proxy_port=proxy_port)
     proxy = f"http://127.0.0.1:{proxy_port}"

@@ -9,8 +9,9 @@ per molecule.
     a_i^y   = f_A(f_A->A(a_i^x), sum_j f_P->A(p_ij^x))                                (4)
     p_ij^y  = f_P(f_A->P(a_i^x, a_j^x) + f_A->P(a_j^x, a_i^x), f_P->P(p_ij^x))        (5)
 
-with the six functions fully connected ReLU layers.  :func:`weave_module` is the appendix-B
-code line for line; :func:`weave_model` stacks ``n_weave`` of them (each layer reads the
+with the six functions fully connected ReLU layers.  :func:`weave_module` computes the appendix-B
+code's function, with ``f_A->P`` applied by atom (:class:`PairDense`) and ``f_A``, ``f_P`` taking
+their two inputs as arguments (:class:`ConcatDense`); :func:`weave_model` stacks ``n_weave`` of them (each layer reads the
 previous layer's ``(a_y, p_y)``), then gathers atoms into a molecule vector (sum over atoms,
 or Kearnes et al.'s Gaussian-histogram membership summed over atoms, followed by a dense
 layer) and applies a linear head.
@@ -81,7 +82,8 @@ class PairDense(nn.Sequential):
 
 
 def weave_module(n: int, m: int, d_a: int, d_p: int, name: str = "weave", pair_output: bool = True):
-    """Appendix B, line for line: a Composition from ``(a_x, p_x)`` of type
+    """Appendix B's weave module (equations (4) and (5); ``f_A->P`` by atom, :class:`PairDense`):
+    a Composition from ``(a_x, p_x)`` of type
     ``Tuple(Sequence(Tensor[n]), Sequence(Sequence(Tensor[m])))`` to ``(a_y, p_y)`` of type
     ``Tuple(Sequence(Tensor[d_a]), Sequence(Sequence(Tensor[d_p])))``.
 
