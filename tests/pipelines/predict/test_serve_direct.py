@@ -38,13 +38,13 @@ def _post(url, body: bytes):
 
 def test_the_serve_command_answers_on_its_port_with_direct_ingress(data_dir, tmp_path):
     exp, cfg, mc, model, _ = untrained_sst(data_dir)
-    pkg = tmp_path / "package"
+    pkg = tmp_path / "model" / "artifacts" / "package"      # a model directory, as MLflow stores it
     write_package(str(pkg), exp, cfg, mc, model.state_dict())
     predictor = predictor_from_package({name: (pkg / name).read_bytes() for name in os.listdir(pkg)})
     lines = sst_lines(data_dir, 30)
     port = unused_port()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.predict.serve", "--model", str(pkg), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.predict.serve", "--model", str(tmp_path / "model"), "--port", str(port),
                              "--max-request-bytes", "20000", "--cpus-per-replica", "0.5"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -75,7 +75,8 @@ def test_the_serve_command_answers_on_its_port_with_direct_ingress(data_dir, tmp
         status, body = _post(url, b"{" + b" " * 30_000 + b"}")
         assert status == 413 and "over the limit of 20000" in body["message"]
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
