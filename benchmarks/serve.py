@@ -24,9 +24,9 @@ handling) lets through on this machine, the ceiling of any model served this way
 from __future__ import annotations
 
 import argparse
-import http.client
 import concurrent.futures
 import gzip
+import http.client
 import json
 import os
 import shutil

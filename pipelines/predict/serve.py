@@ -32,8 +32,8 @@ endpoint listens on 127.0.0.1 unless ``--host`` says otherwise.
 from __future__ import annotations
 
 import argparse
-import http.client
 import dataclasses
+import http.client
 import json
 import os
 import sys
@@ -277,9 +277,9 @@ def start(package: Mapping[str, bytes], settings: ServeSettings, host: str = "12
     ``ingress="proxy"``: Ray Serve's HTTP proxy listens on ``port`` and routes each request to a
     replica.  ``ingress="direct"``: the replicas listen themselves (Ray Serve's direct ingress,
     experimental in Ray 2.60), the first on ``port``, the others on the ports above it; the proxy
-    listens on ``proxy_port`` (default a free port).  The Ray must have been started with :func:`direct_ingress_env`
-    (``RuntimeError`` otherwise).  Measured at 32 clients on 2 cores, the proxy's own request path
-    let through about 170 requests/s, the replica's about 3,000 (docs/serving.md)."""
+    listens on ``proxy_port`` (default a free port).  The Ray must have been started with
+    :func:`direct_ingress_env` (``RuntimeError`` otherwise).  Why direct ingress, measured: the
+    proxy's own request path is the limit on a small machine (docs/serving.md)."""
     if ingress not in ("proxy", "direct"):
         raise ValueError(f"ingress must be 'proxy' or 'direct', got {ingress!r}")
     if ingress == "proxy":
