@@ -212,6 +212,55 @@ def test_the_served_sst_model_answers_strict_json(journey):
     assert second["label"] is None and second["prob_0"] is None and "unbalanced" in second["error"]
 
 
+def test_the_readme_serve_command_batches_the_main_jobs_sst_model(journey):
+    """README "Serving a model", as written: ``pipelines.predict.serve`` on the SST model the main
+    job printed (its own local Ray, direct ingress), then the README's curl; the answer equals
+    the pyfunc model's to 1e-5, and concurrent requests are answered in fewer engine batches."""
+    import concurrent.futures
+
+    import mlflow
+
+    serve_cmd = _command("Using a trained model", "pipelines.predict.serve")
+    curl_cmd = _command("Using a trained model", "curl -s -X POST http://127.0.0.1:8000/invocations")
+    port = _free_port()
+    uri = _model(journey, "SST")
+    serve_cmd = serve_cmd.replace("<run_id>", uri.split("/")[1]).replace("--port 8000", f"--port {port}")
+    env = {k: v for k, v in journey["env"].items() if k != "RAY_ADDRESS"}      # a user's shell: no cluster
+    proc = subprocess.Popen(["bash", "-c", serve_cmd], cwd=journey["home"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_ping(url, proc)
+        res = _sh(journey, curl_cmd.replace("127.0.0.1:8000", f"127.0.0.1:{port}"), timeout=120)
+        assert res.returncode == 0, res.stderr
+        (row,) = json.loads(res.stdout, parse_constant=_refuse_constant)["predictions"]
+        tree = re.search(r'"tree": "([^"]+)"', curl_cmd).group(1)
+        trees = [tree, "(2 (2 a) (2 film))", BAD_TREE, "(4 (3 good) (4 (4 great) (2 fun)))"] * 8
+
+        def post(t):
+            req = urllib.request.Request(url + "/invocations", headers={"Content-Type": "application/json"},
+                                         data=json.dumps({"dataframe_records": [{"tree": t}]}).encode())
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return json.loads(r.read(), parse_constant=_refuse_constant)["predictions"][0]
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            answers = list(pool.map(post, trees))
+        with urllib.request.urlopen(url + "/stats", timeout=30) as r:
+            stats = json.loads(r.read())
+    finally:
+        _stop(proc)
+    mlflow.set_tracking_uri(journey["uri"])
+    want = mlflow.pyfunc.load_model(uri).predict(pd.DataFrame({"tree": trees}))
+    assert row["error"] is None and row["label"] == int(want["label"][0])
+    for got, (_, w) in zip(answers, want.iterrows()):
+        if pd.isna(w["prob_0"]):
+            assert got["error"] and got["prob_0"] is None, got
+            continue
+        assert got["error"] is None and got["label"] == int(w["label"]), (got, w)
+        for k in ("prob_0", "prob_1", "prob_2", "prob_3", "prob_4", "positive"):
+            assert abs(got[k] - float(w[k])) <= 1e-5, (k, got, w)
+    assert stats["requests"] == 33 and stats["batches"] < stats["requests"], stats
+
+
 def test_the_quick_sst_model_beats_one_class_guessing_on_the_full_test_split(journey, data_dir):
     """The quick model learned: on the whole SST test split (not the slice it was evaluated on)
     its binary accuracy is clearly above guessing one class."""
