@@ -21,7 +21,7 @@ import subprocess
 import sys
 from typing import Callable, Mapping, Optional, Sequence
 
-__all__ = ["send", "receive", "serve_loop", "reply_stream", "PeerProcess", "PeerError"]
+__all__ = ["send", "receive", "serve_loop", "reply_stream", "PeerProcess", "PeerError", "RemoteTimes"]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -127,3 +127,19 @@ class PeerProcess:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class RemoteTimes:
+    """A timed column whose work runs in a peer process: each call of ``call()`` returns
+    ``(wall_s, cpu_s, ...)`` measured there, kept in :attr:`walls` and :attr:`cpus`; a benchmark
+    replaces the pipe-inclusive seconds its timer took with these (after its warm-up rounds)."""
+
+    def __init__(self, call):
+        self.call = call
+        self.walls: list = []
+        self.cpus: list = []
+
+    def __call__(self) -> None:
+        reply = self.call()
+        self.walls.append(reply[0])
+        self.cpus.append(reply[1])

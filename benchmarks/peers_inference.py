@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from .peer_process import RemoteTimes
 from .reporting import echo, format_table, log_to_mlflow
 from .timing import interleaved, median_ratio
 
@@ -32,20 +33,6 @@ __all__ = ["run", "main"]
 
 FOLDENGINE = "foldengine/dataframe"
 DYNET = "dynet/autobatch"
-
-
-class _DyNetInference:
-    """One timed call: the DyNet process predicts every line; its own seconds are kept."""
-
-    def __init__(self, process, lines: Sequence[str], batch: int):
-        self.process, self.lines, self.batch = process, list(lines), batch
-        self.walls: List[float] = []
-        self.cpus: List[float] = []
-
-    def __call__(self) -> None:
-        wall, cpu, _ = self.process.infer(self.lines, self.batch)
-        self.walls.append(wall)
-        self.cpus.append(cpu)
 
 
 def run(lines: int = 2210, batches: Sequence[int] = (25, 256), repeats: int = 3, warmup: int = 1,
@@ -91,7 +78,7 @@ def run(lines: int = 2210, batches: Sequence[int] = (25, 256), repeats: int = 3,
                 f"(max difference {diff:.1e})")
             metrics["check_max_prob_diff"] = diff
             for B in batches:
-                remote = _DyNetInference(dy, text, B)
+                remote = RemoteTimes(lambda B=B: dy.infer(text, B))
                 cpu: Dict[str, List[float]] = {}
                 times = interleaved({FOLDENGINE: lambda B=B: predictor.predict(text, chunk_size=B), DYNET: remote},
                                     repeats, warmup, cpu_times=cpu)

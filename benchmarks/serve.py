@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import gzip
-import http.client
 import json
 import os
 import shutil
@@ -190,30 +189,18 @@ def _ray_serve_floor(column: str, replicas: int, proxy: str) -> Dict[str, tuple]
     """:class:`_Floor` beside the model's application (same Ray, proxy, replicas and CPUs), through
     the proxy at :data:`FLOOR_PREFIX` and directly (its replicas' own ports, found by their
     ``GET`` answer)."""
-    import urllib.request
-
     from ray import serve
 
-    from pipelines.predict.serve import ServeSettings
+    from pipelines.predict.serve import ServeSettings, replica_urls
 
     settings = ServeSettings(max_batch_size=64, batch_wait_s=0.002)
     app = serve.deployment(name="floor")(_Floor).options(
         ray_actor_options={"num_cpus": 0.5}, num_replicas=replicas,
         max_ongoing_requests=max(100, 4 * settings.max_batch_size)).bind(column, settings.max_rows)
     serve.run(app, name="floor", route_prefix=FLOOR_PREFIX, blocking=False)
-    direct = []
-    deadline = time.monotonic() + 60
     base = int(os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"])
-    while len(direct) < replicas and time.monotonic() < deadline:
-        direct = []
-        for p in range(base, base + 2 * replicas + 64):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{p}{FLOOR_PREFIX}/", timeout=2) as r:
-                    if r.read() == b"floor\n":
-                        direct.append(f"http://127.0.0.1:{p}{FLOOR_PREFIX}")
-            except (OSError, http.client.HTTPException):   # nothing there, or another protocol
-                continue
-        time.sleep(0.5)
+    direct = [u + FLOOR_PREFIX for u in replica_urls("127.0.0.1", base, replicas, path=FLOOR_PREFIX + "/",
+                                                     answer=b"floor\n")]
     return {"ray serve floor (proxy)": (proxy + FLOOR_PREFIX, lambda: serve.delete("floor")),
             "ray serve floor (direct)": (direct, lambda: None)}
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import statistics
 import sys
 import time
@@ -46,6 +47,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from .peer_process import RemoteTimes
 from .reporting import REPO_ROOT, echo, format_table, log_to_mlflow
 from .timing import interleaved, median_ratio
 
@@ -68,27 +70,12 @@ def dgllife_available(python: Optional[str] = None) -> Tuple[bool, str]:
     return available(python)
 
 
-class _Remote:
-    """A timed column run in a peer process: ``call()`` returns ``(wall_s, cpu_s, ...)``, whose
-    seconds are kept (:attr:`walls`, :attr:`cpus`) to replace the pipe's."""
-
-    def __init__(self, call: Callable[[], tuple]):
-        self.call = call
-        self.walls: List[float] = []
-        self.cpus: List[float] = []
-
-    def __call__(self) -> None:
-        reply = self.call()
-        self.walls.append(reply[0])
-        self.cpus.append(reply[1])
-
-
 def _timed(columns: Dict[str, Callable], repeats: int, warmup: int) -> Tuple[Dict, Dict]:
-    """:func:`interleaved` with the peers' own seconds in place of their :class:`_Remote` calls."""
+    """:func:`interleaved` with the peers' own seconds in place of their :class:`~benchmarks.peer_process.RemoteTimes` calls."""
     cpu: Dict[str, List[float]] = {}
     times = interleaved(columns, repeats, warmup, cpu_times=cpu)
     for k, fn in columns.items():
-        if isinstance(fn, _Remote):
+        if isinstance(fn, RemoteTimes):
             times[k], cpu[k] = fn.walls[warmup:], fn.cpus[warmup:]
     return times, cpu
 
@@ -195,6 +182,13 @@ def run(molecules: int = 1000, batch: int = 100, gather: str = "sum", repeats: i
     return metrics
 
 
+def _metric_key(name: str) -> str:
+    """A column's metric prefix: ``foldengine``, or ``dgllife_dgl<version>`` for the dgllife
+    column ``dgllife/weave (torch <v>, dgl <version>)`` (``dgllife_weave`` is the fastest one)."""
+    m = re.search(r"dgl ([^,)]+)\)", name)
+    return f"dgllife_dgl{m.group(1)}" if name.startswith("dgllife/") and m else name.replace("/", "_")
+
+
 def _fastest(times: Dict[str, List[float]], names: Sequence[str]) -> Optional[str]:
     return min(names, key=lambda k: statistics.median(times[k])) if names else None
 
@@ -220,7 +214,7 @@ def _one_time(compiler, sample_records, peers, rounds: int, metrics: Dict[str, f
     columns: Dict[str, Callable] = {"featurise": lambda: featurize_dataset(sample_records), "trace": trace_cold,
                                     "trace_blockwise": trace_blockwise}
     for name, p in peers.items():
-        columns[f"{name} featurise"] = _Remote(lambda p=p: p.featurise(sample_smiles))
+        columns[f"{name} featurise"] = RemoteTimes(lambda p=p: p.featurise(sample_smiles))
     t, cpu = _timed(columns, rounds, 1)
     n_s = len(sample_mols)
     rows = [{"step": k, "molecules": n_s, "ms_per_molecule": 1e3 * statistics.median(t[k]) / n_s,
@@ -234,7 +228,9 @@ def _one_time(compiler, sample_records, peers, rounds: int, metrics: Dict[str, f
                     "trace_vs_featurise_cpu": median_ratio(cpu["trace"], cpu["featurise"]),
                     "trace_blockwise_vs_trace_cpu": median_ratio(cpu["trace_blockwise"], cpu["trace"])})
     for row in rows[3:]:
-        metrics[f"{row['step'].split(' (')[0].replace('/', '_')}.featurise_cpu_ms"] = row["cpu_ms_per_molecule"]
+        metrics[f"{_metric_key(row['step'][:-len(' featurise')])}.featurise_cpu_ms"] = row["cpu_ms_per_molecule"]
+    if rows[3:]:     # dgllife_weave.*: the fastest dgllife given
+        metrics["dgllife_weave.featurise_cpu_ms"] = min(row["cpu_ms_per_molecule"] for row in rows[3:])
     log(f"one-time per molecule ({n_s} molecules): featurise {metrics['featurise_ms']:.2f} ms "
         f"(cpu {metrics['featurise_cpu_ms']:.2f}), trace {metrics['trace_ms']:.2f} ms (cpu {metrics['trace_cpu_ms']:.2f}): "
         f"trace/featurise {metrics['trace_vs_featurise']:.2f}x wall, {metrics['trace_vs_featurise_cpu']:.2f}x cpu; "
@@ -260,7 +256,7 @@ def _epochs(compiler, mols, smiles, labels, peers, batch, lr, seed, mc, gather, 
         n_params = p.model(labels.shape[1], sizes, lr, seed, batch)
         log(f"{name}: WeavePredictor, {n_params:,} parameters "
             f"(foldengine's weave: {sum(x.numel() for x in compiler.parameters()):,})")
-        columns[name] = _Remote(p.epoch)
+        columns[name] = RemoteTimes(p.epoch)
     times, cpu = _timed(columns, repeats, warmup)
     best = _fastest(times, list(peers))
     rows = []
@@ -272,9 +268,9 @@ def _epochs(compiler, mols, smiles, labels, peers, batch, lr, seed, mc, gather, 
             row["over_dgllife"] = median_ratio(times[best], times[k])
             row["over_dgllife_cpu"] = median_ratio(cpu[best], cpu[k])
         rows.append(row)
-        key = k.split(" (")[0].replace("/", "_")
-        metrics.update({f"{key}.molecules_per_s": len(mols) / med, f"{key}.epoch_s": med,
-                        f"{key}.cpu_s": statistics.median(cpu[k])})
+        for key in [_metric_key(k)] + (["dgllife_weave"] if k == best else []):
+            metrics.update({f"{key}.molecules_per_s": len(mols) / med, f"{key}.epoch_s": med,
+                            f"{key}.cpu_s": statistics.median(cpu[k])})
     if best:
         metrics["over_dgllife"], metrics["over_dgllife_cpu"] = rows[0]["over_dgllife"], rows[0]["over_dgllife_cpu"]
         log(f"epoch: foldengine {rows[0]['molecules_per_s']:.0f} molecules/s, {best} "
@@ -290,7 +286,7 @@ def _inference(predictor, smiles, peers, infer_batches, repeats, warmup, metrics
     for B in infer_batches:
         columns: Dict[str, Callable] = {FOLDENGINE: lambda B=B: predictor.predict(smiles, chunk_size=B)}
         for name, p in peers.items():
-            columns[name] = _Remote(lambda p=p, B=B: p.infer(smiles, B))
+            columns[name] = RemoteTimes(lambda p=p, B=B: p.infer(smiles, B))
         times, cpu = _timed(columns, repeats, warmup)
         best = _fastest(times, list(peers))
         for k in columns:

@@ -244,20 +244,21 @@ def direct_ingress_env(port: int, replicas: int = 1) -> dict:
             DIRECT_INGRESS_MAX_PORT: str(port + max(replicas, 1) + 63)}
 
 
-def replica_urls(host: str, port: int, count: int, timeout_s: float = 60.0) -> list:
-    """The base URLs of the ``count`` replicas that answer ``GET /ping`` with this deployment's
-    ``ok`` on ``port`` and the ports above it (direct ingress); waits up to ``timeout_s``."""
+def replica_urls(host: str, port: int, count: int, timeout_s: float = 60.0, path: str = "/ping",
+                 answer: bytes = b"ok\n") -> list:
+    """The base URLs of the ``count`` replicas that answer ``GET path`` with ``answer`` (this
+    deployment's ``/ping``) on ``port`` and the ports above it (direct ingress, where each replica
+    listens on its own port); waits up to ``timeout_s``, returns those found."""
     import urllib.request
 
     deadline = time.monotonic() + timeout_s
-    found: list = []
     while True:
         found = []
         for p in range(port, port + count + 63):
             url = f"http://{host}:{p}"
             try:
-                with urllib.request.urlopen(url + "/ping", timeout=2) as r:
-                    if r.status == 200 and r.read() == b"ok\n":
+                with urllib.request.urlopen(url + path, timeout=2) as r:
+                    if r.status == 200 and r.read() == answer:
                         found.append(url)
             except (OSError, http.client.HTTPException):   # nothing there, or another protocol
                 continue

@@ -16,8 +16,8 @@ def test_without_dynet_it_says_how_to_build_it(data_dir, tmp_path):
 
 def test_tiny_run_checks_the_probabilities_and_reports_both(data_dir):
     ok, why = dynet_treelstm.available()
-    if not ok:
-        pytest.skip(why)
+    if not ok:   # an optional peer: no Python 3.11 wheel, a 7-minute compile (the other test covers its absence)
+        pytest.skip(f"{why}; bash scripts/install_dynet.sh builds DyNet")
     m = peers_inference.run(lines=12, batches=(4,), repeats=1, warmup=0, emb=50, data_dir=str(data_dir),
                             mlflow=False, log=lambda s: None)
     assert m["check_max_prob_diff"] < 1e-4
