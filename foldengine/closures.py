@@ -221,14 +221,15 @@ class TraceTemplates:
     def input_key(self, x, tracer: GraphTracer) -> Optional[tuple]:
         """Trace the prefix of the last :meth:`split` root on the input ``x`` into ``tracer`` (a
         new one); when it recorded constants only, the key of the input's whole trace, else
-        None.  Inputs of one key have the same trace but for the constants' values (the prefix
+        None (counted as a miss).  Inputs of one key have the same trace but for the constants' values (the prefix
         recorded the same constant layout and gave the suffix the same handles in the same
         structure; the suffix traces by structure).  Raises what the prefix's blocks raise."""
         prefix_blocks, _, read = self._split
         b = TracerBuilder(tracer)
         v = _chain([b.get(c) for c in prefix_blocks])(x)
         layout = tracer.const_layout()
-        if layout is None:
+        if layout is None:      # the prefix records nodes: no kept trace can serve it (a miss,
+            self.input_misses += 1     # so that the probe ends, see pays)
             return None
         chunks: list = []
         try:

@@ -20,7 +20,7 @@ from .blocks import Block, BlockTypeError, Pending
 from .blocks.base import where
 from .module_discovery import BoundFunction, find_modules, module_bindings, module_label
 from .ops import Operation, unflatten_value
-from .types import TensorType, TupleType, Type, flatten_tensor_types, torch_dtype
+from .types import SequenceType, TensorType, TupleType, Type, flatten_tensor_types, torch_dtype
 
 __all__ = ["CompileContext"]
 
@@ -112,8 +112,8 @@ class CompileContext:
         self._module_refs = {id(m): (m, name) for m, name in refs}
         self.module_names = {id(m): name for m, name in refs}
         self._registered = {id(sub) for m, _ in refs if isinstance(m, nn.Module) for sub in m.modules()}
-        self._op_keys = {(("fn", id(op.fn.fn if isinstance(op.fn, BoundFunction) else op.fn)) + tuple(k[2:])
-                          if k[0] == "fn" else k): op for k, op in op_keys}
+        self._op_keys = {((k[0], id(op.fn.fn if isinstance(op.fn, BoundFunction) else op.fn)) + tuple(k[2:])
+                          if k[0] in ("fn", "aggregate") else k): op for k, op in op_keys}
 
     def restart(self) -> None:
         """A new compilation pass with the same tables (``Compiler`` rebinding its blocks)."""
@@ -157,6 +157,52 @@ class CompileContext:
         if getattr(self, "_fn_inplace", {}).get((id(fn), in_type)):
             op.copies_inputs = True    # it modifies its inputs in place: give it copies
         self._register_modules(block)
+        return op
+
+    def aggregate_op(self, block, elem: TensorType) -> Operation:
+        """The ``"reduce"`` operation of an :class:`~foldengine.blocks.Aggregate` block over
+        elements of type ``elem`` (one per callable and type): registers the modules ``fn``
+        uses and checks, on zeros (two one-row segments, eval mode, no grad), that ``fn``
+        returns ``[n, *elem.shape]`` of ``elem``'s dtype (else :class:`BlockTypeError`)."""
+        fn = block.fn
+        call = fn
+        if getattr(block, "modules", None) is None and not isinstance(fn, nn.Module):
+            by_name = module_bindings(fn)
+            if by_name[0] or by_name[1]:
+                call = BoundFunction(fn, *by_name)
+        key = ("aggregate", id(fn), elem)
+        known = key in self._op_keys
+        op = self._new_op(key, "reduce", ".".join(block._scope), elem, elem, call, block)
+        self._register_modules(block)
+        if known:
+            return op
+        modules = [m for _, m in self.function_modules(block)[0] if isinstance(m, nn.Module)]
+        params = [p for m in modules for p in m.parameters()]
+        device = params[0].device if params else torch.device("cpu")
+        modes = [(m, m.training) for mod in modules for m in mod.modules()]
+        for mod in modules:
+            mod.eval()
+        rows = torch.zeros((2,) + elem.shape, dtype=torch_dtype(elem.dtype), device=device)
+        segment = torch.arange(2, device=device)
+        try:
+            with torch.no_grad(), torch.autocast(device.type, enabled=False):
+                value = fn(rows, segment, 2)
+        except Exception as err:
+            raise BlockTypeError(block, repr(SequenceType(elem)), SequenceType(elem),
+                                 f"it raised {err!r}" + _dtype_hint(params, elem),
+                                 summary="failed on zeros of its element type (called once at compile time "
+                                         "on two one-row segments: fn(rows [2, *shape], segment [2], 2))") from err
+        finally:
+            for m, mode in modes:
+                m.training = mode
+        want = (2,) + tuple(elem.shape)
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != want or \
+                value.dtype != torch_dtype(elem.dtype):
+            got = (f"a tensor of shape {list(value.shape)} {str(value.dtype).replace('torch.', '')}"
+                   if isinstance(value, torch.Tensor) else f"a {type(value).__name__}")
+            raise BlockTypeError(block, f"(output) [n, *shape] = {list(want)} {elem.dtype}: one row of the "
+                                 "element type per segment", _Described(got),
+                                 f"fn(rows, segment, n) called on zeros of {SequenceType(elem)!r} with n = 2")
         return op
 
     def function_modules(self, block) -> Tuple[list, list]:

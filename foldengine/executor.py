@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .batch import Batch, SequenceOutput
-from .ops import Operation
+from .ops import Operation, OperationError
 from .plan.records import (ChunksGather, ConcatGather, Gather, IndexGather, OutputLayout, RunsGather,
                            SequenceLayout, TensorLayout, TupleLayout, ViewGather)
 from .types import TensorType, torch_dtype
@@ -163,14 +163,36 @@ def _gather(g: Gather, chunks: List[List[torch.Tensor]], idx: torch.Tensor, type
     return torch.zeros((0,) + t.shape, dtype=torch_dtype(t.dtype), device=device)
 
 
+def _aggregate(op: Operation, flat: torch.Tensor, seg: torch.Tensor, n: int) -> torch.Tensor:
+    """``op.fn(flat, seg, n)``, checked: one row of ``flat``'s shape and dtype per segment."""
+    paths = getattr(op.block, "paths", ()) or ()
+    where = f" at {', '.join(paths)}" if paths else ""
+    try:
+        out = op.fn(flat, seg, n)
+    except Exception as err:
+        raise OperationError(f"operation {op.name} (block {op.block!r}{where}) raised {err!r} on "
+                             f"{flat.shape[0]} rows of {n} segments; compiler.reference(inputs) evaluates the "
+                             "inputs one at a time and names the input that fails", op.block) from err
+    want = (n,) + tuple(flat.shape[1:])
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != flat.dtype:
+        got = (f"a tensor of shape {tuple(out.shape)} {str(out.dtype).replace('torch.', '')}"
+               if isinstance(out, torch.Tensor) else type(out).__name__)
+        raise OperationError(f"operation {op.name} (block {op.block!r}{where}) returned {got} for {n} "
+                             f"segments; expected shape {want} {str(flat.dtype).replace('torch.', '')}", op.block)
+    return out
+
+
 def segment_reduce(op: Operation, flat: torch.Tensor, seg: torch.Tensor, n: int) -> torch.Tensor:
     """Reduce the rows of ``flat`` by segment: ``out[i] = op.fn(flat[seg == i])`` for
-    ``op.fn`` in sum, mean, max, min; empty segments give 0.
+    ``op.fn`` in sum, mean, max, min (empty segments give 0), or ``op.fn(flat, seg, n)`` for a
+    callable (an :class:`~foldengine.blocks.Aggregate`, checked to return ``[n, *F]``).
 
     Shape: ``flat`` ``[R, *F]``, ``seg`` ``[R]`` int64 in ``[0, n)``; returns ``[n, *F]`` of
     ``flat``'s dtype.
     """
     shape = (n,) + tuple(flat.shape[1:])
+    if callable(op.fn):      # an Aggregate: fn(rows, segment, n)
+        return _aggregate(op, flat, seg, n)
     if op.fn == "max" or op.fn == "min":
         index = seg.view((-1,) + (1,) * (flat.dim() - 1)).expand_as(flat)
         return flat.new_zeros(shape).scatter_reduce(0, index, flat, "a" + op.fn, include_self=False)

@@ -169,6 +169,40 @@ class GraphTracer:
         hd.extend(depths)
         return list(range(h0, h0 + n))
 
+    def reduce_segments(self, op, handles, members: np.ndarray, counts: np.ndarray) -> list:
+        """One reduction node per segment, recorded with a few numpy operations whatever the
+        number of segments and members (a :class:`~foldengine.blocks.MessagePassing` graph).
+
+        Args:
+            op: the reduction.
+            handles: the values the members index (a list of handles).
+            members: int64 ``[M]``, positions in ``handles``: the segments' members, segment
+                after segment, each in order.
+            counts: int64 ``[n]``, the members of each segment (``counts.sum() == M``).
+
+        Returns:
+            The ``n`` output handles (a list).  The same records as
+            ``reduce_many(op, [[handles[i] for i in segment] for segment in ...])``.
+        """
+        n = len(counts)
+        if n == 0:
+            return []
+        hs = np.asarray(handles, np.int64)[members] if len(members) else np.zeros(0, np.int64)
+        ends = np.cumsum(counts)
+        depth = np.ones(n, np.int64)
+        if len(hs):
+            member_depth = np.frombuffer(self.h_depth, np.int64)[hs]   # a copy: the buffer may grow
+            full = counts > 0
+            depth[full] = 1 + np.maximum.reduceat(member_depth, (ends - counts)[full])
+        e0 = len(self.edges)
+        _append(self.edges, hs)
+        _append(self.node_ptr, ends + e0)
+        h0 = len(self.h_depth)
+        self.node_op.extend([op.op_id] * n)
+        _append(self.node_out, np.arange(h0, h0 + n, dtype=np.int64))
+        _append(self.h_depth, depth)
+        return list(range(h0, h0 + n))
+
     # -- recording functions handed to the blocks' fast paths (``Block._fast_tracer``) ------
     # Each returns a closure bound to this tracer's lists: the same records as the methods
     # above, without their attribute lookups.  Only this class knows its list layout.
@@ -546,8 +580,17 @@ class EagerContext:
     def reduce_many(self, op, groups):
         return [self.reduce(op, list(g)) for g in groups]
 
+    def reduce_segments(self, op, handles, members, counts):
+        members = members.tolist()
+        ends = np.cumsum(counts).tolist()
+        return [self.reduce(op, [handles[i] for i in members[e - c:e]]) for e, c in zip(ends, counts.tolist())]
+
     def reduce(self, op, handles):
         t = self.types[op.out_tids[0]]
+        if callable(op.fn):      # an Aggregate: its function on one segment
+            rows = torch.cat(list(handles)) if handles else torch.zeros(
+                (0,) + t.shape, dtype=torch_dtype(t.dtype), device=self.device)
+            return op.fn(rows, torch.zeros(len(rows), dtype=torch.int64, device=self.device), 1)
         if not handles:
             return torch.zeros((1,) + t.shape, dtype=getattr(torch, t.dtype), device=self.device)
         x = torch.stack(list(handles))

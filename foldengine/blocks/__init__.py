@@ -43,11 +43,12 @@ and reports ``foldengine.blocks`` as its module (so ``fb.X`` is the one name to 
 * :mod:`.plumbing`: routing on the Python side (Identity, Void, InputTransform, GetItem,
   Slice, Nth, Length, Metric);
 * :mod:`.operations`: batched calls (Function, FC, Embedding, ScopedLayer, Concat, Sum, Mean,
-  Max, Min);
+  Max, Min, Aggregate);
 * :mod:`.combinators`: Pipe, Record, AllOf, OneOf, Optional;
 * :mod:`.sequences`: Map, Fold, Reduce, RNN, Broadcast, Zip, ZipWith, Chain, NGrams;
 * :mod:`.composition`: Composition (DAGs); :mod:`.recursion`: ForwardDeclaration;
   :mod:`.sharing`: Shared (a part of an input reached twice, computed once);
+  :mod:`.graphs`: MessagePassing (every node's neighbourhood of a graph given as arrays);
 * :mod:`.conversion`: :func:`convert_to_block` (what counts as a block).
 """
 from __future__ import annotations
@@ -57,12 +58,13 @@ from ..trace import BlockInputError
 from .base import BlockTypeError, Pending, Block, where
 from .values import Scalar, Tensor, Zeros, FromTensor, OneHot, OneHotFromList, Vector
 from .plumbing import InputTransform, Identity, Void, Length, GetItem, Slice, Nth, Metric
-from .operations import Function, FC, Embedding, ScopedLayer, Concat, Sum, Mean, Max, Min
+from .operations import Function, FC, Embedding, ScopedLayer, Concat, Sum, Mean, Max, Min, Aggregate
 from .combinators import Pipe, Record, AllOf, OneOf, Optional
 from .sequences import Map, Fold, Reduce, Broadcast, ZipWith, Zip, Chain, NGrams, RNN
 from .composition import Composition
 from .recursion import ForwardDeclaration
 from .sharing import Shared
+from .graphs import MessagePassing
 from .conversion import convert_to_block
 
 __all__ = [
@@ -70,7 +72,7 @@ __all__ = [
     "InputTransform", "Pipe", "Record", "OneOf", "Optional", "AllOf", "Map", "Fold", "RNN", "Reduce", "Sum",
     "Mean", "Max", "Min", "Broadcast", "ZipWith", "Zip", "Chain", "NGrams", "Nth", "Concat", "Zeros", "Identity",
     "GetItem", "Slice", "Length", "OneHot", "OneHotFromList", "Void", "Metric", "Composition",
-    "ForwardDeclaration", "Shared", "FC", "Embedding", "ScopedLayer", "Pending", "convert_to_block",
+    "ForwardDeclaration", "Shared", "MessagePassing", "Aggregate", "FC", "Embedding", "ScopedLayer", "Pending", "convert_to_block",
 ]
 
 for _name in __all__:

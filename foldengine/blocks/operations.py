@@ -3,7 +3,8 @@ executed once for the calls of all inputs that a batch runs together.
 
 :class:`Function` (any callable on batched tensors) and the layers built on it
 (:class:`FC`, :class:`Embedding`, :class:`ScopedLayer`); :class:`Concat`; and the
-reductions of a sequence, :class:`Sum`, :class:`Mean`, :class:`Max` and :class:`Min`.
+reductions of a sequence, :class:`Sum`, :class:`Mean`, :class:`Max` and :class:`Min`, and
+:class:`Aggregate` (a reduction by a function of segments).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ..types import (BroadcastSequenceType, SequenceType, TensorType, TupleType,
                      torch_dtype)
 from .base import Block, BlockTypeError, as_input_list, snake_case
 
-__all__ = ["Function", "FC", "Embedding", "ScopedLayer", "Concat", "Sum", "Mean", "Max", "Min"]
+__all__ = ["Function", "FC", "Embedding", "ScopedLayer", "Concat", "Sum", "Mean", "Max", "Min", "Aggregate"]
 
 
 def _listed(x) -> list:
@@ -668,3 +669,73 @@ class Min(_Reduction):
         tensor(2.)
     """
     mode = "min"
+
+
+class Aggregate(_Reduction):
+    """A learned reduction of a sequence of tensors, by a function of the rows of many segments.
+
+    ``fn(rows, segment, n)`` is called once per batched call with the elements of every
+    sequence of the call (all inputs, all places): ``rows`` ``[R, *shape]`` holds them,
+    ``segment`` ``[R]`` (int64) says which of the ``n`` sequences each row belongs to, and
+    ``fn`` returns one row per sequence, ``[n, *shape]`` of the rows' dtype.  The rows of one
+    sequence come in its order; a sequence may be empty (no row).  Per sequence it computes
+    ``y = fn({x_1, ..., x_k})``; :mod:`foldengine.segments` has the segment sum, max, softmax
+    and first-row functions to write ``fn`` with whole-batch tensor operations.  Inside
+    :class:`~foldengine.blocks.MessagePassing` it aggregates each node's neighbourhood (a graph
+    attention layer: ``examples`` in ``docs/blocks.md``).  An ``nn.Module`` ``fn`` (and the
+    modules a function reaches) is registered with the compiler under the block's name, as
+    for :class:`Function`; calls of blocks wrapping the same ``fn`` batch together.  ``fn``
+    is called once on zeros at compile time (a batch of two one-row sequences) to check that
+    it returns ``[n, *shape]`` of the elements' dtype.
+
+    Args:
+        fn: ``(rows, segment, n) -> [n, *shape]``, usually an ``nn.Module``.
+        modules: the modules ``fn`` uses, when it is neither one nor reaches them by name
+            (as :class:`Function`'s ``modules``).
+        name: a label for errors, ``repr`` and ``describe()``; it also names ``fn``'s parameters.
+
+    Types:
+        - ``Sequence(Tensor(shape, dtype)) -> Tensor(shape, dtype)``; likewise
+          ``Tuple(t, ..., t) -> t`` for a tensor type ``t``.
+        - BlockTypeError: what :class:`Sum` refuses, or ``fn`` failing on zeros or returning
+          anything else than ``[n, *shape]`` of the elements' dtype.
+
+    Examples::
+
+        >>> from foldengine.segments import segment_sum
+        >>> def sum_of_squares(rows, segment, n):
+        ...     return segment_sum(rows * rows, segment, n)
+        >>> compiler = fe.Compiler(fb.Map(fb.Scalar()) >> fb.Aggregate(sum_of_squares))
+        >>> compiler(compiler.build_batch([[1, 2], [3], []]))
+        tensor([5., 9., 0.])
+    """
+
+    mode = "aggregate"
+    #: its records depend on the structure of its input value alone (closures.TraceTemplates)
+    _traces_by_structure = True
+
+    def __init__(self, fn: Callable, modules=None, name=None):
+        if not callable(fn):
+            raise TypeError(f"Aggregate needs a callable (rows, segment, n) -> [n, *shape], got {fn!r:.60}")
+        self._auto_name = name is None
+        super().__init__(_auto_function_name(fn) if name is None else name)
+        self.fn = fn
+        self.modules = tuple(modules) if modules is not None else None
+        if self.modules is not None and not all(isinstance(m, nn.Module) for m in self.modules):
+            raise TypeError("Aggregate(modules=...) takes nn.Modules")
+
+    def _repr(self, depth):
+        return f"{type(self).__name__}({self.name!r})"
+
+    def _infer(self, t, cc):
+        if isinstance(t, BroadcastSequenceType):
+            raise BlockTypeError(self, "a finite sequence", t, "cannot reduce an unbounded Broadcast sequence")
+        if isinstance(t, SequenceType) and isinstance(t.element, TensorType):
+            elem = t.element
+        elif isinstance(t, TupleType) and len(t) and all(i == t.items[0] for i in t.items) and \
+                isinstance(t.items[0], TensorType):
+            elem = t.items[0]
+        else:
+            raise BlockTypeError(self, "a sequence of tensors or a tuple of equal tensor types", t)
+        self._op = cc.aggregate_op(self, elem)
+        return elem
