@@ -148,6 +148,7 @@ class TraceTemplates:
         max_bytes: the most bytes of templates kept, and of whole-input traces (a template or
             trace larger than a sixteenth of it is not kept).
         enabled: use templates (False: every input is traced block by block).
+        probe / min_hit_rate / min_nodes: see the attributes.
 
     Besides templates, whole-input traces (:meth:`input_key`, :meth:`get_input`,
     :meth:`put_input`): a Compiler makes the :class:`~foldengine.plan.InputTrace` of an
@@ -165,6 +166,11 @@ class TraceTemplates:
             kept (about twice the trace on graphs whose structures never repeat); a hit saves
             most of it.  Once they stop paying they stay off for this root (:meth:`clear`
             starts over).
+        min_nodes: the fewest nodes a template must record to be kept (decided per
+            structure): looking a structure up and replaying its records costs a few numpy
+            operations, more than tracing a handful of calls block by block (a read-out such
+            as ``Sum() >> Function(...)`` after a graph's layers); smaller ones are traced
+            block by block, and their lookups count as misses.
 
     Pickles empty (the templates are rebuilt as inputs are traced).
     """
@@ -173,7 +179,8 @@ class TraceTemplates:
     FAILED = object()
 
     def __init__(self, max_bytes: int = 32 << 20, enabled: bool = True, probe: int = 256,
-                 min_hit_rate: float = 0.5):
+                 min_hit_rate: float = 0.5, min_nodes: int = 64):
+        self.min_nodes = int(min_nodes)
         self.max_bytes = int(max_bytes)
         self.enabled = bool(enabled)
         self.probe = int(probe)
@@ -200,7 +207,7 @@ class TraceTemplates:
 
     def __getstate__(self):
         return {"max_bytes": self.max_bytes, "enabled": self.enabled, "probe": self.probe,
-                "min_hit_rate": self.min_hit_rate}
+                "min_hit_rate": self.min_hit_rate, "min_nodes": self.min_nodes}
 
     def __setstate__(self, state):
         self.__init__(**state)
@@ -274,8 +281,10 @@ class TraceTemplates:
         return t
 
     def put(self, key, template: Optional[TraceTemplate]) -> None:
-        """Keep ``template`` for ``key`` (None: the structure cannot be replayed)."""
-        if template is None:
+        """Keep ``template`` for ``key`` (None: the structure cannot be replayed; a template of
+        fewer than :attr:`min_nodes` nodes is not worth replaying: the structure is traced
+        block by block, and its lookups count as misses)."""
+        if template is None or len(template.node_op) < self.min_nodes:
             self._memo[key] = self.FAILED
             return
         n = template.nbytes

@@ -576,7 +576,7 @@ class Compiler(nn.Module):
 
     def _traces(self, inputs: Iterable, method: str = "trace") -> List[InputTrace]:
         templates = getattr(self, "trace_templates", None)
-        if templates is not None and templates.enabled:
+        if templates is not None and templates.enabled and templates.pays(inputs=True):
             self._bind()
             if templates.split(self.root) is not None:
                 return self._traces_memoised(list(_checked_inputs(inputs, method)), method, templates)

@@ -174,6 +174,9 @@ def _aggregate(op: Operation, flat: torch.Tensor, seg: torch.Tensor, n: int) -> 
                              f"{flat.shape[0]} rows of {n} segments; compiler.reference(inputs) evaluates the "
                              "inputs one at a time and names the input that fails", op.block) from err
     want = (n,) + tuple(flat.shape[1:])
+    if isinstance(out, torch.Tensor) and out.dtype != flat.dtype and out.is_floating_point() and \
+            flat.is_floating_point() and torch.is_autocast_enabled(out.device.type):
+        out = out.to(flat.dtype)        # computed in autocast's dtype: kept in the rows' dtype, as Operation.apply
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != flat.dtype:
         got = (f"a tensor of shape {tuple(out.shape)} {str(out.dtype).replace('torch.', '')}"
                if isinstance(out, torch.Tensor) else type(out).__name__)

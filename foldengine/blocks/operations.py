@@ -682,7 +682,7 @@ class Aggregate(_Reduction):
     ``y = fn({x_1, ..., x_k})``; :mod:`foldengine.segments` has the segment sum, max, softmax
     and first-row functions to write ``fn`` with whole-batch tensor operations.  Inside
     :class:`~foldengine.blocks.MessagePassing` it aggregates each node's neighbourhood (a graph
-    attention layer: ``examples`` in ``docs/blocks.md``).  An ``nn.Module`` ``fn`` (and the
+    attention layer: docs/blocks.md, "Graphs as arrays").  An ``nn.Module`` ``fn`` (and the
     modules a function reaches) is registered with the compiler under the block's name, as
     for :class:`Function`; calls of blocks wrapping the same ``fn`` batch together.  ``fn``
     is called once on zeros at compile time (a batch of two one-row sequences) to check that

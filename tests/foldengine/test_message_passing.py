@@ -307,3 +307,36 @@ def test_whole_input_probe_ends_when_the_prefix_records_nodes():
     again.trace_templates.enabled = False
     for a, b in zip(traces, again.trace(GRAPHS)):
         assert np.array_equal(a.node_op, b.node_op) and np.array_equal(a.edge_src, b.edge_src)
+
+
+def test_templates_of_a_few_nodes_are_not_kept():
+    """The GAT's part that traces by structure is its read-out (Sum, Function: 2 nodes): a
+    lookup and replay cost more than tracing it, so its templates are not kept
+    (``trace_templates.min_nodes``) and every graph is traced block by block, with the same
+    traces; with ``min_nodes = 0`` they would be replayed."""
+    _, block = gat()
+    compiler, keeps, plain = fe.Compiler(block), fe.Compiler(block), fe.Compiler(block)
+    keeps.trace_templates.min_nodes = 0
+    plain.trace_templates.enabled = False
+    graphs = GRAPHS * 3
+    got, kept, want = compiler.trace(graphs), keeps.trace(graphs), plain.trace(graphs)
+    assert compiler.trace_templates.hits == 0 and compiler.trace_templates.misses == len(graphs)
+    assert keeps.trace_templates.hits > 0
+    for a, b, c in zip(got, kept, want):
+        assert np.array_equal(a.node_op, c.node_op) and np.array_equal(a.edge_src, c.edge_src)
+        assert np.array_equal(b.node_op, c.node_op) and np.array_equal(b.edge_src, c.edge_src)
+
+
+def test_aggregate_under_autocast_keeps_the_rows_dtype():
+    lin = nn.Linear(FEATURES, FEATURES)
+
+    def projected_sum(rows, segment, n):
+        return segment_sum(lin(rows), segment, n)       # bfloat16 under autocast
+
+    graph = fb.Record([("x", fb.Map(fb.Vector(FEATURES))), ("edges", fb.Identity())])
+    compiler = fe.Compiler(graph >> fb.MessagePassing(fb.Aggregate(projected_sum)) >> fb.Sum())
+    batch = compiler.build_batch(GRAPHS)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = compiler(batch)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, compiler(batch), rtol=0.05, atol=0.1)

@@ -95,7 +95,7 @@ def test_tracer_records_the_same_with_templates():
     fast, _ = _compilers()
     graphs = _graphs(SIZES)
     results = []
-    for templates in (None, TraceTemplates()):
+    for templates in (None, TraceTemplates(min_nodes=0)):     # small graphs: keep every template
         tracer = GraphTracer(len(fast.types), fast.op_info.out_tids)
         f = compile_tracer(fast.root, tracer, templates)
         roots = []
@@ -161,6 +161,7 @@ def test_readers_layout_and_other_input_depths():
         return (fb.Map(fb.Tensor(F) >> fb.Function(lin, name="pre")) >> fb.Map(fb.Function(torch.tanh))
                 >> fb.Sum())
     fast = fe.Compiler(model())
+    fast.trace_templates.min_nodes = 0       # templates of a few nodes kept, to test them
     slow = fe.Compiler(model())
     slow.trace_templates.enabled = False
     rng = np.random.default_rng(1)
