@@ -19,7 +19,8 @@ process CPU seconds, one thread):
 
 * ``featurise``: the raw graphs (Python lists, as parsed from a file) into the model's inputs
   (a dict of a float32 ``[N, F]`` array and an int64 ``[2, E]`` edge array);
-* ``trace``: ``compiler.trace(inputs)``; ``build_batch``: ``compiler.build_batch(inputs)``
+* ``trace``: ``compiler.trace(inputs)`` (``trace_templates_off``: the same with
+  ``trace_templates.enabled = False``); ``build_batch``: ``compiler.build_batch(inputs)``
   (trace, merge, schedule, lower);
 * ``fe_fwd_bwd``: ``compiler(batch)``, the loss, ``backward``;
 * ``ref_fwd_bwd``: the per-example loop's forward, loss and backward.
@@ -300,6 +301,9 @@ def run(graphs: int = 200, batch_size: int = 200, repeats: int = 7, threads: int
                 _loss(c(b)).backward()
         columns[f"{v}/featurise"] = lambda feat=feat: [feat(g) for g in raw]
         columns[f"{v}/trace"] = lambda c=compiler, bs=batches: [c.trace(b) for b in bs]
+        plain = fe.Compiler(make(m), scheduler=scheduler)
+        plain.trace_templates.enabled = False
+        columns[f"{v}/trace_templates_off"] = lambda c=plain, bs=batches: [c.trace(b) for b in bs]
         columns[f"{v}/build_batch"] = lambda c=compiler, bs=batches: [c.build_batch(b) for b in bs]
         columns[f"{v}/fwd_bwd"] = fwd_bwd
     ref_batches = [reference_inputs[i:i + batch_size] for i in range(0, len(raw), batch_size)]
@@ -313,10 +317,11 @@ def run(graphs: int = 200, batch_size: int = 200, repeats: int = 7, threads: int
     wall = interleaved(columns, repeats=repeats, warmup=1, cpu_times=cpu)
     rows = [{"column": k, "wall_ms": 1e3 * statistics.median(wall[k]), "cpu_ms": 1e3 * statistics.median(cpu[k])}
             for k in wall]
+    templates = {v: ratio_quartiles(cpu[f"{v}/trace"], cpu[f"{v}/trace_templates_off"]) for v in variants}
     e2e = {v: {kind: ratio_quartiles([a + b for a, b in zip(t[f"{v}/build_batch"], t[f"{v}/fwd_bwd"])],
                                      t["per_example/fwd_bwd"]) for kind, t in (("wall", wall), ("cpu", cpu))}
            for v in variants}
-    result = {"rows": rows, "e2e": e2e, "max_abs_diff": diff,
+    result = {"rows": rows, "e2e": e2e, "templates_on_off_cpu": templates, "max_abs_diff": diff,
               "nodes": sum(len(g["x"]) for g in reference_inputs),
               "edges": sum(g["edges"].shape[1] for g in reference_inputs),
               "calls_per_batch": {v: statistics.mean(b.stats["calls"] for b in built[v]) for v in variants},
@@ -332,10 +337,13 @@ def run(graphs: int = 200, batch_size: int = 200, repeats: int = 7, threads: int
             q1, med, q3 = e2e[v][kind]
             log(f"{v}: end to end (build_batch + fwd_bwd) / per-example fwd_bwd, {kind}: {med:.2f} "
                 f"(quartiles {q1:.2f}-{q3:.2f})")
+        q1, med, q3 = templates[v]
+        log(f"{v}: trace with templates / without, cpu: {med:.2f} (quartiles {q1:.2f}-{q3:.2f})")
     if mlflow:
         from .reporting import log_to_mlflow
         metrics = {f"{r['column']}_{k}": r[k] for r in rows for k in ("wall_ms", "cpu_ms")}
         metrics.update({f"{v}/e2e_{kind}": e2e[v][kind][1] for v in variants for kind in ("wall", "cpu")})
+        metrics.update({f"{v}/templates_on_off_cpu": templates[v][1] for v in variants})
         params = {"graphs": graphs, "batch_size": batch_size, "repeats": repeats, "threads": threads,
                   "scheduler": scheduler, "variants": ",".join(variants), "min_nodes": min_nodes,
                   "max_nodes": max_nodes, "hidden": hidden, "heads": heads, "seed": seed}
