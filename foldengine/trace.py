@@ -69,7 +69,8 @@ class GraphTracer:
         #: constants per type, then values per metric name in ``metric_names`` order)
         self.input_ends: List[tuple] = []
         #: per :class:`~foldengine.blocks.Shared` block (by ``id``): ``{id(x): (x, value)}`` of
-        #: the current input (cleared by :meth:`end_input`)
+        #: the current input (cleared by :meth:`end_input`); blocks that memoise other work
+        #: within one input (MessagePassing's neighbourhoods) keep it here too, under an id of theirs
         self.shared: Dict[int, dict] = {}
 
     def end_input(self, metric_names: Sequence[str]) -> None:
@@ -188,18 +189,24 @@ class GraphTracer:
         if n == 0:
             return []
         hs = np.asarray(handles, np.int64)[members] if len(members) else np.zeros(0, np.int64)
-        ends = np.cumsum(counts)
-        depth = np.ones(n, np.int64)
-        if len(hs):
-            member_depth = np.frombuffer(self.h_depth, np.int64)[hs]   # a copy: the buffer may grow
-            full = counts > 0
-            depth[full] = 1 + np.maximum.reduceat(member_depth, (ends - counts)[full])
         e0 = len(self.edges)
+        ends = np.cumsum(counts) + e0
+        if not len(hs):
+            depth = np.ones(n, np.int64)
+        else:
+            member_depth = np.frombuffer(self.h_depth, np.int64)[hs]   # a copy: the buffer may grow
+            starts = ends - e0 - counts
+            if counts.all():
+                depth = np.maximum.reduceat(member_depth, starts) + 1
+            else:
+                full = counts > 0
+                depth = np.ones(n, np.int64)
+                depth[full] = 1 + np.maximum.reduceat(member_depth, starts[full])
         _append(self.edges, hs)
-        _append(self.node_ptr, ends + e0)
+        _append(self.node_ptr, ends)
         h0 = len(self.h_depth)
         self.node_op.extend([op.op_id] * n)
-        _append(self.node_out, np.arange(h0, h0 + n, dtype=np.int64))
+        self.node_out.extend(range(h0, h0 + n))
         _append(self.h_depth, depth)
         return list(range(h0, h0 + n))
 

@@ -14,6 +14,9 @@ __all__ = ["MessagePassing"]
 
 _REDUCTIONS = (Sum, Mean, Max, Min, Aggregate)
 
+#: the key (by id) of the neighbourhoods computed for an input, in ``ctx.shared``
+_SEGMENTS = object()
+
 
 class MessagePassing(Block):
     """Aggregates each node's neighbourhood of a graph: ``y_v = aggregate([x_v] + [x_u for (u, v) in edges])``.
@@ -111,16 +114,17 @@ class MessagePassing(Block):
         if e.size and (e.min() < 0 or e.max() >= n):
             bad = int(e.T[((e < 0) | (e >= n)).T][0])
             self._fail(f"edge to or from node {bad} out of range for a graph of {n} nodes")
-        loops = 1 if self.self_loops else 0
-        counts = np.bincount(dst, minlength=n).astype(np.int64) + loops
-        starts = np.cumsum(counts) - counts
-        members = np.empty(int(counts.sum()), np.int64)
-        if loops:
-            members[starts] = np.arange(n, dtype=np.int64)
         order = np.argsort(dst, kind="stable")
-        d = dst[order]
-        group_start = np.searchsorted(d, d, side="left")        # where each receiver's edges start
-        members[starts[d] + loops + np.arange(len(d)) - group_start] = src[order]
+        counts = np.bincount(dst, minlength=n)
+        if not self.self_loops:
+            return src[order], counts
+        # with self loops, receiver v's members are [v, its senders]: its k-th sender (in edge
+        # order) is sorted edge starts[v] + k, and lands v + 1 places further on
+        counts += 1
+        members = np.empty(len(order) + n, np.int64)
+        ends = np.cumsum(counts)
+        members[ends - counts] = np.arange(n, dtype=np.int64)
+        members[np.arange(len(order)) + 1 + dst[order]] = src[order]
         return members, counts
 
     def _trace(self, x, ctx):
@@ -131,5 +135,11 @@ class MessagePassing(Block):
         if isinstance(nodes, BroadcastValue):
             self._fail("expected a finite sequence of nodes, got an unbounded Broadcast sequence")
         nodes = nodes if isinstance(nodes, list) else list(nodes)
-        members, counts = self._segments(len(nodes), edges)
-        return ctx.reduce_segments(self._op, nodes, members, counts)
+        # the layers of a graph share its edge array: its neighbourhoods are computed once per
+        # input (``ctx.shared`` is cleared between inputs; the array is kept, so its id is not reused)
+        memo = ctx.shared.setdefault(id(_SEGMENTS), {})
+        key = (id(edges), len(nodes), self.self_loops)
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = (edges,) + self._segments(len(nodes), edges)
+        return ctx.reduce_segments(self._op, nodes, got[1], got[2])

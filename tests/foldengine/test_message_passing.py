@@ -340,3 +340,19 @@ def test_aggregate_under_autocast_keeps_the_rows_dtype():
         out = compiler(batch)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, compiler(batch), rtol=0.05, atol=0.1)
+
+
+def test_layers_sharing_an_edge_array():
+    """Two layers read one graph's edge array (its neighbourhoods are computed once per input),
+    one with self loops and one without: each gets its own neighbourhoods."""
+    graph = fb.Record([("x", fb.Map(fb.Vector(FEATURES))), ("edges", fb.Identity())])
+    both = graph >> fb.AllOf(fb.MessagePassing(fb.Sum()) >> fb.Map(fb.Function(torch.tanh)), fb.GetItem(1)) \
+        >> fb.MessagePassing(fb.Max(), self_loops=False)
+    compiler = fe.Compiler(both)
+    out = compiler(compiler.build_batch(GRAPHS))
+    want = []
+    for g in GRAPHS:
+        x, e = torch.from_numpy(g["x"]), g["edges"].tolist()
+        want.append(naive_aggregate("max", torch.tanh(naive_aggregate("sum", x, e, True)), e, False))
+    torch.testing.assert_close(out.values, torch.cat(want))
+    torch.testing.assert_close(out.values, compiler.reference(GRAPHS).values)
