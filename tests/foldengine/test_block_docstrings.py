@@ -37,7 +37,7 @@ DOCUMENTED_LIKE_BLOCKS = PUBLIC_BLOCKS + [fb.ForwardDeclaration]
 #: blocks that check their inputs while tracing (an ``InputError`` names the input and path)
 VALIDATING_BLOCKS = [fb.Scalar, fb.Tensor, fb.Length, fb.GetItem, fb.Slice, fb.Nth, fb.OneHot,
                      fb.OneHotFromList, fb.InputTransform, fb.Record, fb.OneOf, fb.Map, fb.Fold, fb.RNN,
-                     fb.Embedding]
+                     fb.Embedding, fb.MessagePassing]
 
 _SECTION = re.compile(r"^(?P<title>[A-Z][A-Za-z ]*):(:)?\s*$")
 
