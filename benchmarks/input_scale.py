@@ -46,6 +46,7 @@ import gzip
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -216,9 +217,11 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
     t_start = time.time()
     sampler = RaySampler()
     sampler.start()
+    from pipelines.cluster import WORKER_POOL_CONFIG
+
     tmp = tempfile.mkdtemp(prefix="bench_input_scale_")
     exp, cfg = _config(workload, path, mode, steps, eval_limit, tmp, epochs)
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _system_config=WORKER_POOL_CONFIG)
     out: Dict[str, float] = {}
     try:
         if phase == "input":
@@ -264,6 +267,7 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
         sampler.stop.set()
         sampler.join()
         ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
     out["driver_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     out["ray_rss_mb"] = sampler.max_kb / 1024.0
     out["ray_anon_mb"] = sampler.max_anon_kb / 1024.0

@@ -147,13 +147,14 @@ def _ray_serve(model: str, replicas: int) -> Dict[str, tuple]:
     from ray import serve
 
     from pipelines.predict.batch import load_package_bytes
+    from pipelines.cluster import WORKER_POOL_CONFIG
     from pipelines.predict.serve import ServeSettings, direct_ingress_env, replica_urls, start
 
     port, proxy_port = _port(), _port()
     if ray.is_initialized():        # the Ray of another workload: its direct-ingress ports were set at its start
         ray.shutdown()
     os.environ.update(direct_ingress_env(port, 2 * replicas))
-    ray.init(include_dashboard=False, log_to_driver=False)
+    ray.init(include_dashboard=False, log_to_driver=False, _system_config=WORKER_POOL_CONFIG)
     start(load_package_bytes(model), ServeSettings(max_batch_size=64, batch_wait_s=0.002), port=port,
           replicas=replicas, cpus_per_replica=0.5, ingress="direct", proxy_port=proxy_port)
     proxy = f"http://127.0.0.1:{proxy_port}"
@@ -273,6 +274,7 @@ def main(argv: Optional[Sequence[str]] = None, log: Callable[[str], None] = echo
         finally:
             for _, stop in reversed(list(servers.values())):
                 stop()
+            shutil.rmtree(os.path.dirname(bodies), ignore_errors=True)
         for c in counts:
             best = {name: max(samples[(name, c)], key=lambda s: s["rows_per_s"]) for name in servers}
             base = best["mlflow models serve"]

@@ -4,6 +4,11 @@ ensemble connect (or start a local Ray) the same way, so one rule says where a c
 Where: ``address`` (a config's ``ray.address``), else ``$RAY_ADDRESS``, else a local Ray started
 by this process.  Quiet unless ``verbose``: :func:`pipelines.console.ray_init_kwargs`.
 
+A Ray started here keeps its idle worker processes (:data:`WORKER_POOL_CONFIG`): Ray's default
+kills every idle worker beyond one per CPU after one second, and each new one imports torch,
+pandas and Ray Data again (1.5-2 s of CPU); a Tox21 run of 150 molecules started 50 worker
+processes that way, and 20 with the pool kept (docs/cluster.md, "Worker processes").
+
 Once connected: :func:`worker_resources` sizes a training worker from the cluster (checked by
 :func:`preflight`), and :func:`configure_ray_data` sets this process's Ray Data context.
 """
@@ -16,16 +21,30 @@ from typing import Any, Mapping, Optional
 from pipelines import console
 from pipelines.config import ConfigError
 
-__all__ = ["connect_ray", "worker_resources", "preflight", "configure_ray_data"]
+__all__ = ["WORKER_POOL_CONFIG", "worker_pool_env", "connect_ray", "worker_resources", "preflight", "configure_ray_data"]
 
 logger = logging.getLogger("pipelines.cluster")
+
+#: Ray system config for the worker pool of a Ray this project starts (``ray.init``'s
+#: ``_system_config``; ``ray start --system-config``): up to ``num_workers_soft_limit`` idle workers
+#: are kept for reuse, and idle ones beyond that live ``idle_worker_killing_time_threshold_ms``.
+#: Each worker imports torch once instead of once per task burst; an idle one costs its memory
+#: (about 300 MB resident, 200 MB of it its own).
+WORKER_POOL_CONFIG: dict[str, int] = {"num_workers_soft_limit": 32, "idle_worker_killing_time_threshold_ms": 600_000}
+
+
+def worker_pool_env() -> dict[str, str]:
+    """:data:`WORKER_POOL_CONFIG` as the ``RAY_<name>`` environment variables a ``ray start``
+    (or any Ray process) reads, e.g. ``{"RAY_num_workers_soft_limit": "32", ...}``."""
+    return {f"RAY_{k}": str(v) for k, v in WORKER_POOL_CONFIG.items()}
 
 
 def connect_ray(address: Optional[str] = None, verbose: bool = False, **init_kwargs: Any) -> bool:
     """Connect to Ray at ``address`` (else ``$RAY_ADDRESS``) or start a local one, unless Ray is
     already initialised in this process.  Returns True when this call started or connected it
     (the caller then calls ``ray.shutdown()`` when done), False when it was already up.
-    ``init_kwargs`` go to ``ray.init`` on top of the quiet defaults."""
+    ``init_kwargs`` go to ``ray.init`` on top of the quiet defaults; a local Ray also gets
+    ``_system_config=WORKER_POOL_CONFIG`` unless ``init_kwargs`` names one."""
     import ray
 
     if address is not None and not isinstance(address, str):
@@ -34,6 +53,8 @@ def connect_ray(address: Optional[str] = None, verbose: bool = False, **init_kwa
         return False
     address = address or os.environ.get("RAY_ADDRESS")
     logger.info("connecting to Ray at %s" % address if address else "starting a local Ray")
+    if not address:
+        init_kwargs.setdefault("_system_config", WORKER_POOL_CONFIG)
     ray.init(address=address or None, **{**console.ray_init_kwargs(verbose), **init_kwargs})
     return True
 

@@ -233,6 +233,9 @@ start_ray() {
         --temp-dir "$RAY_TEMP_ROOT"
         --disable-usage-stats)
   [ -n "${FOLD_RAY_NUM_CPUS:-}" ] && args+=(--num-cpus "$FOLD_RAY_NUM_CPUS")
+  # Idle worker processes are kept for reuse (pipelines.cluster.WORKER_POOL_CONFIG): each new one
+  # imports torch again. Nodes that join the head get the same system config from it.
+  args+=(--system-config "$(cd "$FOLD_REPO_ROOT" && "$FOLD_PYTHON" -c 'import json; from pipelines.cluster import WORKER_POOL_CONFIG; print(json.dumps(WORKER_POOL_CONFIG))')")
   # shellcheck disable=SC2206
   [ -n "${FOLD_RAY_EXTRA_ARGS:-}" ] && args+=($FOLD_RAY_EXTRA_ARGS)
 

@@ -6,11 +6,14 @@ import pytest
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """An embedded 2-CPU Ray for one test module (restarted clean, shut down afterwards)."""
+    """An embedded 2-CPU Ray for one test module (restarted clean, shut down afterwards), with
+    the worker pool a Ray started by the pipelines has (``pipelines.cluster.WORKER_POOL_CONFIG``)."""
     import ray
+
+    from pipelines.cluster import WORKER_POOL_CONFIG
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config=WORKER_POOL_CONFIG)
     yield
     ray.shutdown()
 

@@ -20,6 +20,8 @@ import tempfile
 import time
 from typing import Optional
 
+from pipelines.cluster import worker_pool_env
+
 from ..ports import free_ports
 
 RAY_BIN = str(pathlib.Path(sys.executable).with_name("ray"))
@@ -100,6 +102,9 @@ class RayNode:
         self.env["RAY_USAGE_STATS_ENABLED"] = "0"
         # The raylet has 30 s to register with the GCS by default: too short on a busy 2-core machine.
         self.env.setdefault("RAY_raylet_start_wait_time_s", "120")
+        # The worker pool a Ray started by the pipelines keeps (pipelines.cluster.WORKER_POOL_CONFIG).
+        for k, v in worker_pool_env().items():
+            self.env.setdefault(k, v)
         # Unix socket paths under the temp dir must stay short (~107 bytes).
         self.temp_dir = tempfile.mkdtemp(prefix=f"fr-{name}-", dir="/tmp")
         self.log = pathlib.Path(self.temp_dir) / "ray-start.log"
