@@ -263,7 +263,7 @@ class MoleculeExperiment(Experiment):
         the config's), taken before the split and kept in file order; each (sampled) SMILES checked
         with RDKit (and, for a scaffold split, its scaffold computed) in Ray Data tasks, the
         splits' :class:`MolRecord` s made there and kept as Ray Data blocks, the regression
-        target statistics by a Ray Data aggregation (:func:`pipelines.molecules.reading.label_stats`).
+        target statistics from per-block sums in Ray Data (:func:`pipelines.molecules.reading.label_stats`).
         The driver holds per-record arrays of a few bytes (which rows are kept, which split and
         position each goes to; the scaffold keys for a scaffold split), never the records.
         Records are :class:`MolRecord` ``(id, smiles, labels)`` with ``id`` = the position in the
