@@ -545,6 +545,20 @@ class _CatFn:
         return torch.cat(xs, self.dim)
 
 
+def _reduced_element(block, t):
+    """The tensor type a reduction ``block`` (Sum, Max, ..., Aggregate) of input type ``t``
+    outputs: the element of a finite sequence of tensors, or the item of a tuple of equal tensor
+    types; a :class:`BlockTypeError` naming ``block`` otherwise."""
+    if isinstance(t, BroadcastSequenceType):
+        raise BlockTypeError(block, "a finite sequence", t, "cannot reduce an unbounded Broadcast sequence")
+    if isinstance(t, SequenceType) and isinstance(t.element, TensorType):
+        return t.element
+    if isinstance(t, TupleType) and len(t) and all(i == t.items[0] for i in t.items) and \
+            isinstance(t.items[0], TensorType):
+        return t.items[0]
+    raise BlockTypeError(block, "a sequence of tensors or a tuple of equal tensor types", t)
+
+
 class _Reduction(Block):
     #: its records depend on the structure of its input value alone (closures.TraceTemplates)
     _traces_by_structure = True
@@ -552,15 +566,7 @@ class _Reduction(Block):
     mode = "sum"
 
     def _infer(self, t, cc):
-        if isinstance(t, BroadcastSequenceType):
-            raise BlockTypeError(self, "a finite sequence", t, "cannot reduce an unbounded Broadcast sequence")
-        if isinstance(t, SequenceType) and isinstance(t.element, TensorType):
-            elem = t.element
-        elif isinstance(t, TupleType) and len(t) and all(i == t.items[0] for i in t.items) and \
-                isinstance(t.items[0], TensorType):
-            elem = t.items[0]
-        else:
-            raise BlockTypeError(self, "a sequence of tensors or a tuple of equal tensor types", t)
+        elem = _reduced_element(self, t)
         tid = cc.tid(elem)
         self._op = cc.builtin_op(("reduce", self.mode, tid), "reduce", self.mode, elem, elem, self.mode, self)
         return elem
@@ -728,14 +734,6 @@ class Aggregate(_Reduction):
         return f"{type(self).__name__}({self.name!r})"
 
     def _infer(self, t, cc):
-        if isinstance(t, BroadcastSequenceType):
-            raise BlockTypeError(self, "a finite sequence", t, "cannot reduce an unbounded Broadcast sequence")
-        if isinstance(t, SequenceType) and isinstance(t.element, TensorType):
-            elem = t.element
-        elif isinstance(t, TupleType) and len(t) and all(i == t.items[0] for i in t.items) and \
-                isinstance(t.items[0], TensorType):
-            elem = t.items[0]
-        else:
-            raise BlockTypeError(self, "a sequence of tensors or a tuple of equal tensor types", t)
+        elem = _reduced_element(self, t)
         self._op = cc.aggregate_op(self, elem)
         return elem
