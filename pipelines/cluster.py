@@ -6,8 +6,7 @@ by this process.  Quiet unless ``verbose``: :func:`pipelines.console.ray_init_kw
 
 A Ray started here keeps its idle worker processes (:data:`WORKER_POOL_CONFIG`): Ray's default
 kills every idle worker beyond one per CPU after one second, and each new one imports torch,
-pandas and Ray Data again (1.5-2 s of CPU); a Tox21 run of 150 molecules started 50 worker
-processes that way, and 20 with the pool kept (docs/cluster.md, "Worker processes").
+pandas and Ray Data again (docs/cluster.md, "Worker processes", has the measurement).
 
 Once connected: :func:`worker_resources` sizes a training worker from the cluster (checked by
 :func:`preflight`), and :func:`configure_ray_data` sets this process's Ray Data context.
@@ -28,8 +27,7 @@ logger = logging.getLogger("pipelines.cluster")
 #: Ray system config for the worker pool of a Ray this project starts (``ray.init``'s
 #: ``_system_config``; ``ray start --system-config``): up to ``num_workers_soft_limit`` idle workers
 #: are kept for reuse, and idle ones beyond that live ``idle_worker_killing_time_threshold_ms``.
-#: Each worker imports torch once instead of once per task burst; an idle one costs its memory
-#: (about 300 MB resident, 200 MB of it its own).
+#: Each worker imports torch once instead of once per task burst; an idle one costs its memory.
 WORKER_POOL_CONFIG: dict[str, int] = {"num_workers_soft_limit": 32, "idle_worker_killing_time_threshold_ms": 600_000}
 
 

@@ -165,9 +165,8 @@ def label_stats(dataset, n_tasks: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     dataset: sums per block in Ray Data (one row per task and block), added up here.  ``std``
     is the population std (numpy's default), 1.0 where it is 0 or there are no labels.
 
-    The per-block rows are few (``n_tasks`` per block), so they are added on the driver; a Ray
-    Data ``groupby(...).sum()`` did the same through a hash shuffle whose aggregator actors took
-    14-30 s to start on a 2-CPU machine, per split."""
+    The per-block rows are few (``n_tasks`` per block), so they are added on the driver rather
+    than by a Ray Data ``groupby(...).sum()``, whose hash shuffle starts aggregator actors."""
     n = np.zeros(n_tasks)
     s = np.zeros(n_tasks)
     s2 = np.zeros(n_tasks)
