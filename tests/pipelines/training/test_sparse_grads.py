@@ -47,6 +47,11 @@ def _worker(rank, port, out_path):
         opt.step()
     torch.save({"grads": grads, "state": {k: v.detach().clone() for k, v in model.state_dict().items()}},
                f"{out_path}.{rank}")
+    # Both ranks done before either tears gloo down, and DDP's reducer gone first: a rank that
+    # destroyed its group while the other still used it aborted ("terminate called without an
+    # active exception", SIGABRT) once in the fast tier.
+    dist.barrier()
+    del ddp, sync
     dist.destroy_process_group()
 
 
