@@ -159,6 +159,10 @@ BASE_SCHEMA: dict[str, Field] = {
                                             "offer (numbers; CPU/GPU come from cpus_per_worker/use_gpu)"),
     "ray.max_failures": F(int, 0, min=-1, doc="worker-group restarts (-1 = unlimited)"),
     "ray.no_progress_timeout_s": F(float, 600.0, min=1.0, doc="Ray Data stall -> error"),
+    "ray.poll_interval_s": F(float, 0.5, min=0.05,
+                             doc="how often Ray Train's controller polls the training workers for their reports, "
+                                 "their end or their failure (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, which wins when set; "
+                                 "Ray's own default, 2 s, adds up to 2 s to each epoch's report and to the run's end)"),
     "ray.storage_path": F(str, None, nullable=True,
                           doc="checkpoints; default ./ray_results. On a multi-node cluster every node "
                               "must reach it: a shared filesystem path or a URI such as s3://..."),

@@ -1,14 +1,16 @@
 """Data work that runs beside training instead of before it, in :class:`BackgroundWorker`
 actors pinned to the driver's node that reserve no logical CPU.
 
+* :func:`start_background_worker`: the run's one actor at the lowest CPU priority
+  (:data:`BACKGROUND_NICENESS`) for the two jobs that follow, in the order submitted;
 * :func:`trace_in_background` -> :class:`TracedBlocks`: every block of the training split with a
-  ``trace`` column, for the epochs from the second on (lowest CPU priority,
-  :data:`BACKGROUND_NICENESS`);
+  ``trace`` column, for the epochs from the second on;
 * :func:`build_head_in_background` -> :class:`EpochHead`: epoch 1's first steps of every rank,
   gathered from the parsed blocks by position and built while Ray Train starts (normal
   priority: the trainer waits for them); :func:`read_head` reads them;
 * :func:`build_eval_in_background` -> :class:`CachedEval`: one eval split's step rows per rank,
-  built once and read by every epoch's evaluation (:func:`read_cached_eval`).
+  built once and read by every epoch's evaluation (:func:`read_cached_eval`); submitted before
+  the traces (epoch 1's evaluation needs it first).
 
 Results are object refs that datasets can be declared on before they exist (a task reading one
 waits for it).  The actors own what they made: keep the records
@@ -27,7 +29,7 @@ from pipelines.data.assembly import assign_eval, build_gathered_step, build_step
 from pipelines.data.positions import eval_group_rows
 from pipelines.data.step import Step, step_table, trace_block
 
-__all__ = ["BACKGROUND_NICENESS", "BackgroundWorker", "TracedBlocks", "CachedEval", "EpochHead", "trace_in_background",
+__all__ = ["BACKGROUND_NICENESS", "BackgroundWorker", "start_background_worker", "TracedBlocks", "CachedEval", "EpochHead", "trace_in_background",
            "build_eval_in_background", "build_head_in_background", "read_cached_eval", "read_head"]
 
 #: ``os.nice`` increment of the background processes (0: as the rest)
@@ -124,13 +126,21 @@ class BackgroundWorker:
 
 
 def _start(cfg_job, niceness: int):
-    """A :class:`BackgroundWorker` actor on this (the driver's) node."""
+    """A :class:`BackgroundWorker` actor on this (the driver's) node, at ``niceness``."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     cls = ray.remote(num_cpus=0, scheduling_strategy=here)(BackgroundWorker)
     return cls.remote(ray.put(cfg_job), int(niceness))
+
+
+def start_background_worker(experiment, cfg: dict, context: Any):
+    """One :class:`BackgroundWorker` at the lowest CPU priority (:data:`BACKGROUND_NICENESS`) for
+    the run's eval builds and traces: its calls run one at a time in the order submitted, so
+    submit what is needed first (the eval splits, read at the end of epoch 1) first.  One process
+    for all of them: each actor is a process that imports torch and unpickles the job again."""
+    return _start((experiment, cfg, context), BACKGROUND_NICENESS)
 
 
 @dataclasses.dataclass
@@ -153,10 +163,10 @@ class TracedBlocks:
         return ray.data.from_items([{"block": i} for i in range(n)], override_num_blocks=max(n, 1))
 
 
-def trace_in_background(source, experiment, cfg: dict, context: Any) -> TracedBlocks:
-    """Trace every block of ``source`` (a materialised dataset of rows ``pos``, ``rec``) in a
-    background actor while training starts, for the epochs from the second on; returns at once."""
-    worker = _start((experiment, cfg, context), BACKGROUND_NICENESS)
+def trace_in_background(source, worker) -> TracedBlocks:
+    """Trace every block of ``source`` (a materialised dataset of rows ``pos``, ``rec``) in
+    ``worker`` (:func:`start_background_worker`) while training runs, for the epochs from the
+    second on; returns at once."""
     return TracedBlocks([worker.trace.remote(block) for block in source.to_arrow_refs()], worker)
 
 
@@ -198,11 +208,10 @@ class CachedEval:
             fn_kwargs=dict(blocks=[self.blocks], rank=rank))
 
 
-def build_eval_in_background(split: str, source, experiment, cfg: dict, context: Any, world: int,
-                             batch_size: int) -> CachedEval:
+def build_eval_in_background(split: str, source, worker, world: int, batch_size: int) -> CachedEval:
     """Build the eval split ``split`` (``source``, a :class:`pipelines.data.splits.SplitSource`)
-    for every rank in a background actor (:meth:`BackgroundWorker.build_eval`); returns at once."""
-    worker = _start((experiment, cfg, context), BACKGROUND_NICENESS)
+    for every rank in ``worker`` (:func:`start_background_worker`; :meth:`BackgroundWorker.build_eval`);
+    returns at once."""
     refs = source.dataset.materialize().to_arrow_refs()
     return CachedEval(worker.build_eval.remote(refs, world, batch_size, source.n), worker, split)
 

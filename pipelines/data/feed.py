@@ -26,7 +26,7 @@ from pipelines.experiment import Experiment
 from pipelines.data.assembly import (SORTED_BLOCK_ROWS, assemble_steps, assign_eval, assign_traced_block, assign_train, build_steps,
                        gather_steps, step_boundaries, step_ranges_dataset)
 from pipelines.data.background import (build_eval_in_background, build_head_in_background, read_cached_eval, read_head,
-                         trace_in_background)
+                                       start_background_worker, trace_in_background)
 from pipelines.data.positions import EVAL_SPLITS, eval_group_rows, eval_groups, head_steps, train_step_rows, train_steps_per_epoch
 from pipelines.data.skips import SKIP_REPORT_ARTIFACT
 from pipelines.data.splits import StreamSplits, block_starts
@@ -250,14 +250,45 @@ def declare_feed(experiment: Experiment, cfg: dict, splits: StreamSplits, world:
                           f"(each step needs at least one record per worker)", "batch_size")
     source = train.dataset.materialize()          # rows pos, rec: parsed once, kept as blocks
     use_traces = cfg["data"]["cache_traces"] and cfg["epochs"] > 1
-    traced = trace_in_background(source, experiment, cfg, ctx_obj) if use_traces else None
-    background: list = [traced] if traced is not None else []
+    # one low-priority actor builds the eval splits, then traces the training split: in that
+    # order, since epoch 1's evaluation reads the former and only epoch 2 the latter
+    worker = start_background_worker(experiment, cfg, ctx_obj) if use_traces or cfg["data"]["cache_eval"] else None
+    background: list = []
+    datasets: dict = {}
+    build_kw = dict(experiment=experiment, cfg=cfg, context=ctx_obj)
+    eval_splits = []
+    eval_blocks: dict = {}
+    for split in EVAL_SPLITS:
+        src = splits.sources.get(split)
+        if src is None or not src.n:
+            continue
+        eval_splits.append(split)
+        cached = None
+        if cfg["data"]["cache_eval"]:
+            cached = build_eval_in_background(split, src, worker, world, ebs)
+            background.append(cached)
+            eval_blocks[split] = cached.blocks
+        for r in range(world):
+            if eval_groups(src.n, ebs, world, r) == 0:
+                continue
+            if cached is not None:
+                datasets[eval_dataset_name(split, r)] = cached.dataset(r)
+                continue
+            ds = src.dataset.map_batches(assign_eval, batch_format="pyarrow", batch_size=None,
+                                         fn_kwargs=dict(rank=r, world=world, batch_size=ebs))
+            ds = ds.sort("step", boundaries=step_boundaries(eval_groups(src.n, ebs, world, r), ebs)).map_batches(
+                build_steps, batch_format="pyarrow", batch_size=None,
+                fn_kwargs=dict(build_kw, epoch=0, rank=r, use_traces=False,
+                               expected=functools.partial(eval_group_rows, rank=r, world=world, batch_size=ebs,
+                                                          n=src.n)))
+            datasets[eval_dataset_name(split, r)] = ds
+    traced = trace_in_background(source, worker) if use_traces else None
+    if traced is not None:
+        background.append(traced)
     # epoch 1's first steps: gathered by position and built while Ray Train starts (not when the
     # run resumes from a checkpoint: it starts after epoch 1)
     head = 0 if cfg.get("resume_from") else head_steps(cfg, steps, world)
     heads: dict = {}
-    datasets: dict = {}
-    build_kw = dict(experiment=experiment, cfg=cfg, context=ctx_obj)
     split_bytes = None
     if cfg["data"]["step_assembly"] == "auto":
         split_bytes = estimated_split_bytes(source, experiment, cfg, ctx_obj, train.n, use_traces)
@@ -302,32 +333,6 @@ def declare_feed(experiment: Experiment, cfg: dict, splits: StreamSplits, world:
                                expected=functools.partial(train_step_rows, rank=r, world=world, batch_size=bs,
                                                           n=train.n)))
             datasets[train_dataset_name(epoch, r)] = ds
-    eval_splits = []
-    eval_blocks: dict = {}
-    for split in EVAL_SPLITS:
-        src = splits.sources.get(split)
-        if src is None or not src.n:
-            continue
-        eval_splits.append(split)
-        cached = None
-        if cfg["data"]["cache_eval"]:
-            cached = build_eval_in_background(split, src, experiment, cfg, ctx_obj, world, ebs)
-            background.append(cached)
-            eval_blocks[split] = cached.blocks
-        for r in range(world):
-            if eval_groups(src.n, ebs, world, r) == 0:
-                continue
-            if cached is not None:
-                datasets[eval_dataset_name(split, r)] = cached.dataset(r)
-                continue
-            ds = src.dataset.map_batches(assign_eval, batch_format="pyarrow", batch_size=None,
-                                         fn_kwargs=dict(rank=r, world=world, batch_size=ebs))
-            ds = ds.sort("step", boundaries=step_boundaries(eval_groups(src.n, ebs, world, r), ebs)).map_batches(
-                build_steps, batch_format="pyarrow", batch_size=None,
-                fn_kwargs=dict(build_kw, epoch=0, rank=r, use_traces=False,
-                               expected=functools.partial(eval_group_rows, rank=r, world=world, batch_size=ebs,
-                                                          n=src.n)))
-            datasets[eval_dataset_name(split, r)] = ds
     plan = DataPlan(steps=steps, eval_splits=tuple(eval_splits), world=world, n_train=train.n,
                     datasets=tuple(sorted(datasets)))
     feed = Feed(experiment, cfg, ctx_obj, plan, eval_blocks=eval_blocks, heads=heads)

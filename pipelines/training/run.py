@@ -30,6 +30,7 @@ contents), ``pipelines.seeding`` (seeds, RNG state, parameter hashes), ``pipelin
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -188,6 +189,25 @@ def _read_data(experiment: Experiment, cfg: dict, world: int, tracker: trk.Track
     return RunData(splits, declared)
 
 
+#: the environment variable of Ray Train's controller poll interval (``ray.poll_interval_s``)
+POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+
+
+@contextlib.contextmanager
+def controller_env(ray_cfg: Mapping[str, Any]):
+    """Within it, this process's environment holds ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S =
+    ray.poll_interval_s`` unless the variable is already set (then it wins); Ray Train hands it
+    from the driver to the controller it starts in ``fit()``.  Restored on exit."""
+    if POLL_INTERVAL_ENV in os.environ:
+        yield
+        return
+    os.environ[POLL_INTERVAL_ENV] = f"{float(ray_cfg['poll_interval_s']):g}"
+    try:
+        yield
+    finally:
+        os.environ.pop(POLL_INTERVAL_ENV, None)
+
+
 def _fit(plan: TrainPlan, declared: DeclaredData, resources: dict, checks: RunChecks, tracker: trk.Tracker,
          extra_callbacks: Sequence[Any] = ()):
     """Build the ``TorchTrainer`` and fit it (``resources``: each worker's CPU/GPU, beside
@@ -225,7 +245,8 @@ def _fit(plan: TrainPlan, declared: DeclaredData, resources: dict, checks: RunCh
     printer = console.ProgressPrinter(plan.progress, cfg["epochs"], interval_s=cfg["progress_every_s"]).start()
     t0 = time.perf_counter()
     try:
-        result = trainer.fit()
+        with controller_env(cfg["ray"]):
+            result = trainer.fit()
     except Exception as err:  # noqa: BLE001 - re-raised, named when the storage is the cause
         named = storage_failure(err, storage) or checkpoint.misfit_in(err)
         if named is not None:
