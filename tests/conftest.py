@@ -9,7 +9,9 @@
   lost, concurrent runs and replays, crafted outbox files) run beside a CPU burner: ``FOLD_TEST_BURNERS`` busy processes (default 1,
   ``0`` turns it off) for the test's duration, so that the recovery paths are checked on a
   loaded machine, where timing-dependent bugs show (autouse fixture; their pids in
-  ``FOLD_TEST_BURNER_PIDS``).
+  ``FOLD_TEST_BURNER_PIDS``).  A burner runs at the niceness Ray gives its workers (15), so it
+  takes its fair share beside them: at niceness 0 (CFS weight 1024 against their 36) it took 97%
+  of a core whenever it contended with a worker, which left Ray one core, not a loaded machine.
 * Fixtures: ``data_dir`` (the datasets directory; skips the test when it is absent, fails under CI) and
   ``mlflow_sqlite_uri`` (a fresh MLflow sqlite store under ``tmp_path``).
 """
@@ -76,8 +78,13 @@ def _isolated_mlflow_tracking_uri():
         tracking_utils._tracking_uri = saved
 
 
-#: what a burner runs: a busy loop (it exits when the test's process goes away)
-_BURN = "import os, time\nppid = os.getppid()\nwhile os.getppid() == ppid:\n    for _ in range(100000): pass\n"
+#: the niceness of Ray's worker processes (tasks and actors, Ray Train's included): a burner runs
+#: at it, competing with them as an equal
+RAY_WORKER_NICENESS = 15
+
+#: what a burner runs: a busy loop at Ray's workers' niceness (it exits when the test's process goes away)
+_BURN = (f"import os\nos.nice({RAY_WORKER_NICENESS})\nppid = os.getppid()\n"
+         "while os.getppid() == ppid:\n    for _ in range(100000): pass\n")
 
 
 @pytest.fixture(autouse=True)

@@ -99,3 +99,7 @@ def test_a_fault_test_runs_beside_a_busy_cpu_burner():
     before = [cpu_ticks(p) for p in pids]
     time.sleep(0.5)
     assert all(cpu_ticks(p) > b for p, b in zip(pids, before))
+    # at the niceness of Ray's workers (tests/conftest.py says why)
+    for p in pids:
+        with open(f"/proc/{p}/stat") as f:
+            assert int(f.read().rsplit(")", 1)[1].split()[16]) == 15    # field 19: nice
