@@ -365,27 +365,39 @@ def test_default_cluster_listens_on_loopback_only(cluster_env, tmp_path):
     assert not marker.exists()
 
     # While a job runs, its driver and Ray's worker processes listen on loopback only, too.
+    # The job holds its driver and an actor up until the test has looked at their sockets (three
+    # looks after the job said it is ready), then ends.
     started = {port for _, port, _, _ in sockets}
-    job = ("import ray, time\n"
+    ready, release = tmp_path / "job-ready", tmp_path / "job-release"
+    job = ("import pathlib, ray, time\n"
            "ray.init()\n"
            "@ray.remote\n"
            "class Holder:\n"
            "    def ready(self): return True\n"
            "h = Holder.remote(); ray.get(h.ready.remote())\n"
-           "print('JOB-READY', flush=True); time.sleep(25)\n")
+           f"pathlib.Path({str(ready)!r}).touch(); print('JOB-READY', flush=True)\n"
+           "end = time.monotonic() + 120\n"
+           f"while not pathlib.Path({str(release)!r}).exists() and time.monotonic() < end:\n"
+           "    time.sleep(0.2)\n")
     proc = subprocess.Popen(["bash", str(SCRIPTS / "submit.sh"), "--raw", "--", "python", "-c", job],
                             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     during: set = set()
+    looks_after_ready = 0
     try:
         deadline = time.monotonic() + 240
         while proc.poll() is None and time.monotonic() < deadline:
+            is_ready = ready.exists()
             during.update(listening_sockets(_cluster_pids(state)))
+            looks_after_ready += is_ready
+            if looks_after_ready >= 3:
+                release.touch()
             time.sleep(1)
         out = proc.communicate(timeout=120)[0]
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0 and "JOB-READY" in out, out[-3000:]
+    assert looks_after_ready >= 3, "the job ended before the test looked at its sockets"
     new = sorted(s for s in during if s[1] not in started)
     print("listening while a job ran (new):", *new, sep="\n  ")
     assert new, "the job's driver and actor opened no listening socket?"
