@@ -44,6 +44,7 @@ def test_stage_seconds_times_parse_then_run_in_chunks_on_one_thread():
 pytestmark = [pytest.mark.integration]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_three_ways_for_both_workloads(data_dir):
     rows = bench.run(["sst", "tox21"], ks=(1, 2), per_example=4, limit=12, data_dir=str(data_dir), mlflow=False,

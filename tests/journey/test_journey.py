@@ -40,7 +40,7 @@ BAD_TREE = "(3 (2 unbalanced) (3 tree)"
 BAD_SMILES = "C1CC(not a smiles"
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
-pytestmark = [pytest.mark.integration, pytest.mark.journey, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.integration, pytest.mark.journey, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 def readme_section(title: str) -> str:

@@ -72,6 +72,7 @@ def test_heartbeat_logs_a_periodic_line_and_stops_with_its_block(caplog):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_entry_point_prints_an_epoch_line_per_epoch_and_little_else(tmp_path, data_dir):
     """``python -m pipelines.sst.train`` without ``--verbose``: no Ray Data / Ray Train / worker

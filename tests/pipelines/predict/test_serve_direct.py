@@ -22,7 +22,7 @@ from pipelines.predict.batch import predictor_from_package
 from tests.pipelines.helpers import sst_lines, untrained_sst
 from tests.pipelines.mlflow_server import unused_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 BAD_TREE = "(3 (2 unbalanced) (3 tree)"
 

@@ -109,6 +109,7 @@ def _sweep_cmd(tmp, *args):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_seed_sweep_survives_a_killed_driver(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -184,6 +185,7 @@ def test_seed_sweep_survives_a_killed_driver(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_an_errored_trial_fails_the_sweep_and_resume_reruns_it(tmp_path):
     """A trial that errors (here its worker exits once, with ray.max_failures=0; in the field, a
@@ -223,6 +225,7 @@ def test_an_errored_trial_fails_the_sweep_and_resume_reruns_it(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_asha_stops_the_trial_that_cannot_learn(ray_cluster, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root ./mlruns lands in tmp_path
