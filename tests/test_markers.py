@@ -40,10 +40,11 @@ def _starts_services(fn, source: str) -> bool:
     return any(call in text for call in SERVICE_CALLS)
 
 
-def unmarked_service_tests() -> list[str]:
-    """``path::test`` of every test that starts a service without the ``integration`` marker."""
+def unmarked_service_tests(tests: pathlib.Path = TESTS) -> list[str]:
+    """``path::test`` (relative to ``tests``' parent) of every test under ``tests`` that starts a
+    service without the ``integration`` marker."""
     out = []
-    for path in sorted(TESTS.rglob("test_*.py")):
+    for path in sorted(tests.rglob("test_*.py")):
         if path.name == "test_markers.py":
             continue
         source = path.read_text(encoding="utf-8")
@@ -56,7 +57,7 @@ def unmarked_service_tests() -> list[str]:
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
                 marks = module | inherited | _marks(node.decorator_list)
                 if "integration" not in marks and _starts_services(node, source):
-                    out.append(f"{path.relative_to(TESTS.parent)}::{node.name}")
+                    out.append(f"{path.relative_to(tests.parent)}::{node.name}")
     return out
 
 
@@ -64,17 +65,17 @@ def test_every_test_that_starts_a_service_is_marked_integration():
     assert unmarked_service_tests() == []
 
 
-def test_the_rule_sees_a_fixture_and_a_call(tmp_path, monkeypatch):
-    """The check can fail: an unmarked test asking for ``ray_cluster`` or calling ``ray.init(`` is found."""
-    probe = TESTS / "test_zz_marker_probe.py"
+def test_the_rule_sees_a_fixture_and_a_call(tmp_path):
+    """The check can fail: an unmarked test asking for ``ray_cluster`` or calling ``ray.init(`` is
+    found (in a copy of the rule's input under ``tmp_path``: the tests' own folder stays as it is
+    for the other pytest-xdist worker)."""
+    probe = tmp_path / "tests" / "test_zz_marker_probe.py"
+    probe.parent.mkdir()
     probe.write_text("import pytest\n\ndef test_a(ray_cluster):\n    pass\n\n"
                      "def test_b():\n    import ray; ray.init()\n\n"
                      "@pytest.mark.integration\ndef test_c(ray_cluster):\n    pass\n")
-    try:
-        assert unmarked_service_tests() == ["tests/test_zz_marker_probe.py::test_a",
-                                            "tests/test_zz_marker_probe.py::test_b"]
-    finally:
-        probe.unlink()
+    assert unmarked_service_tests(probe.parent) == ["tests/test_zz_marker_probe.py::test_a",
+                                                    "tests/test_zz_marker_probe.py::test_b"]
 
 
 import pytest  # noqa: E402
