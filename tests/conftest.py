@@ -12,26 +12,20 @@
   ``FOLD_TEST_BURNER_PIDS``).  A burner runs at the niceness Ray gives its workers (15), so it
   takes its fair share beside them: at niceness 0 (CFS weight 1024 against their 36) it took 97%
   of a core whenever it contended with a worker, which left Ray one core, not a loaded machine.
-* Under pytest-xdist (``-n 2``) the tests share the machine by a rule: a test marked ``fault``
-  runs alone, the others side by side (:func:`machine_share`: a shared or exclusive ``flock``
-  held from the test's setup, module fixtures included, to its teardown).  A recovery path is
-  checked beside its burner, not beside another test's cluster.  The test files go out in the
-  order :func:`xdist_order` gives (the journey, then files with a ``slow`` test, the rest, and the
-  files with a ``fault`` test last; run with ``--dist loadfile --no-loadscope-reorder``): the
-  longest work starts first, so no worker waits alone at the end on a long file, and a fault
-  test waits only for tests of its own kind, never for the main job's minutes.
+* Under pytest-xdist (``-n 2 --dist loadgroup --no-loadscope-reorder``, the integration run of
+  ``scripts/test.sh``) a test file goes to one worker whole (its module fixtures are set up once),
+  the files with a ``fault`` test all to the same worker, one after another (never two burners
+  and two failing clusters at once), and the longest units first (:func:`xdist_groups`), so that
+  no worker is left alone at the end with a long file.
 * Fixtures: ``data_dir`` (the datasets directory; skips the test when it is absent, fails under CI) and
   ``mlflow_sqlite_uri`` (a fresh MLflow sqlite store under ``tmp_path``).
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
@@ -117,53 +111,44 @@ def _cpu_burner(request):
             p.wait()
 
 
-@contextlib.contextmanager
-def machine_share(exclusive: bool):
-    """Within it, this pytest-xdist worker holds the run's machine lock: shared (other workers'
-    tests run beside) or ``exclusive`` (they wait until it is released; none starts meanwhile).
-    A turnstile lock taken before the machine lock lets a waiting exclusive test in before any
-    new shared one.  Without xdist (one process) it does nothing."""
-    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not uid:
-        yield
-        return
-    base = pathlib.Path(tempfile.gettempdir()) / f"fold-tests-{uid}"
-    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.machine", "a") as machine:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(machine, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(machine, fcntl.LOCK_UN)
+#: the pytest-xdist group of every test file holding a ``fault`` test: one worker runs them all,
+#: one after another, never two burners and two failing clusters at once
+FAULT_GROUP = "fault"
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """Each test's setup, call and teardown under :func:`machine_share` (exclusive for ``fault``)."""
-    with machine_share(item.get_closest_marker("fault") is not None):
-        return (yield)
-
-
-def xdist_order(items: list) -> list:
-    """``items`` grouped by file, the files in this order (each kept in collection order, and
-    its tests in theirs): a file with a ``journey`` test, then one with a ``slow`` test, then the
-    others, and last a file with a ``fault`` test (fault first: it runs alone)."""
-    files: dict[str, list] = {}
+def xdist_groups(items: list) -> list[tuple[str, list]]:
+    """``items`` as the units pytest-xdist hands out (``--dist loadgroup``), in the order they go
+    out, each unit's tests in collection order: one unit per test file, except that every file
+    with a ``fault`` test is in the one unit :data:`FAULT_GROUP`; first the fault unit and a
+    file with a ``journey`` test (the two longest), then the files with a ``slow`` test, then the
+    rest, each kind in collection order."""
+    units: dict[str, list] = {}
     for item in items:
-        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+        path = item.nodeid.split("::")[0]
+        units.setdefault(path, []).append(item)
+    grouped: dict[str, list] = {}
+    for path, tests in units.items():
+        faulty = any(t.get_closest_marker("fault") for t in tests)
+        grouped.setdefault(FAULT_GROUP if faulty else path, []).extend(tests)
 
-    def rank(tests: list) -> int:
+    def rank(unit: tuple[str, list]) -> int:
+        name, tests = unit
         marks = {m.name for t in tests for m in t.iter_markers()}
-        return 3 if "fault" in marks else 0 if "journey" in marks else 1 if "slow" in marks else 2
+        return 0 if name == FAULT_GROUP or "journey" in marks else 1 if "slow" in marks else 2
 
-    return [t for tests in sorted(files.values(), key=rank) for t in tests]
+    return sorted(grouped.items(), key=rank)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """On a pytest-xdist worker: the tests in :func:`xdist_order` (every worker collects the
-    same order, which ``--dist loadfile --no-loadscope-reorder`` hands out from the front)."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        items[:] = xdist_order(items)
+    """On a pytest-xdist worker: the tests in :func:`xdist_groups`' order, each marked with its
+    unit as ``xdist_group`` (which ``--dist loadgroup --no-loadscope-reorder`` hands out whole,
+    from the front; every worker collects the same)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    ordered = []
+    for name, tests in xdist_groups(items):
+        for t in tests:
+            t.add_marker(pytest.mark.xdist_group(name))
+        ordered += tests
+    items[:] = ordered

@@ -1,0 +1,40 @@
+"""tests/conftest.py's units for pytest-xdist (``--dist loadgroup``): a file whole, every file
+with a ``fault`` test in one unit, the longest units first."""
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import FAULT_GROUP, xdist_groups
+
+
+class _Item:
+    """What :func:`xdist_groups` reads of a pytest item: its node id and markers."""
+
+    def __init__(self, nodeid, *marks):
+        self.nodeid, self.marks = nodeid, [getattr(pytest.mark, m).mark for m in marks]
+
+    def iter_markers(self):
+        return iter(self.marks)
+
+    def get_closest_marker(self, name):
+        return next((m for m in self.marks if m.name == name), None)
+
+
+def test_files_go_whole_fault_files_together_and_the_longest_first():
+    items = [_Item("a.py::t1"), _Item("f.py::t1"), _Item("f.py::t2", "fault"), _Item("s.py::t1"),
+             _Item("s.py::t2", "slow"), _Item("j.py::t1", "journey"), _Item("a.py::t2"),
+             _Item("g.py::t1", "fault"), _Item("j.py::t2", "journey")]
+    units = [(name, [t.nodeid for t in tests]) for name, tests in xdist_groups(items)]
+    assert units == [(FAULT_GROUP, ["f.py::t1", "f.py::t2", "g.py::t1"]),
+                     ("j.py", ["j.py::t1", "j.py::t2"]),
+                     ("s.py", ["s.py::t1", "s.py::t2"]),
+                     ("a.py", ["a.py::t1", "a.py::t2"])]
+
+
+def test_every_collected_test_is_in_exactly_one_unit(request):
+    items = request.session.items
+    units = xdist_groups(items)
+    assert sorted(t.nodeid for _, tests in units for t in tests) == sorted(t.nodeid for t in items)
+    fault_files = {t.nodeid.split("::")[0] for t in items if t.get_closest_marker("fault")}
+    in_fault_unit = {t.nodeid.split("::")[0] for name, tests in units if name == FAULT_GROUP for t in tests}
+    assert in_fault_unit == fault_files
