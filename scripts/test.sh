@@ -43,6 +43,6 @@ fi
 t_all=$SECONDS
 rc=0
 run_pytest -m "not integration" -n 2 || rc=$?
-run_pytest -m integration -n 2 --dist loadgroup --no-loadscope-reorder || { r=$?; [ "$rc" -ne 0 ] || rc=$r; }
+run_pytest -m integration -n 2 --dist loadfile --no-loadscope-reorder || { r=$?; [ "$rc" -ne 0 ] || rc=$r; }
 say "both runs finished in $((SECONDS - t_all))s with exit code $rc"
 exit "$rc"

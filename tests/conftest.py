@@ -12,11 +12,11 @@
   ``FOLD_TEST_BURNER_PIDS``).  A burner runs at the niceness Ray gives its workers (15), so it
   takes its fair share beside them: at niceness 0 (CFS weight 1024 against their 36) it took 97%
   of a core whenever it contended with a worker, which left Ray one core, not a loaded machine.
-* Under pytest-xdist (``-n 2 --dist loadgroup --no-loadscope-reorder``, the integration run of
+* Under pytest-xdist (``-n 2 --dist loadfile --no-loadscope-reorder``, the integration run of
   ``scripts/test.sh``) a test file goes to one worker whole (its module fixtures are set up once),
   the files with a ``fault`` test all to the same worker, one after another (never two burners
-  and two failing clusters at once), and the longest units first (:func:`xdist_groups`), so that
-  no worker is left alone at the end with a long file.
+  and two failing clusters at once: :func:`pytest_xdist_make_scheduler`), and the longest units
+  first (:func:`xdist_groups`), so that no worker is left alone at the end with a long file.
 * Fixtures: ``data_dir`` (the datasets directory; skips the test when it is absent, fails under CI) and
   ``mlflow_sqlite_uri`` (a fresh MLflow sqlite store under ``tmp_path``).
 """
@@ -117,7 +117,8 @@ FAULT_GROUP = "fault"
 
 
 def xdist_groups(items: list) -> list[tuple[str, list]]:
-    """``items`` as the units pytest-xdist hands out (``--dist loadgroup``), in the order they go
+    """``items`` as the units pytest-xdist hands out (``--dist loadfile``, with
+    :func:`pytest_xdist_make_scheduler`), in the order they go
     out, each unit's tests in collection order: one unit per test file, except that every file
     with a ``fault`` test is in the one unit :data:`FAULT_GROUP`; first the fault unit and a
     file with a ``journey`` test (the two longest), then the files with a ``slow`` test, then the
@@ -139,16 +140,34 @@ def xdist_groups(items: list) -> list[tuple[str, list]]:
     return sorted(grouped.items(), key=rank)
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """On a pytest-xdist worker: the tests in :func:`xdist_groups`' order, each marked with its
-    unit as ``xdist_group`` (which ``--dist loadgroup --no-loadscope-reorder`` hands out whole,
-    from the front; every worker collects the same)."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    ordered = []
-    for name, tests in xdist_groups(items):
-        for t in tests:
-            t.add_marker(pytest.mark.xdist_group(name))
-        ordered += tests
-    items[:] = ordered
+    """On a pytest-xdist worker: the tests in :func:`xdist_groups`' order (every worker collects
+    the same order; ``--no-loadscope-reorder`` keeps it)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items[:] = [t for _, tests in xdist_groups(items) for t in tests]
+
+
+def fault_files(tests: pathlib.Path = pathlib.Path(__file__).resolve().parent) -> set[str]:
+    """The test files (node-id paths, ``tests/...``) whose source marks a test ``fault``: what the
+    controller of a pytest-xdist run, which collects nothing itself, knows of the markers."""
+    root = tests.parent
+    return {str(p.relative_to(root)) for p in tests.rglob("test_*.py")
+            if "pytest.mark.fault" in p.read_text(encoding="utf-8")}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``: a unit per test file as usual, except that every file of
+    :func:`fault_files` is in the one unit :data:`FAULT_GROUP` (one worker runs them one after
+    another).  Any other ``--dist``: pytest-xdist's own scheduler."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    faulty = fault_files()
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::")[0]
+            return FAULT_GROUP if path in faulty else path
+
+    return FileScheduling(config, log)

@@ -1,10 +1,10 @@
-"""tests/conftest.py's units for pytest-xdist (``--dist loadgroup``): a file whole, every file
+"""tests/conftest.py's units for pytest-xdist (``--dist loadfile``): a file whole, every file
 with a ``fault`` test in one unit, the longest units first."""
 from __future__ import annotations
 
 import pytest
 
-from tests.conftest import FAULT_GROUP, xdist_groups
+from tests.conftest import FAULT_GROUP, fault_files, xdist_groups
 
 
 class _Item:
@@ -38,3 +38,11 @@ def test_every_collected_test_is_in_exactly_one_unit(request):
     fault_files = {t.nodeid.split("::")[0] for t in items if t.get_closest_marker("fault")}
     in_fault_unit = {t.nodeid.split("::")[0] for name, tests in units if name == FAULT_GROUP for t in tests}
     assert in_fault_unit == fault_files
+
+
+def test_the_controller_finds_the_fault_files_the_markers_name(request):
+    """The scheduler's source rule (:func:`fault_files`) agrees with the markers of what was collected."""
+    marked = {t.nodeid.split("::")[0] for t in request.session.items if t.get_closest_marker("fault")}
+    collected = {t.nodeid.split("::")[0] for t in request.session.items}
+    assert fault_files() & collected == marked
+    assert "tests/pipelines/training/test_run.py" in fault_files()
