@@ -41,8 +41,10 @@ def test_every_collected_test_is_in_exactly_one_unit(request):
 
 
 def test_the_controller_finds_the_fault_files_the_markers_name(request):
-    """The scheduler's source rule (:func:`fault_files`) agrees with the markers of what was collected."""
+    """The scheduler's source rule (:func:`fault_files`) finds every file with a ``fault`` test
+    among those collected (``-m`` may have deselected a file's fault tests and kept the others)."""
     marked = {t.nodeid.split("::")[0] for t in request.session.items if t.get_closest_marker("fault")}
-    collected = {t.nodeid.split("::")[0] for t in request.session.items}
-    assert fault_files() & collected == marked
-    assert "tests/pipelines/training/test_run.py" in fault_files()
+    assert marked <= fault_files()
+    assert {"tests/pipelines/training/test_run.py", "tests/pipelines/test_two_node.py",
+            "tests/pipelines/tracking/test_tracking_outage.py"} <= fault_files()
+    assert "tests/pipelines/sst/test_train.py" not in fault_files()
