@@ -36,13 +36,14 @@ if [ $# -gt 0 ]; then
   run_pytest "$@"
   exit $?
 fi
-# Everything, in two runs, each on two processes (pytest-xdist): the tests that start no Ray,
-# MLflow server or main job (the fast tier, `-m "not integration"`), then the integration tests,
-# a test file per process at a time, the files with a `fault` test one after another on one
-# process, the longest first (tests/conftest.py: xdist_groups). Both always run.
+# Everything, in two runs: the tests that start no Ray, MLflow server or main job (the fast tier,
+# `-m "not integration"`) on two processes (pytest-xdist), then the integration tests one at a
+# time (on two processes, `-n 2 --dist loadfile --no-loadscope-reorder`, they took 22 min instead
+# of 28, but the serve command once outlived its 90 s shutdown wait: not the default until that
+# is understood; docs/quickstart.md). Both always run.
 t_all=$SECONDS
 rc=0
 run_pytest -m "not integration" -n 2 || rc=$?
-run_pytest -m integration -n 2 --dist loadfile --no-loadscope-reorder || { r=$?; [ "$rc" -ne 0 ] || rc=$r; }
+run_pytest -m integration || { r=$?; [ "$rc" -ne 0 ] || rc=$r; }
 say "both runs finished in $((SECONDS - t_all))s with exit code $rc"
 exit "$rc"
