@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the test suite: bash scripts/test.sh [pytest args...]
-# Without arguments: the whole suite, as two pytest runs (the fast tier on two processes, then the
-# integration tests); with arguments: one pytest run with them.
+# Without arguments: the whole suite, as two pytest runs on two processes each (the fast tier,
+# then the integration tests); with arguments: one pytest run with them.
 #
 # Self-sufficient on a fresh machine: when .venv is missing (or pyproject.toml changed since it
 # was installed) it creates it with python3.11 and installs torch==2.13.0 first (a CPU build; an
@@ -37,13 +37,12 @@ if [ $# -gt 0 ]; then
   exit $?
 fi
 # Everything, in two runs: the tests that start no Ray, MLflow server or main job (the fast tier,
-# `-m "not integration"`) on two processes (pytest-xdist), then the integration tests one at a
-# time (on two processes, `-n 2 --dist loadfile --no-loadscope-reorder`, they took 22 min instead
-# of 28, but the serve command once outlived its 90 s shutdown wait: not the default until that
-# is understood; docs/quickstart.md). Both always run.
+# `-m "not integration"`) on two processes (pytest-xdist), then the integration tests on two
+# processes, a test file to one process whole and every file with a `fault` test to the same one
+# (tests/conftest.py; docs/quickstart.md). Both always run.
 t_all=$SECONDS
 rc=0
 run_pytest -m "not integration" -n 2 || rc=$?
-run_pytest -m integration || { r=$?; [ "$rc" -ne 0 ] || rc=$r; }
+run_pytest -m integration -n 2 --dist loadfile --no-loadscope-reorder || { r=$?; [ "$rc" -ne 0 ] || rc=$r; }
 say "both runs finished in $((SECONDS - t_all))s with exit code $rc"
 exit "$rc"

@@ -12,8 +12,8 @@
   ``FOLD_TEST_BURNER_PIDS``).  A burner runs at the niceness Ray gives its workers (15), so it
   takes its fair share beside them: at niceness 0 (CFS weight 1024 against their 36) it took 97%
   of a core whenever it contended with a worker, which left Ray one core, not a loaded machine.
-* Under pytest-xdist with ``-n 2 --dist loadfile --no-loadscope-reorder`` (opt-in for the
-  integration tests: docs/quickstart.md; ``scripts/test.sh`` runs them one at a time) a test file goes to one worker whole (its module fixtures are set up once),
+* Under pytest-xdist with ``-n 2 --dist loadfile --no-loadscope-reorder`` (how ``scripts/test.sh``
+  runs the integration tests) a test file goes to one worker whole (its module fixtures are set up once),
   the files with a ``fault`` test all to the same worker, one after another (never two burners
   and two failing clusters at once: :func:`pytest_xdist_make_scheduler`), and the longest units
   first (:func:`xdist_groups`), so that no worker is left alone at the end with a long file.

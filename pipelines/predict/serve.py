@@ -354,6 +354,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         ingress = a.ingress
         if ingress == "auto":
             ingress = "proxy" if (ray.is_initialized() or os.environ.get("RAY_ADDRESS")) else "direct"
+        own_ray = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
         if ingress == "direct" and not ray.is_initialized():
             os.environ.update(direct_ingress_env(a.port, a.max_replicas or a.replicas))
         connect_ray(verbose=a.verbose, include_dashboard=False, log_to_driver=a.verbose)
@@ -369,7 +370,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             while True:
                 time.sleep(3600)
         finally:
-            serve.shutdown()
+            # On a Ray this command started, ray.shutdown() stops Serve with the rest of it.  Ctrl-C
+            # reaches that Ray's processes too (one process group), and serve.shutdown() would then
+            # wait 30 s for a controller that is already gone.  On a cluster, delete the app.
+            if not own_ray:
+                serve.shutdown()
             ray.shutdown()
 
 

@@ -1,7 +1,8 @@
 """``python -m pipelines.predict.serve`` as the docs run it, on its own local Ray: direct ingress
 (the replica listens on ``--port`` itself), concurrent requests with good and bad rows batched
 together, each answered with exactly the predictor's rows for its own inputs; the size limit
-still refused with 413; Ctrl-C (SIGINT) stops it."""
+still refused with 413; Ctrl-C (SIGINT to its process group) stops it without waiting on the Serve controller the
+signal already ended."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -74,6 +75,11 @@ def test_the_serve_command_answers_on_its_port_with_direct_ingress(data_dir, tmp
         assert stats["requests"] == 32 and stats["batches"] < 32, stats
         status, body = _post(url, b"{" + b" " * 30_000 + b"}")
         assert status == 413 and "over the limit of 20000" in body["message"]
+        os.killpg(proc.pid, signal.SIGINT)      # Ctrl-C in a terminal: the whole process group, Ray's too
+        rest, _ = proc.communicate(timeout=90)
+        assert proc.returncode == 130 and "pipelines.predict.serve: stopped" in rest, rest
+        # its own Ray goes down with it; no 30 s wait for a Serve controller the signal already ended
+        assert "failed to shut down" not in rest, rest
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)
