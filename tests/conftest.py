@@ -30,6 +30,7 @@ import sys
 import pytest
 
 from pipelines.datadir import default_data_dir
+from tests.shared_ray import SharedRay
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -83,6 +84,23 @@ def _isolated_mlflow_tracking_uri():
         tracking_utils._tracking_uri = saved
 
 
+@pytest.fixture(autouse=True)
+def _no_leftover_ray(request):
+    """A test that does not ask for ``ray_cluster`` finds no Ray that another module left up
+    (:class:`SharedRay`)."""
+    if (SharedRay.gcs_address is not None and "ray_cluster" not in request.fixturenames
+            and SharedRay.module != request.module.__name__):
+        SharedRay.stop()
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_shared_ray_at_the_end():
+    yield
+    if SharedRay.gcs_address is not None:
+        SharedRay.stop()
+
+
 #: the niceness of Ray's worker processes (tasks and actors, Ray Train's included): a burner runs
 #: at it, competing with them as an equal
 RAY_WORKER_NICENESS = 15
@@ -122,7 +140,8 @@ def xdist_groups(items: list) -> list[tuple[str, list]]:
     out, each unit's tests in collection order: one unit per test file, except that every file
     with a ``fault`` test is in the one unit :data:`FAULT_GROUP`; first the fault unit and a
     file with a ``journey`` test (the two longest), then the files with a ``slow`` test, then the
-    rest, each kind in collection order."""
+    rest; within each kind, the files asking for ``ray_cluster`` first (back to back, a worker
+    keeps one Ray for them: :class:`tests.shared_ray.SharedRay`), otherwise in collection order."""
     units: dict[str, list] = {}
     for item in items:
         path = item.nodeid.split("::")[0]
@@ -132,10 +151,11 @@ def xdist_groups(items: list) -> list[tuple[str, list]]:
         faulty = any(t.get_closest_marker("fault") for t in tests)
         grouped.setdefault(FAULT_GROUP if faulty else path, []).extend(tests)
 
-    def rank(unit: tuple[str, list]) -> int:
+    def rank(unit: tuple[str, list]) -> tuple[int, bool]:
         name, tests = unit
         marks = {m.name for t in tests for m in t.iter_markers()}
-        return 0 if name == FAULT_GROUP or "journey" in marks else 1 if "slow" in marks else 2
+        kind = 0 if name == FAULT_GROUP or "journey" in marks else 1 if "slow" in marks else 2
+        return kind, not any("ray_cluster" in t.fixturenames for t in tests)
 
     return sorted(grouped.items(), key=rank)
 

@@ -8,10 +8,11 @@ from tests.conftest import FAULT_GROUP, fault_files, xdist_groups
 
 
 class _Item:
-    """What :func:`xdist_groups` reads of a pytest item: its node id and markers."""
+    """What :func:`xdist_groups` reads of a pytest item: its node id, markers and fixture names."""
 
-    def __init__(self, nodeid, *marks):
+    def __init__(self, nodeid, *marks, fixtures=()):
         self.nodeid, self.marks = nodeid, [getattr(pytest.mark, m).mark for m in marks]
+        self.fixturenames = list(fixtures)
 
     def iter_markers(self):
         return iter(self.marks)
@@ -29,6 +30,13 @@ def test_files_go_whole_fault_files_together_and_the_longest_first():
                      ("j.py", ["j.py::t1", "j.py::t2"]),
                      ("s.py", ["s.py::t1", "s.py::t2"]),
                      ("a.py", ["a.py::t1", "a.py::t2"])]
+
+
+def test_files_sharing_a_ray_go_out_back_to_back_within_their_kind():
+    items = [_Item("a.py::t1"), _Item("r.py::t1", fixtures=["ray_cluster"]), _Item("b.py::t1", "slow"),
+             _Item("c.py::t1"), _Item("q.py::t1"), _Item("q.py::t2", fixtures=["ray_data_ordered", "ray_cluster"]),
+             _Item("p.py::t1", "slow", fixtures=["ray_cluster"])]
+    assert [name for name, _ in xdist_groups(items)] == ["p.py", "b.py", "r.py", "q.py", "a.py", "c.py"]
 
 
 def test_every_collected_test_is_in_exactly_one_unit(request):

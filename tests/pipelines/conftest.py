@@ -3,19 +3,16 @@ from __future__ import annotations
 
 import pytest
 
+from tests.shared_ray import SharedRay
+
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    """An embedded 2-CPU Ray for one test module (restarted clean, shut down afterwards), with
-    the worker pool a Ray started by the pipelines has (``pipelines.cluster.WORKER_POOL_CONFIG``)."""
-    import ray
-
-    from pipelines.cluster import WORKER_POOL_CONFIG
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config=WORKER_POOL_CONFIG)
+def ray_cluster(request):
+    """An embedded 2-CPU Ray for one test module, with the worker pool a Ray started by the
+    pipelines has (``pipelines.cluster.WORKER_POOL_CONFIG``): :class:`tests.shared_ray.SharedRay`,
+    kept up for the next module that asks for it too when it is left idle."""
+    SharedRay.ensure(request.module.__name__)
     yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
