@@ -146,13 +146,13 @@ def child(model_uri: str, path: str, out: str, actors: int, tracking_uri: str, c
     import ray
 
     from .input_scale import RaySampler
-    from pipelines.cluster import WORKER_POOL_CONFIG
+    from pipelines.cluster import WORKER_POOL_CONFIG, headless_kwargs
     from pipelines.predict.batch import run as predict_files
 
     sampler = RaySampler()
     sampler.start()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")     # a private local Ray on loopback
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, _system_config=WORKER_POOL_CONFIG)
+    ray.init(num_cpus=os.cpu_count(), log_to_driver=False, _system_config=WORKER_POOL_CONFIG, **headless_kwargs())
     try:
         with tempfile.TemporaryDirectory(prefix="bench_predict_") as tmp:
             sampler.mark()

@@ -8,6 +8,11 @@ A Ray started here keeps its idle worker processes (:data:`WORKER_POOL_CONFIG`):
 kills every idle worker beyond one per CPU after one second, and each new one imports torch,
 pandas and Ray Data again (docs/cluster.md, "Worker processes", has the measurement).
 
+A local Ray started without its dashboard gets one free port to record as its dashboard
+(:func:`headless_kwargs`), never another Ray's: Ray Train asks that address whether a run's
+controller is alive, and a second Ray's dashboard on the default port 8265 answers "no such
+actor", whereupon Ray Train removes the run's placement group and its workers die.
+
 Once connected: :func:`worker_resources` sizes a training worker from the cluster (checked by
 :func:`preflight`), and :func:`configure_ray_data` sets this process's Ray Data context.
 """
@@ -20,7 +25,7 @@ from typing import Any, Mapping, Optional
 from pipelines import console
 from pipelines.config import ConfigError
 
-__all__ = ["WORKER_POOL_CONFIG", "worker_pool_env", "connect_ray", "worker_resources", "preflight", "configure_ray_data"]
+__all__ = ["WORKER_POOL_CONFIG", "worker_pool_env", "headless_kwargs", "connect_ray", "worker_resources", "preflight", "configure_ray_data"]
 
 logger = logging.getLogger("pipelines.cluster")
 
@@ -37,12 +42,32 @@ def worker_pool_env() -> dict[str, str]:
     return {f"RAY_{k}": str(v) for k, v in WORKER_POOL_CONFIG.items()}
 
 
+def headless_kwargs() -> dict[str, Any]:
+    """``ray.init`` arguments for a local Ray without its dashboard: ``include_dashboard=False``
+    and ``dashboard_port``, a port free now on 127.0.0.1.
+
+    Why the port: such a Ray still records an API-server address, ``127.0.0.1:8265`` unless told
+    otherwise, and Ray Train's placement-group cleaner (Ray 2.60) asks that address, through the
+    state API, whether the run's controller actor is alive.  When another Ray on the machine
+    has its dashboard on 8265, that dashboard answers "no such actor", and the cleaner removes the
+    run's placement group: the workers die with "Destroying worker since its placement group was
+    removed" a second after they start (seen beside a second local Ray).  At a port nobody
+    listens on the query fails, and the cleaner keeps watching."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {"include_dashboard": False, "dashboard_port": port}
+
+
 def connect_ray(address: Optional[str] = None, verbose: bool = False, **init_kwargs: Any) -> bool:
     """Connect to Ray at ``address`` (else ``$RAY_ADDRESS``) or start a local one, unless Ray is
     already initialised in this process.  Returns True when this call started or connected it
     (the caller then calls ``ray.shutdown()`` when done), False when it was already up.
     ``init_kwargs`` go to ``ray.init`` on top of the quiet defaults; a local Ray also gets
-    ``_system_config=WORKER_POOL_CONFIG`` unless ``init_kwargs`` names one."""
+    ``_system_config=WORKER_POOL_CONFIG`` unless ``init_kwargs`` names one, and with
+    ``include_dashboard=False`` a ``dashboard_port`` of its own (:func:`headless_kwargs`)."""
     import ray
 
     if address is not None and not isinstance(address, str):
@@ -53,6 +78,8 @@ def connect_ray(address: Optional[str] = None, verbose: bool = False, **init_kwa
     logger.info("connecting to Ray at %s" % address if address else "starting a local Ray")
     if not address:
         init_kwargs.setdefault("_system_config", WORKER_POOL_CONFIG)
+        if init_kwargs.get("include_dashboard") is False and "dashboard_port" not in init_kwargs:
+            init_kwargs.update(headless_kwargs())
     ray.init(address=address or None, **{**console.ray_init_kwargs(verbose), **init_kwargs})
     return True
 

@@ -7,7 +7,8 @@ from typing import Optional
 
 
 class SharedRay:
-    """The embedded 2-CPU Ray (``ray.init(num_cpus=2)``, with ``pipelines.cluster.WORKER_POOL_CONFIG``)
+    """The embedded 2-CPU Ray (``ray.init(num_cpus=2)``, with ``pipelines.cluster.WORKER_POOL_CONFIG``,
+    without a dashboard: ``pipelines.cluster.headless_kwargs``)
     behind the ``ray_cluster`` fixture, shared by the test modules of one pytest process that ask
     for it one after another: a Ray start costs about 4 s and 5 core-seconds, and a kept Ray's
     workers have their imports done.  Isolation is as if each module had its own:
@@ -32,9 +33,9 @@ class SharedRay:
             cls.module = module
             return
         cls.stop()
-        from pipelines.cluster import WORKER_POOL_CONFIG
+        from pipelines.cluster import WORKER_POOL_CONFIG, headless_kwargs
 
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config=WORKER_POOL_CONFIG)
+        ray.init(num_cpus=2, log_to_driver=False, _system_config=WORKER_POOL_CONFIG, **headless_kwargs())
         cls.gcs_address, cls.module = ray.get_runtime_context().gcs_address, module
 
     @classmethod

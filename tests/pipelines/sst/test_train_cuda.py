@@ -21,6 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 def test_sst_pipeline_trains_on_the_gpu(data_dir, tmp_path):
     import ray
 
+    from pipelines.cluster import headless_kwargs
     from pipelines.config import load_config, merged_schema
     from pipelines.sst.experiment import SCHEMA, SSTExperiment
     from pipelines.training.run import run
@@ -36,7 +37,7 @@ def test_sst_pipeline_trains_on_the_gpu(data_dir, tmp_path):
                       merged_schema(SCHEMA))
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=4, num_gpus=1, log_to_driver=False, **headless_kwargs())
     try:
         res = run(SSTExperiment(), cfg)
     finally:
