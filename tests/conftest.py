@@ -17,6 +17,9 @@
   the files with a ``fault`` test all to the same worker, one after another (never two burners
   and two failing clusters at once: :func:`pytest_xdist_make_scheduler`), and the longest units
   first (:func:`xdist_groups`), so that no worker is left alone at the end with a long file.
+* ``ray_cluster`` (tests/pipelines/conftest.py) is one Ray per pytest process, shared by the
+  modules that ask for it while they follow one another (:class:`tests.shared_ray.SharedRay`);
+  every other test starts with no Ray (autouse ``_no_leftover_ray``).
 * Fixtures: ``data_dir`` (the datasets directory; skips the test when it is absent, fails under CI) and
   ``mlflow_sqlite_uri`` (a fresh MLflow sqlite store under ``tmp_path``).
 """
