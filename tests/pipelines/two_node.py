@@ -120,7 +120,7 @@ class RayNode:
         return f"127.0.0.1:{self.gcs_port}"
 
     def _args(self) -> list[str]:
-        (nm, om, agent, agent_grpc, renv, metrics, gcs, client) = free_ports(8)
+        (nm, om, agent, agent_grpc, renv, metrics, gcs, client, dashboard) = free_ports(9)
         self.node_manager_port = nm
         args = [RAY_BIN, "start", "--block", "--node-ip-address", "127.0.0.1",
                 "--num-cpus", str(self.num_cpus), "--num-gpus", "0",
@@ -132,8 +132,10 @@ class RayNode:
                 "--min-worker-port", "0", "--max-worker-port", "0", "--disable-usage-stats"]
         if self.head_address is None:
             self.gcs_port = gcs
+            # no dashboard, but a dashboard port of its own: the API address the head records,
+            # which Ray Train's placement-group cleaner asks (pipelines.cluster.headless_kwargs)
             args += ["--head", "--port", str(gcs), "--ray-client-server-port", str(client),
-                     "--include-dashboard", "false"]
+                     "--include-dashboard", "false", "--dashboard-port", str(dashboard)]
         else:
             args += ["--address", self.head_address]
         return args
