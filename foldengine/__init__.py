@@ -12,9 +12,12 @@ from .batch import Batch, SequenceOutput
 from .blocks import BlockInputError, BlockTypeError
 from .compiler import Compiler, InputError, RandomBlockError
 from .ops import OperationError
+from .frontend import (BatchedModule, BatchedResult, TraceError, batched, metric, scalar, tensor)
+from .frontend import max, mean, sum  # noqa: A004 - per-example list reductions, as fe.sum(values)
 from .types import BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, VoidType
 
 __all__ = ["Compiler", "Batch", "SequenceOutput", "InputError", "RandomBlockError", "BlockTypeError", "BlockInputError",
            "OperationError", "blocks", "types", "TensorType", "TupleType", "SequenceType",
-           "BroadcastSequenceType", "PyObjectType", "VoidType"]
+           "BroadcastSequenceType", "PyObjectType", "VoidType",
+           "batched", "BatchedModule", "BatchedResult", "TraceError", "scalar", "tensor", "metric", "sum", "mean", "max"]
 __version__ = "0.1.0"

@@ -73,6 +73,15 @@ class GraphTracer:
         #: within one input (MessagePassing's neighbourhoods) keep it here too, under an id of theirs
         self.shared: Dict[int, dict] = {}
 
+    def add_types(self, k: int) -> None:
+        """Make room for ``k`` more value types (a traced function meets new types as it runs)."""
+        for _ in range(k):
+            self.consts.append([])
+            self.const_blocks.append([])
+            self.n_block_rows.append(0)
+            self.const_h.append([])
+        self.n_types += k
+
     def end_input(self, metric_names: Sequence[str]) -> None:
         """Mark the end of one input's records.  Zeros handles are shared within an input
         only, so each input's trace stands alone (merging traces gives the same graph as
