@@ -204,16 +204,20 @@ class BatchedModule(nn.Module):
             return b.device
         return torch.device("cpu")
 
-    def _apply(self, fn, *args, **kwargs):
-        out = super()._apply(fn, *args, **kwargs)
-        floats = {canonical_dtype(p.dtype) for p in self.parameters() if p.is_floating_point()}
-        reg = self.__dict__.get("registry")
-        if reg is not None and len(floats) == 1:
-            d = floats.pop()
-            reg.exec_float = None if d == reg.declared_float else d
-            for op in reg.ops:
-                op.set_float_dtype(torch_dtype(reg.exec_float) if reg.exec_float else None)
-        return out
+    def _sync_float(self) -> None:
+        """Execute floating-point values in the parameters' dtype (after ``to(dtype)`` of this
+        module or of the modules it shares), as ``Compiler.to`` does."""
+        floats = {p.dtype for p in self.parameters() if p.is_floating_point()}
+        reg = self.registry
+        if len(floats) != 1:
+            return
+        d = canonical_dtype(floats.pop())
+        want = None if d == reg.declared_float else d
+        if want != reg.exec_float or (reg.ops and reg.ops[-1].float_dtype != (torch_dtype(want) if want else None)):
+            with reg.lock:
+                reg.exec_float = want
+                for op in reg.ops:
+                    op.set_float_dtype(torch_dtype(want) if want else None)
 
     def _exec_types(self, types: Sequence[TensorType]) -> List[TensorType]:
         f = self.registry.exec_float
@@ -226,6 +230,7 @@ class BatchedModule(nn.Module):
         if isinstance(inputs, (str, bytes, dict)):
             raise TypeError(f"{method} takes an iterable of inputs, got a {type(inputs).__name__}; for one input "
                             f"pass [x]")
+        self._sync_float()
         reg = self.registry
         tracer = GraphTracer(len(reg.types), reg.ops and [op.out_tids for op in reg.ops] or [])
         rec = GraphRecorder(reg, tracer)
@@ -356,6 +361,7 @@ class BatchedModule(nn.Module):
         from several threads on one module)."""
         if not isinstance(batch, FunctionBatch) or batch.tables is None:
             raise TypeError(f"BatchedModule.forward takes a batch of build_batch, got {type(batch).__name__}")
+        self._sync_float()
         reg = self.registry
         tables = batch.tables
         if reg.is_prefix(tables):
@@ -395,6 +401,7 @@ class BatchedModule(nn.Module):
     def reference(self, inputs: Sequence) -> BatchedResult:
         """Run the function on each input on its own, each call at once on one-row tensors
         (the unbatched reference the batched forward is tested against)."""
+        self._sync_float()
         reg = self.registry
         outs, metrics, lengths = [], {}, {}
         rec = EagerRecorder(reg, self.device, reg.exec_float)
