@@ -11,12 +11,12 @@ Looks et al. ICLR 2017, rebuilt on PyTorch).
 from . import blocks, types
 from .batch import Batch, SequenceOutput
 from .blocks import BlockInputError, BlockTypeError
-from .compiler import Compiler, InputError, RandomBlockError
+from .compiler import Compiler, InputError, RandomBlockError, ReferenceMismatchError
 from .ops import OperationError
 from .results import ForwardResult, MetricNameError, Metrics
 from .types import BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, VoidType
 
-__all__ = ["Compiler", "Batch", "SequenceOutput", "ForwardResult", "Metrics", "MetricNameError", "InputError", "RandomBlockError", "BlockTypeError", "BlockInputError",
+__all__ = ["Compiler", "Batch", "SequenceOutput", "ForwardResult", "Metrics", "MetricNameError", "InputError", "RandomBlockError", "ReferenceMismatchError", "BlockTypeError", "BlockInputError",
            "OperationError", "blocks", "types", "TensorType", "TupleType", "SequenceType",
            "BroadcastSequenceType", "PyObjectType", "VoidType"]
 __version__ = "0.1.0"

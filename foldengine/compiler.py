@@ -63,7 +63,7 @@ from .trace import BlockInputError, EagerContext, GraphTracer
 from .types import (BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType,
                     as_type, canonical_dtype, numpy_dtype, torch_dtype)
 
-__all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext", "evaluate_block", "ROW_LAYOUTS", "EXECUTORS",
+__all__ = ["Compiler", "InputError", "RandomBlockError", "ReferenceMismatchError", "CompileContext", "evaluate_block", "ROW_LAYOUTS", "EXECUTORS",
            "RECURSION_LIMIT"]
 
 #: row layouts a Compiler knows (``row_layout``); the first is the default
@@ -193,6 +193,38 @@ def _output_is_handle(t: Type, out: list) -> list:
     return out
 
 
+#: modules whose picklers save functions by value (a lambda pickles): no check by name
+_BY_VALUE_PICKLERS = ("cloudpickle", "ray.cloudpickle", "dill", "joblib.externals.cloudpickle", "srsly.cloudpickle")
+
+
+def _by_name(fn) -> bool:
+    """Whether ``pickle`` finds the function ``fn`` by its module and qualified name."""
+    obj = sys.modules.get(getattr(fn, "__module__", None) or "")
+    for part in getattr(fn, "__qualname__", "<lambda>").split("."):
+        obj = getattr(obj, part, None)
+    return obj is fn
+
+
+def _check_picklable_by_name(blocks, caller) -> None:
+    """``pickle.PicklingError`` naming the first block holding a function ``pickle`` cannot
+    save by name (a lambda, a local function), unless ``caller`` (the frame that asked for the
+    state) is ``copy`` or a pickler that saves functions by value."""
+    import types as pytypes
+    module = caller.f_globals.get("__name__", "") if caller is not None else ""
+    asked_by = [module] + [getattr(caller.f_locals.get("pickle_module"), "__name__", "")] if caller else [module]
+    if any(m == "copy" or m.startswith(_BY_VALUE_PICKLERS) for m in asked_by if m):
+        return
+    for b in blocks:
+        for attr, v in vars(b).items():
+            if isinstance(v, pytypes.FunctionType) and not _by_name(v):
+                import pickle
+                what = "a lambda" if v.__name__ == "<lambda>" else f"the local function {v.__qualname__}"
+                raise pickle.PicklingError(
+                    f"cannot pickle this Compiler with pickle: {b!r}{where(b)} holds {what} ({attr}), which pickle "
+                    f"saves by name and cannot find; define it with def at module level, or pickle with "
+                    f"cloudpickle (cloudpickle.dumps(compiler); torch.save(compiler, f, pickle_module=cloudpickle))")
+
+
 def _walk(block) -> list:
     """Every block reachable from ``block`` (through ForwardDeclarations too), once."""
     seen, stack, out = set(), [block], []
@@ -207,6 +239,44 @@ def _walk(block) -> list:
         if decl is not None and decl.block is not None:
             stack.append(decl.block)
     return out
+
+
+def _flat_outputs(a, b, path: str):
+    """``(path, tensor a, tensor b)`` for each tensor of two outputs of one structure."""
+    if isinstance(a, SequenceOutput):
+        yield from _flat_outputs(a.values, b.values, f"{path}.values")
+        yield (f"{path}.lengths", a.lengths, b.lengths)
+    elif isinstance(a, tuple):
+        for i, (x, y) in enumerate(zip(a, b)):
+            yield from _flat_outputs(x, y, f"{path}[{i}]")
+    elif a is not None:
+        yield (path, a, b)
+
+
+class ReferenceMismatchError(AssertionError):
+    """:meth:`Compiler.check_reference`: the batched forward and the per-input reference
+    differ.  Attributes: ``what`` (the output or metric), ``inputs`` (indices of the inputs whose
+    rows differ, when known), ``max_abs_diff``."""
+
+    def __init__(self, what: str, batched, reference, lengths, row_input):
+        a, b = batched.detach().double(), reference.detach().double()
+        bad = ~torch.isclose(a, b, equal_nan=True)
+        bad_rows = bad.reshape(bad.shape[0], -1).any(1) if bad.dim() else bad.reshape(1)
+        rows = bad_rows.nonzero().flatten()
+        if row_input is not None:
+            inputs = sorted(set(row_input[rows.cpu()].tolist()))
+        elif len(bad_rows) and what.startswith("output") and ".values" not in what:
+            inputs = rows.tolist()
+        else:
+            inputs = None
+        self.what, self.inputs = what, inputs
+        self.max_abs_diff = float((a - b).abs().nan_to_num(0).max()) if a.numel() else 0.0
+        where_ = f" for inputs {inputs[:10]}{' ...' if len(inputs) > 10 else ''}" if inputs else ""
+        super().__init__(
+            f"the batched forward differs from compiler.reference in {what}{where_} (largest difference "
+            f"{self.max_abs_diff:.3g}): a Function whose callable mixes the rows of a batch (one reducing over "
+            f"the batch axis, e.g. x / x.sum() or x.mean(0) instead of x.sum(-1, keepdim=True)) computes a batch "
+            f"differently from one input at a time")
 
 
 class RandomBlockError(ValueError):
@@ -828,7 +898,15 @@ class Compiler(nn.Module):
     def __getstate__(self):
         """The module's state for ``copy.deepcopy`` and pickling, with the last forward's
         ``metrics`` detached: they are results (tensors of an autograd graph, which cannot be
-        deep-copied), not state, and a copy keeps their values."""
+        deep-copied), not state, and a copy keeps their values.
+
+        Raises:
+            pickle.PicklingError: pickled by ``pickle`` (or ``torch.save``) while a block holds
+                a lambda or a local function, which ``pickle`` saves by name and cannot find;
+                names the block and its path (cloudpickle, which saves functions by value, and
+                ``copy.deepcopy`` are not refused).
+        """
+        _check_picklable_by_name(self._blocks, sys._getframe(1))
         state = dict(super().__getstate__())
         metrics = state.get("metrics", {})
         state["metrics"] = Metrics({k: v.detach() for k, v in metrics.items()}, self._metric_names,
@@ -963,6 +1041,40 @@ class Compiler(nn.Module):
         device = self.device
         return ForwardResult(outputs, metrics, Metrics({name: torch.from_numpy(v).to(device)
                                                         for name, v in lengths.items()}, self._metric_names))
+
+    def check_reference(self, inputs: Sequence, rtol: Optional[float] = None, atol: Optional[float] = None) -> None:
+        """Check that the batched forward of ``inputs`` equals :meth:`reference` (each input
+        alone): outputs and metrics, to ``torch.testing.assert_close``'s tolerances of their
+        dtype (or ``rtol`` / ``atol``).  Catches a ``Function`` whose callable mixes rows, e.g.
+        one reducing over the batch axis (``x / x.sum()``), which a batch of several inputs
+        computes differently from one input at a time.  Use it in tests, with a few inputs of
+        different structures (several rows per step).
+
+        Raises:
+            ReferenceMismatchError: names the output (its position in the output structure)
+                or metric, the inputs whose rows differ and the largest difference.
+        """
+        inputs = list(_checked_inputs(inputs, "check_reference"))
+        with torch.no_grad():
+            batched = self.run(self.build_batch(inputs))
+            ref = self.reference(inputs, return_metrics=True)
+        pairs = [(f"output{p}", a, b, None) for p, a, b in _flat_outputs(batched.outputs, ref.outputs, "")]
+        pairs += [(f"metric {name!r}", batched.metrics[name], ref.metrics[name], ref.metric_lengths[name])
+                  for name in ref.metrics]
+        for what, a, b, lengths in pairs:
+            try:
+                torch.testing.assert_close(a, b, rtol=rtol, atol=atol, equal_nan=True)
+            except AssertionError:
+                raise ReferenceMismatchError(what, a, b, lengths, self._output_rows(what, lengths, len(inputs))) \
+                    from None
+
+    @staticmethod
+    def _output_rows(what: str, lengths, n: int):
+        """Which input each row belongs to: ``lengths`` (per input) for a metric, one row per
+        input for an output tensor (None for sequence elements: unknown here)."""
+        if lengths is not None:
+            return torch.repeat_interleave(torch.arange(n), lengths.cpu())
+        return None
 
     def _cat(self, tensors, t: TensorType):
         if not tensors:
