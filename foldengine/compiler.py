@@ -68,7 +68,8 @@ __all__ = ["Compiler", "InputError", "RandomBlockError", "ReferenceMismatchError
 
 #: row layouts a Compiler knows (``row_layout``); the first is the default
 ROW_LAYOUTS = LAYOUTS + ("concat",)
-#: the schedulers ``scheduler='auto'`` compares on a compiler's first batch
+#: the schedulers ``scheduler='auto'`` compares on a compiler's first batch: depth and
+#: coalesce only (not agenda, nor any registered later); "depth" first, so it wins ties
 AUTO_SCHEDULERS = ("depth", "coalesce")
 #: held around a Compiler's one-time lazy set-up (rebinding the block tree, the choice of
 #: ``scheduler='auto'``), never around a forward
@@ -320,15 +321,18 @@ class Compiler(nn.Module):
     Args:
         block: the root block (anything ``blocks.convert_to_block`` accepts).
         scheduler: a scheduler name (``'depth'``, ``'agenda'``, ``'coalesce'``; see
-            ``schedulers.SCHEDULERS``) or instance, or ``'auto'``: the first batch built from
-            inputs is planned with each of :data:`AUTO_SCHEDULERS` and the scheduler whose plan
+            ``schedulers.SCHEDULERS``) or instance, or ``'auto'``: the FIRST batch built (from
+            inputs or traces) is planned with each of :data:`AUTO_SCHEDULERS` (depth and
+            coalesce only; agenda is not tried) and the scheduler whose plan
             costs least (:func:`plan_cost`: calls, plus :data:`GATHER_COST` per
             ``index_select``) is kept for this compiler (``scheduler_costs`` holds the costs).
             Coalescing merges a model's calls across depths, which usually also removes gathers
             (SST: 21 calls and 61 index_selects against depth's 39 and 161), but where its merged
             calls read from many steps it can gather more than it saves (a bidirectional
-            Tree-LSTM: 76 calls and 904 index_selects against 214 and 419, and slower).  With
-            ``row_layout='concat'`` ``'auto'`` keeps ``'depth'``.
+            Tree-LSTM: 76 calls and 904 index_selects against 214 and 419, and slower).  The
+            choice is made once, on that batch only (later batches of other shapes keep it), and
+            compares plan cost, not measured time.  With ``row_layout='concat'`` ``'auto'`` keeps
+            ``'depth'``.
         input_type: the root block's input type (Python objects by default).
         max_call_rows: a positive int: run batched calls larger than this in row blocks
             (same results), or None (no limit).  An execution setting, not part of the
