@@ -6,17 +6,19 @@ Looks et al. ICLR 2017, rebuilt on PyTorch).
     compiler = fe.Compiler(block)
     batch = compiler.build_batch(inputs)
     outputs = compiler(batch)
+    result = compiler.run(batch)        # outputs with this forward's metrics (ForwardResult)
 """
 from . import blocks, types
 from .batch import Batch, SequenceOutput
 from .blocks import BlockInputError, BlockTypeError
-from .compiler import Compiler, InputError, RandomBlockError
+from .compiler import Compiler, InputError, RandomBlockError, ReferenceMismatchError
 from .ops import OperationError
 from .frontend import (BatchedModule, BatchedResult, TraceError, batched, metric, scalar, tensor)
 from .frontend import max, mean, sum  # noqa: A004 - per-example list reductions, as fe.sum(values)
+from .results import ForwardResult, MetricNameError, Metrics
 from .types import BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, VoidType
 
-__all__ = ["Compiler", "Batch", "SequenceOutput", "InputError", "RandomBlockError", "BlockTypeError", "BlockInputError",
+__all__ = ["Compiler", "Batch", "SequenceOutput", "ForwardResult", "Metrics", "MetricNameError", "InputError", "RandomBlockError", "ReferenceMismatchError", "BlockTypeError", "BlockInputError",
            "OperationError", "blocks", "types", "TensorType", "TupleType", "SequenceType",
            "BroadcastSequenceType", "PyObjectType", "VoidType",
            "batched", "BatchedModule", "BatchedResult", "TraceError", "scalar", "tensor", "metric", "sum", "mean", "max"]

@@ -22,7 +22,9 @@ class SequenceOutput(NamedTuple):
 
     ``Compiler.forward`` returns one for a ``Sequence`` output type (also inside tuples), and
     ``Compiler.metric_sequences`` holds one per metric; ``values.split(lengths.tolist())``
-    gives one tensor per input.
+    gives one tensor per input, :meth:`padded` one ``[B, max_len, ...]`` tensor.  It is not a
+    tensor: tensor methods, torch functions and arithmetic on it raise an error saying so
+    (``AttributeError`` / ``TypeError``); it unpacks as ``values, lengths = out``.
 
     Args:
         values: the elements, one row per element of all inputs' sequences, in input order
@@ -47,6 +49,9 @@ class SequenceOutput(NamedTuple):
         tensor([0, 2, 3])
         >>> out.values.split(out.lengths.tolist())
         (tensor([1., 2.]), tensor([3.]))
+        >>> out.padded()
+        tensor([[1., 2.],
+                [3., 0.]])
     """
     values: object
     lengths: object
@@ -55,6 +60,38 @@ class SequenceOutput(NamedTuple):
     def offsets(self):
         import torch
         return torch.cat([self.lengths.new_zeros(1), self.lengths.cumsum(0)])
+
+    def padded(self, padding_value: float = 0.0):
+        """``[B, max(lengths), *shape]``: each input's elements in a row of its own, padded
+        with ``padding_value`` (elements that are tensors; ``torch.nn.utils.rnn.pad_sequence``)."""
+        import torch
+        parts = self.values.split(self.lengths.tolist())
+        if not parts:
+            return self.values.new_zeros((0, 0) + tuple(self.values.shape[1:]))
+        return torch.nn.utils.rnn.pad_sequence(list(parts), batch_first=True, padding_value=padding_value)
+
+    @staticmethod
+    def _not_a_tensor(what: str) -> str:
+        return (f"{what} a SequenceOutput, not a tensor: a Sequence output holds the elements of all "
+                f"inputs' sequences, .values (one row per element, in input order) and .lengths ([B], "
+                f"each input's count); use .values for the flat rows, .padded() for a [B, max_len, ...] "
+                f"tensor, or .values.split(.lengths.tolist()) for one tensor per input")
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(self._not_a_tensor(f".{name}: this is"))
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        raise TypeError(SequenceOutput._not_a_tensor(f"{name}() got"))
+
+    def _arithmetic(self, *_):
+        raise TypeError(self._not_a_tensor("arithmetic on"))
+
+    __add__ = __radd__ = __mul__ = __rmul__ = __sub__ = __rsub__ = __truediv__ = __rtruediv__ = _arithmetic
+    __matmul__ = __rmatmul__ = __pow__ = __neg__ = _arithmetic
 
 
 @dataclass

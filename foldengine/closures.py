@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import threading
 from collections import OrderedDict
 from typing import Callable, Dict, Optional
 
@@ -185,6 +186,9 @@ class TraceTemplates:
         self.enabled = bool(enabled)
         self.probe = int(probe)
         self.min_hit_rate = float(min_hit_rate)
+        # the memo's bookkeeping (LRU order, byte counts) is kept consistent under threads
+        # tracing on one Compiler; held for a few dict operations, never while tracing
+        self._lock = threading.Lock()
         self.clear()
 
     def pays(self, inputs: bool = False) -> bool:
@@ -218,12 +222,18 @@ class TraceTemplates:
         structure key of the suffix's input value and appends its handles (iterables of ints)
         to ``chunks``."""
         key = (id(root), root._compile_id)
-        if self._split_for != key:
+        if self._split_for == key:
+            return self._split
+        with self._lock:
+            if self._split_for == key:
+                return self._split
             hits, misses, input_hits, input_misses = self.hits, self.misses, self.input_hits, self.input_misses
             self.clear()
             self.hits, self.misses, self.input_hits, self.input_misses = hits, misses, input_hits, input_misses
-            self._split_for, self._split = key, _split_root(root)
-        return self._split
+            split = _split_root(root)
+            self._split = split
+            self._split_for = key      # last: another thread reads the two without the lock
+        return split
 
     def input_key(self, x, tracer: GraphTracer) -> Optional[tuple]:
         """Trace the prefix of the last :meth:`split` root on the input ``x`` into ``tracer`` (a
@@ -248,54 +258,61 @@ class TraceTemplates:
 
     def get_input(self, key):
         """The whole-input trace kept for an :meth:`input_key`, or None."""
-        t = self._inputs.get(key)
-        if t is None:
-            self.input_misses += 1
-            return None
-        self._inputs.move_to_end(key)
-        self.input_hits += 1
-        return t
+        with self._lock:
+            t = self._inputs.get(key)
+            if t is None:
+                self.input_misses += 1
+                return None
+            self._inputs.move_to_end(key)
+            self.input_hits += 1
+            return t
 
     def put_input(self, key, trace) -> None:
         """Keep the :class:`~foldengine.plan.InputTrace` ``trace`` of an :meth:`input_key`
         (without its constants' values, which each input brings)."""
         t = _without_consts(trace)
         n = t.nbytes + sum(len(k) if isinstance(k, bytes) else 64 for k in key)
-        if n > self.max_bytes // 16 or key in self._inputs:
-            return
-        self._inputs[key] = t
-        self._input_bytes[key] = n
-        self.input_nbytes += n
-        while self.input_nbytes > self.max_bytes:
-            k, _ = self._inputs.popitem(last=False)
-            self.input_nbytes -= self._input_bytes.pop(k)
+        with self._lock:
+            if n > self.max_bytes // 16 or key in self._inputs:
+                return
+            self._inputs[key] = t
+            self._input_bytes[key] = n
+            self.input_nbytes += n
+            while self.input_nbytes > self.max_bytes:
+                k, _ = self._inputs.popitem(last=False)
+                self.input_nbytes -= self._input_bytes.pop(k)
 
     def get(self, key):
         """The template of ``key``, :attr:`FAILED`, or None (not traced yet)."""
-        t = self._memo.get(key)
-        if t is None or t is self.FAILED:
-            self.misses += 1
+        with self._lock:
+            t = self._memo.get(key)
+            if t is None or t is self.FAILED:
+                self.misses += 1
+                return t
+            self._memo.move_to_end(key)
+            self.hits += 1
             return t
-        self._memo.move_to_end(key)
-        self.hits += 1
-        return t
 
     def put(self, key, template: Optional[TraceTemplate]) -> None:
         """Keep ``template`` for ``key`` (None: the structure cannot be replayed; a template of
         fewer than :attr:`min_nodes` nodes is not worth replaying: the structure is traced
         block by block, and its lookups count as misses)."""
-        if template is None or len(template.node_op) < self.min_nodes:
-            self._memo[key] = self.FAILED
-            return
-        n = template.nbytes
-        if n > self.max_bytes // 16:
-            return
-        self._memo[key] = template
-        self.nbytes += n
-        while self.nbytes > self.max_bytes:
-            _, old = self._memo.popitem(last=False)
-            if old is not self.FAILED:
-                self.nbytes -= old.nbytes
+        with self._lock:
+            if template is None or len(template.node_op) < self.min_nodes:
+                self._memo[key] = self.FAILED
+                return
+            n = template.nbytes
+            if n > self.max_bytes // 16:
+                return
+            old = self._memo.get(key)
+            if old is not None and old is not self.FAILED:    # another thread kept it first
+                return
+            self._memo[key] = template
+            self.nbytes += n
+            while self.nbytes > self.max_bytes:
+                _, old = self._memo.popitem(last=False)
+                if old is not self.FAILED:
+                    self.nbytes -= old.nbytes
 
 
 def _traces_by_structure(block, seen=None) -> bool:

@@ -18,6 +18,7 @@ from torch import nn
 
 from .blocks import Block, BlockTypeError, Pending
 from .blocks.base import where
+from .blocks.recursion import DEFAULT_NAME, UNSCOPED_NAMES
 from .module_discovery import BoundFunction, find_modules, module_bindings, module_label
 from .ops import Operation, unflatten_value
 from .types import SequenceType, TensorType, TupleType, Type, flatten_tensor_types, torch_dtype
@@ -317,8 +318,8 @@ class CompileContext:
         self._decl_state[decl] = "active"
         self._decl_input[decl] = in_type
         mark, pending0 = len(self.inferred), self.pending
-        scope = (decl.name,) if decl.name and decl.name != "forward" else ()
-        path = decl.name or "forward"
+        scope = (decl.name,) if decl.name and decl.name not in UNSCOPED_NAMES else ()
+        path = decl.name or DEFAULT_NAME
         try:
             out = decl.block.infer(in_type, self, path, scope)
         except Pending:

@@ -5,9 +5,11 @@
     traces = compiler.trace(inputs)                 # ... or trace each input once (InputTrace)
     batch = compiler.build_batch_from_traces(traces[:25])   # and batch by concatenation
     outputs = compiler(batch)                       # batched forward, one row per input
-    compiler.metrics["name"]                        # values Metric("name") saw, in input order
-    compiler.metric_lengths["name"]                 # ... how many of them each input gave
+    result = compiler.run(batch)                    # ... with its metrics (a ForwardResult)
+    result.metrics["name"]                          # values Metric("name") saw, in input order
+    result.metric_lengths["name"]                   # ... how many of them each input gave
     compiler.reference(inputs)                      # per-example eager evaluation (for tests)
+    compiler.metrics["name"]                        # the LAST forward's (TF Fold's idiom; one thread)
     compiler.to(torch.float64)                      # every floating-point type executed in float64
 
 Every ``Function`` whose callable is an ``nn.Module`` is registered as a submodule under
@@ -18,6 +20,13 @@ Modules that other callables use (``Function(module.forward)``, a lambda around 
 are found and registered too (see :class:`foldengine.blocks.Function`).
 
 A Compiler pickles (``pickle``, ``torch.save``) when the user's own callables do.
+
+Threads: ``build_batch``, ``trace``, ``run`` / ``forward`` and ``reference`` may be called from
+several threads on one Compiler (a model server): every call's results come back from that
+call (:class:`~foldengine.results.ForwardResult`); only ``compiler.metrics`` /
+``metric_lengths`` / ``metric_sequences`` are shared, the last forward's.  The Compiler's
+one-time lazy set-up (binding the block tree, ``scheduler='auto'``'s choice) is locked; the
+forward is not.
 """
 from __future__ import annotations
 
@@ -25,6 +34,7 @@ import dataclasses
 import hashlib
 import re
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Mapping
@@ -47,18 +57,23 @@ from .tables import execute_tables
 from .plan import LAYOUTS, lower
 from .plan.concat import concat_plans, input_plan, trace_graph
 from .plan.traces import InputTrace, MergedTraces, merge_traces, split_traces
+from .results import ForwardResult, Metrics
 from .ops import Operation, OperationError
 from .trace import BlockInputError, EagerContext, GraphTracer
 from .types import (BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, Type, VoidType,
                     as_type, canonical_dtype, numpy_dtype, torch_dtype)
 
-__all__ = ["Compiler", "InputError", "RandomBlockError", "CompileContext", "evaluate_block", "ROW_LAYOUTS", "EXECUTORS",
+__all__ = ["Compiler", "InputError", "RandomBlockError", "ReferenceMismatchError", "CompileContext", "evaluate_block", "ROW_LAYOUTS", "EXECUTORS",
            "RECURSION_LIMIT"]
 
 #: row layouts a Compiler knows (``row_layout``); the first is the default
 ROW_LAYOUTS = LAYOUTS + ("concat",)
-#: the schedulers ``scheduler='auto'`` compares on a compiler's first batch
+#: the schedulers ``scheduler='auto'`` compares on a compiler's first batch: depth and
+#: coalesce only (not agenda, nor any registered later); "depth" first, so it wins ties
 AUTO_SCHEDULERS = ("depth", "coalesce")
+#: held around a Compiler's one-time lazy set-up (rebinding the block tree, the choice of
+#: ``scheduler='auto'``), never around a forward
+_LAZY_INIT_LOCK = threading.RLock()
 #: an ``index_select`` (a gather of rows) in :func:`plan_cost`, in calls
 GATHER_COST = 0.5
 
@@ -179,6 +194,38 @@ def _output_is_handle(t: Type, out: list) -> list:
     return out
 
 
+#: modules whose picklers save functions by value (a lambda pickles): no check by name
+_BY_VALUE_PICKLERS = ("cloudpickle", "ray.cloudpickle", "dill", "joblib.externals.cloudpickle", "srsly.cloudpickle")
+
+
+def _by_name(fn) -> bool:
+    """Whether ``pickle`` finds the function ``fn`` by its module and qualified name."""
+    obj = sys.modules.get(getattr(fn, "__module__", None) or "")
+    for part in getattr(fn, "__qualname__", "<lambda>").split("."):
+        obj = getattr(obj, part, None)
+    return obj is fn
+
+
+def _check_picklable_by_name(blocks, caller) -> None:
+    """``pickle.PicklingError`` naming the first block holding a function ``pickle`` cannot
+    save by name (a lambda, a local function), unless ``caller`` (the frame that asked for the
+    state) is ``copy`` or a pickler that saves functions by value."""
+    import types as pytypes
+    module = caller.f_globals.get("__name__", "") if caller is not None else ""
+    asked_by = [module] + [getattr(caller.f_locals.get("pickle_module"), "__name__", "")] if caller else [module]
+    if any(m == "copy" or m.startswith(_BY_VALUE_PICKLERS) for m in asked_by if m):
+        return
+    for b in blocks:
+        for attr, v in vars(b).items():
+            if isinstance(v, pytypes.FunctionType) and not _by_name(v):
+                import pickle
+                what = "a lambda" if v.__name__ == "<lambda>" else f"the local function {v.__qualname__}"
+                raise pickle.PicklingError(
+                    f"cannot pickle this Compiler with pickle: {b!r}{where(b)} holds {what} ({attr}), which pickle "
+                    f"saves by name and cannot find; define it with def at module level, or pickle with "
+                    f"cloudpickle (cloudpickle.dumps(compiler); torch.save(compiler, f, pickle_module=cloudpickle))")
+
+
 def _walk(block) -> list:
     """Every block reachable from ``block`` (through ForwardDeclarations too), once."""
     seen, stack, out = set(), [block], []
@@ -193,6 +240,44 @@ def _walk(block) -> list:
         if decl is not None and decl.block is not None:
             stack.append(decl.block)
     return out
+
+
+def _flat_outputs(a, b, path: str):
+    """``(path, tensor a, tensor b)`` for each tensor of two outputs of one structure."""
+    if isinstance(a, SequenceOutput):
+        yield from _flat_outputs(a.values, b.values, f"{path}.values")
+        yield (f"{path}.lengths", a.lengths, b.lengths)
+    elif isinstance(a, tuple):
+        for i, (x, y) in enumerate(zip(a, b)):
+            yield from _flat_outputs(x, y, f"{path}[{i}]")
+    elif a is not None:
+        yield (path, a, b)
+
+
+class ReferenceMismatchError(AssertionError):
+    """:meth:`Compiler.check_reference`: the batched forward and the per-input reference
+    differ.  Attributes: ``what`` (the output or metric), ``inputs`` (indices of the inputs whose
+    rows differ, when known), ``max_abs_diff``."""
+
+    def __init__(self, what: str, batched, reference, lengths, row_input):
+        a, b = batched.detach().double(), reference.detach().double()
+        bad = ~torch.isclose(a, b, equal_nan=True)
+        bad_rows = bad.reshape(bad.shape[0], -1).any(1) if bad.dim() else bad.reshape(1)
+        rows = bad_rows.nonzero().flatten()
+        if row_input is not None:
+            inputs = sorted(set(row_input[rows.cpu()].tolist()))
+        elif len(bad_rows) and what.startswith("output") and ".values" not in what:
+            inputs = rows.tolist()
+        else:
+            inputs = None
+        self.what, self.inputs = what, inputs
+        self.max_abs_diff = float((a - b).abs().nan_to_num(0).max()) if a.numel() else 0.0
+        where_ = f" for inputs {inputs[:10]}{' ...' if len(inputs) > 10 else ''}" if inputs else ""
+        super().__init__(
+            f"the batched forward differs from compiler.reference in {what}{where_} (largest difference "
+            f"{self.max_abs_diff:.3g}): a Function whose callable mixes the rows of a batch (one reducing over "
+            f"the batch axis, e.g. x / x.sum() or x.mean(0) instead of x.sum(-1, keepdim=True)) computes a batch "
+            f"differently from one input at a time")
 
 
 class RandomBlockError(ValueError):
@@ -236,15 +321,18 @@ class Compiler(nn.Module):
     Args:
         block: the root block (anything ``blocks.convert_to_block`` accepts).
         scheduler: a scheduler name (``'depth'``, ``'agenda'``, ``'coalesce'``; see
-            ``schedulers.SCHEDULERS``) or instance, or ``'auto'``: the first batch built from
-            inputs is planned with each of :data:`AUTO_SCHEDULERS` and the scheduler whose plan
+            ``schedulers.SCHEDULERS``) or instance, or ``'auto'``: the FIRST batch built (from
+            inputs or traces) is planned with each of :data:`AUTO_SCHEDULERS` (depth and
+            coalesce only; agenda is not tried) and the scheduler whose plan
             costs least (:func:`plan_cost`: calls, plus :data:`GATHER_COST` per
             ``index_select``) is kept for this compiler (``scheduler_costs`` holds the costs).
             Coalescing merges a model's calls across depths, which usually also removes gathers
             (SST: 21 calls and 61 index_selects against depth's 39 and 161), but where its merged
             calls read from many steps it can gather more than it saves (a bidirectional
-            Tree-LSTM: 76 calls and 904 index_selects against 214 and 419, and slower).  With
-            ``row_layout='concat'`` ``'auto'`` keeps ``'depth'``.
+            Tree-LSTM: 76 calls and 904 index_selects against 214 and 419, and slower).  The
+            choice is made once, on that batch only (later batches of other shapes keep it), and
+            compares plan cost, not measured time.  With ``row_layout='concat'`` ``'auto'`` keeps
+            ``'depth'``.
         input_type: the root block's input type (Python objects by default).
         max_call_rows: a positive int: run batched calls larger than this in row blocks
             (same results), or None (no limit).  An execution setting, not part of the
@@ -284,7 +372,13 @@ class Compiler(nn.Module):
         output_type: the root block's output type.
         types: the tensor types of the values, by type id.
         ops: the operation table (one per distinct Function / reduction / Concat).
-        metrics: after a forward, name -> every value ``Metric(name)`` saw, in input order.
+        metrics: the LAST forward's (or ``reference``'s) metrics: name -> every value
+            ``Metric(name)`` saw, in input order (a :class:`~foldengine.results.Metrics`; an
+            unknown name raises :class:`~foldengine.results.MetricNameError`, a ``KeyError``
+            naming those that exist, or saying that none exist before a forward).  TF Fold's
+            idiom, for one thread: every forward replaces it, so concurrent callers read each
+            other's; take a forward's own from :meth:`run` (a
+            :class:`~foldengine.results.ForwardResult`).
         random_blocks: blocks declared random (``InputTransform(fn, deterministic=False)``);
             when not empty, :meth:`trace` refuses to cache traces.
         row_layout: how a batch's rows are laid out (see ``Args``).
@@ -390,7 +484,7 @@ class Compiler(nn.Module):
         #: traces must not be reused, so :meth:`trace` refuses to make any
         self._blocks = _walk(block)
         self.random_blocks = [b for b in self._blocks if getattr(b, "deterministic", True) is False]
-        self.metrics: Dict[str, torch.Tensor] = {}
+        self.metrics: Metrics = Metrics({}, self._metric_names, before_forward=True)
         self._metric_lengths: Dict[str, Any] = {}   # numpy until read (no copy per forward)
         #: the records of the part of the block tree that traces by structure alone, per input
         #: structure, replayed for the inputs of a structure seen before (the same records;
@@ -398,36 +492,46 @@ class Compiler(nn.Module):
         self.trace_templates = TraceTemplates()
 
     @property
-    def metric_lengths(self) -> Dict[str, torch.Tensor]:
-        """Per metric name, how many values each input of the last forward (or ``reference``)
-        gave: int64 ``[B]`` on the compiler's device (``metrics[name]`` holds their sum)."""
+    def metric_lengths(self) -> Metrics:
+        """Per metric name, how many values each input of the LAST forward (or ``reference``)
+        gave: int64 ``[B]`` on the compiler's device (``metrics[name]`` holds their sum).  Last-
+        forward state, like :attr:`metrics`; a forward's own: ``run(batch).metric_lengths``."""
         got = self._metric_lengths
-        for name, v in got.items():
+        for name, v in list(got.items()):
             if isinstance(v, np.ndarray):
                 got[name] = torch.from_numpy(v).to(self.device)
-        return dict(got)
+        return Metrics(got, self._metric_names, before_forward=getattr(self.metrics, "before_forward", False))
 
     @property
     def metric_sequences(self) -> Dict[str, SequenceOutput]:
-        """Per metric name, ``SequenceOutput(values, lengths)`` of the last forward (or
+        """Per metric name, ``SequenceOutput(values, lengths)`` of the LAST forward (or
         ``reference``): ``values`` is ``metrics[name]``, ``lengths[i]`` how many of them input
         ``i`` gave, ``offsets`` where each input's values start (as for sequence outputs), so
-        per-node losses can be split by input: ``values.split(lengths.tolist())``."""
-        lengths = self.metric_lengths
-        return {name: SequenceOutput(v, lengths[name]) for name, v in self.metrics.items() if name in lengths}
+        per-node losses can be split by input: ``values.split(lengths.tolist())``.  A forward's
+        own: ``run(batch).metric_sequences``."""
+        metrics = self.metrics
+        return ForwardResult(None, metrics, self.metric_lengths).metric_sequences
 
     # -- block tree binding -------------------------------------------------------------------
     def _bind(self) -> None:
         """Make sure the blocks hold this compiler's operations and type ids.  Compiling part
         of the tree again (another Compiler, ``block.eval``) rebinds them to that compiler;
         this infers the tree again with this compiler's tables (same operations)."""
-        cc = self._cc
-        cid = cc.compile_id
+        if self._bound():
+            return
+        with _LAZY_INIT_LOCK:    # one thread rebinds; the others wait, then find it bound
+            if not self._bound():
+                self._rebind()
+
+    def _bound(self) -> bool:
+        cid = self._cc.compile_id
         for b in self._blocks:
             if b._compile_id != cid:
-                break
-        else:
-            return
+                return False
+        return True
+
+    def _rebind(self) -> None:
+        cc = self._cc
         n_ops, n_types = len(cc.ops), len(cc.types)
         cc.restart()
         out = self.root.infer(self.input_type, cc, self.root.name or "root", ())
@@ -755,9 +859,12 @@ class Compiler(nn.Module):
         if layout == "concat":
             raise ValueError("row_layout='concat' builds batches from traces (build_batch_from_traces)")
         t1 = time.perf_counter()
+        plan = None
         if getattr(self, "auto_scheduler", False) and self.scheduler_costs is None and merged.graph.n_nodes:
-            plan = self._plan_cheapest(merged, layout)
-        else:
+            with _LAZY_INIT_LOCK:     # the first batch chooses, once
+                if self.scheduler_costs is None:
+                    plan = self._plan_cheapest(merged, layout)
+        if plan is None:
             steps = self.scheduler.assign(merged.graph, self.op_info)
             plan = lower(merged.graph, self.op_info, steps, self.types, self.output_type, merged.outputs,
                          merged.metrics, layout)
@@ -780,8 +887,8 @@ class Compiler(nn.Module):
             costs[name] = plan_cost(plan.stats)
             if best is None or costs[name] < best[0]:
                 best = (costs[name], scheduler, plan)
-        self.scheduler_costs = costs
         self.scheduler = best[1]
+        self.scheduler_costs = costs      # after the scheduler: other threads read the two unlocked
         return best[2]
 
     def _recursion_limit(self) -> int:
@@ -795,10 +902,26 @@ class Compiler(nn.Module):
     def __getstate__(self):
         """The module's state for ``copy.deepcopy`` and pickling, with the last forward's
         ``metrics`` detached: they are results (tensors of an autograd graph, which cannot be
-        deep-copied), not state, and a copy keeps their values."""
+        deep-copied), not state, and a copy keeps their values.
+
+        Raises:
+            pickle.PicklingError: pickled by ``pickle`` (or ``torch.save``) while a block holds
+                a lambda or a local function, which ``pickle`` saves by name and cannot find;
+                names the block and its path (cloudpickle, which saves functions by value, and
+                ``copy.deepcopy`` are not refused).
+        """
+        _check_picklable_by_name(self._blocks, sys._getframe(1))
         state = dict(super().__getstate__())
-        state["metrics"] = {k: v.detach() for k, v in state.get("metrics", {}).items()}
+        metrics = state.get("metrics", {})
+        state["metrics"] = Metrics({k: v.detach() for k, v in metrics.items()}, self._metric_names,
+                                   getattr(metrics, "before_forward", False))
         return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        if not isinstance(self.__dict__.get("metrics"), Metrics):     # pickled by an earlier version
+            self.metrics = Metrics(self.__dict__.get("metrics") or {}, self._metric_names,
+                                   before_forward=not self.__dict__.get("metrics"))
 
     def _with_rows(self, batch: Batch) -> Batch:
         """``batch`` with its row plan when the ``"tables"`` executor is to run it (timed in
@@ -812,12 +935,16 @@ class Compiler(nn.Module):
         return batch
 
     # -- execution -----------------------------------------------------------------------------
-    def forward(self, batch: Batch):
-        """Execute ``batch``; returns outputs with one row per input (see module docstring).
+    def forward(self, batch: Batch, return_metrics: bool = False):
+        """Execute ``batch``; returns outputs with one row per input (see module docstring), or
+        with ``return_metrics=True`` a :class:`~foldengine.results.ForwardResult`
+        ``(outputs, metrics, metric_lengths)``: this forward's metrics, name -> tensor of every
+        value ``Metric(name)`` saw, in input order, and name -> int64 ``[B]``, how many of them
+        each input gave (``result.metric_sequences`` pairs the two).  ``compiler.run(batch)``
+        is ``compiler(batch, return_metrics=True)``.
 
-        Sets ``self.metrics``: name -> tensor of every value ``Metric(name)`` saw, in input order,
-        and ``self.metric_lengths``: name -> int64 ``[B]``, how many of them each input gave
-        (``metric_sequences`` pairs the two, with ``offsets``).
+        Also sets ``self.metrics`` / ``self.metric_lengths`` to the same: the LAST forward's, for
+        TF Fold's idiom in one thread (concurrent forwards replace each other's there).
 
         Raises:
             OperationError: an operation failed on its batched inputs (names the operation
@@ -843,17 +970,40 @@ class Compiler(nn.Module):
                 result = execute_tables(batch, rows, self.ops, types, self.device, block_rows)
             else:
                 result = execute(batch, self.ops, types, self.device, block_rows)
-        self.metrics = result.metrics
+        metrics = Metrics(result.metrics, self._metric_names)
         lengths = getattr(batch, "metric_lengths", None) or {}
-        self._metric_lengths = {name: np.asarray(lengths[name], np.int64) for name in self.metrics if name in lengths}
-        return result.outputs
+        lengths = {name: np.asarray(lengths[name], np.int64) for name in metrics if name in lengths}
+        self.metrics, self._metric_lengths = metrics, dict(lengths)    # last-forward state (TF Fold's)
+        if not return_metrics:
+            return result.outputs
+        device = self.device
+        return ForwardResult(result.outputs, metrics,
+                             Metrics({name: torch.from_numpy(v).to(device) for name, v in lengths.items()},
+                                     self._metric_names))
+
+    def run(self, batch: Batch) -> ForwardResult:
+        """``self(batch, return_metrics=True)``: execute ``batch`` (through ``__call__``, so
+        module hooks run) and return this forward's
+        :class:`~foldengine.results.ForwardResult` ``(outputs, metrics, metric_lengths)``: what
+        the forward computed, and nobody else's (safe with threads forwarding on one
+        Compiler, unlike :attr:`metrics`, the last forward's).
+
+        Examples::
+
+            >>> compiler = Compiler(fb.Map(fb.Scalar() >> fb.Metric("x")) >> fb.Void())
+            >>> result = compiler.run(compiler.build_batch([[1, 2], [3]]))
+            >>> result.metrics["x"], result.metric_lengths["x"]
+            (tensor([1., 2., 3.]), tensor([2, 1]))
+        """
+        return self(batch, return_metrics=True)
 
     # -- reference -------------------------------------------------------------------------------
-    def reference(self, inputs: Sequence):
+    def reference(self, inputs: Sequence, return_metrics: bool = False):
         """Evaluate each input on its own, eagerly, with batch-size-1 tensors.
 
-        Returns the same structure as ``forward`` and sets ``self.metrics`` (and
-        ``metric_lengths``) likewise.  This is the unbatched reference the batched executor is
+        Returns the same structure as ``forward`` (``return_metrics=True``: a
+        :class:`~foldengine.results.ForwardResult` with this call's metrics) and sets
+        ``self.metrics`` (and ``metric_lengths``) likewise, as last-forward state.  This is the unbatched reference the batched executor is
         tested against; as each input runs alone, an operation failing on one input (an
         embedding index out of range, say) raises an :class:`InputError` naming that input.
         ``inputs`` may not be a str, bytes or a mapping (TypeError), as for :meth:`build_batch`.
@@ -883,12 +1033,52 @@ class Compiler(nn.Module):
                 counts.append([len(ctx.metrics.get(name, ())) for name in self._metric_names])
         finally:
             sys.setrecursionlimit(old)
-        self.metrics = {name: self._cat(ctx.metrics.get(name, []), self.metric_types[name])
-                        for name in self.metric_types}
+        metrics = Metrics({name: self._cat(ctx.metrics.get(name, []), self.metric_types[name])
+                           for name in self.metric_types}, self._metric_names)
         ends = np.asarray(counts, np.int64).reshape(len(counts), len(self._metric_names))
         lengths = np.diff(ends, axis=0, prepend=np.zeros((1, ends.shape[1]), np.int64))
-        self._metric_lengths = {name: lengths[:, j].copy() for j, name in enumerate(self._metric_names)}
-        return self._assemble(values, self.output_type)
+        lengths = {name: lengths[:, j].copy() for j, name in enumerate(self._metric_names)}
+        self.metrics, self._metric_lengths = metrics, dict(lengths)    # last-forward state (TF Fold's)
+        outputs = self._assemble(values, self.output_type)
+        if not return_metrics:
+            return outputs
+        device = self.device
+        return ForwardResult(outputs, metrics, Metrics({name: torch.from_numpy(v).to(device)
+                                                        for name, v in lengths.items()}, self._metric_names))
+
+    def check_reference(self, inputs: Sequence, rtol: Optional[float] = None, atol: Optional[float] = None) -> None:
+        """Check that the batched forward of ``inputs`` equals :meth:`reference` (each input
+        alone): outputs and metrics, to ``torch.testing.assert_close``'s tolerances of their
+        dtype (or ``rtol`` / ``atol``).  Catches a ``Function`` whose callable mixes rows, e.g.
+        one reducing over the batch axis (``x / x.sum()``), which a batch of several inputs
+        computes differently from one input at a time.  Use it in tests, with a few inputs of
+        different structures (several rows per step).
+
+        Raises:
+            ReferenceMismatchError: names the output (its position in the output structure)
+                or metric, the inputs whose rows differ and the largest difference.
+        """
+        inputs = list(_checked_inputs(inputs, "check_reference"))
+        with torch.no_grad():
+            batched = self.run(self.build_batch(inputs))
+            ref = self.reference(inputs, return_metrics=True)
+        pairs = [(f"output{p}", a, b, None) for p, a, b in _flat_outputs(batched.outputs, ref.outputs, "")]
+        pairs += [(f"metric {name!r}", batched.metrics[name], ref.metrics[name], ref.metric_lengths[name])
+                  for name in ref.metrics]
+        for what, a, b, lengths in pairs:
+            try:
+                torch.testing.assert_close(a, b, rtol=rtol, atol=atol, equal_nan=True)
+            except AssertionError:
+                raise ReferenceMismatchError(what, a, b, lengths, self._output_rows(what, lengths, len(inputs))) \
+                    from None
+
+    @staticmethod
+    def _output_rows(what: str, lengths, n: int):
+        """Which input each row belongs to: ``lengths`` (per input) for a metric, one row per
+        input for an output tensor (None for sequence elements: unknown here)."""
+        if lengths is not None:
+            return torch.repeat_interleave(torch.arange(n), lengths.cpu())
+        return None
 
     def _cat(self, tensors, t: TensorType):
         if not tensors:
@@ -956,11 +1146,11 @@ def evaluate_block(block: Block, inp, tolist: bool = False, input_type: Optional
             raise TypeError(f"{block!r}.eval: cannot build an input of type {t!r} from a Python value")
         root = _converter(t) >> block
     compiler = Compiler(root)
-    out = compiler(compiler.build_batch([inp]))
-    result = _split_rows(out, compiler.output_type, 1, tolist)[0]
+    forward = compiler.run(compiler.build_batch([inp]))
+    result = _split_rows(forward.outputs, compiler.output_type, 1, tolist)[0]
     if not compiler.metric_types:
         return result
-    metrics = {name: (v.tolist() if tolist else v) for name, v in compiler.metrics.items()}
+    metrics = {name: (v.tolist() if tolist else v) for name, v in forward.metrics.items()}
     return result, metrics
 
 

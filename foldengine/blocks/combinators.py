@@ -8,14 +8,109 @@ from __future__ import annotations
 from typing import Any, Callable, List, Tuple
 
 from ..trace import BlockInputError
-from ..types import TupleType
+from ..types import BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, Type
 from .base import (Block, BlockTypeError, Pending, as_block, fn_name, identity, nested_repr,
-                   require_pyobject)
+                   require_pyobject, where)
 from .operations import Function
 from .plumbing import GetItem, Identity, get_items_tracer
 from .values import Scalar, Zeros
 
-__all__ = ["Pipe", "Record", "AllOf", "OneOf", "Optional"]
+__all__ = ["Pipe", "Record", "AllOf", "OneOf", "Optional", "TraceTimeTensorError"]
+
+
+class TraceTimeTensorError(TypeError):
+    """A ``OneOf`` key function used the value of a tensor part of its input (``bool()``, a
+    comparison, arithmetic, indexing, ``float()`` ...).  Tensor values do not exist while a
+    batch is traced; only the Python parts of the input can choose a case.
+
+    Attributes: ``block`` (the OneOf), ``detail`` (what the key function did, and why it cannot).
+    """
+
+    def __init__(self, block, detail: str):
+        self.block, self.detail = block, detail
+        super().__init__(f"key_fn of {block!r}{where(block)} {detail}")
+
+
+class _TensorPart:
+    """What a ``OneOf`` key function sees in place of each tensor of its input: a value that
+    refuses to be read (:class:`TraceTimeTensorError` naming the block), so that a key cannot
+    silently depend on a trace-time handle (batched) or on the value (``reference``)."""
+
+    __slots__ = ("_block", "_type")
+
+    def __init__(self, block, t):
+        object.__setattr__(self, "_block", block)
+        object.__setattr__(self, "_type", t)
+
+    def _refuse(self, what: str):
+        block = object.__getattribute__(self, "_block")
+        t = object.__getattribute__(self, "_type")
+        raise TraceTimeTensorError(block, (
+            f"used {what} of a tensor part of its input ({t!r}): tensor values do not exist until the batch "
+            f"runs, so only the Python parts of the input can steer the trace (compute the key from the Python "
+            f"values, e.g. keep the Python value the tensor was made from beside it in the tuple)"))
+
+    def __repr__(self):
+        return f"<tensor part {object.__getattribute__(self, '_type')!r}: no value while tracing>"
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        self._refuse(f"the attribute .{name}")
+
+    def __setattr__(self, name, value):
+        self._refuse(f"an assignment to .{name}")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        part = next(a for a in list(args) + list((kwargs or {}).values()) if isinstance(a, _TensorPart))
+        part._refuse(f"{getattr(func, '__name__', func)}()")
+
+
+def _refusing(what):
+    def refuse(self, *args):
+        self._refuse(what)
+    return refuse
+
+
+for _name, _what in [("__bool__", "bool()"), ("__float__", "float()"), ("__int__", "int()"),
+                     ("__index__", "int()"), ("__complex__", "complex()"), ("__len__", "len()"),
+                     ("__iter__", "iteration"), ("__getitem__", "indexing"), ("__contains__", "'in'"),
+                     ("__hash__", "hash() (as a key)"), ("__format__", "formatting"), ("__round__", "round()"),
+                     ("__neg__", "arithmetic"), ("__pos__", "arithmetic"), ("__abs__", "abs()"),
+                     ("__invert__", "arithmetic")] + \
+                    [(f"__{op}__", "a comparison") for op in ("eq", "ne", "lt", "le", "gt", "ge")] + \
+                    [(f"__{r}{op}__", "arithmetic") for op in ("add", "sub", "mul", "truediv", "floordiv", "mod",
+                                                              "pow", "matmul", "and", "or", "xor", "lshift",
+                                                              "rshift", "divmod")
+                     for r in ("", "r")]:
+    setattr(_TensorPart, _name, _refusing(_what))
+del _name, _what
+
+
+def _has_tensor_part(t) -> bool:
+    if isinstance(t, TensorType):
+        return True
+    if isinstance(t, TupleType):
+        return any(_has_tensor_part(i) for i in t.items)
+    if isinstance(t, (SequenceType, BroadcastSequenceType)):
+        return _has_tensor_part(t.element)
+    return False
+
+
+def _steering_view(x, t: Type, block):
+    """``x`` (a traced value of type ``t``) with a :class:`_TensorPart` in place of each tensor:
+    what a ``OneOf`` key function sees.  Python parts are passed as they are."""
+    if isinstance(t, TensorType):
+        return _TensorPart(block, t)
+    if isinstance(t, TupleType) and isinstance(x, (tuple, list)) and len(x) == len(t.items):
+        return tuple(v if isinstance(it, PyObjectType) else _steering_view(v, it, block)
+                     for v, it in zip(x, t.items))
+    if isinstance(t, SequenceType) and isinstance(x, (list, tuple)):
+        return [_steering_view(v, t.element, block) for v in x]
+    if isinstance(t, (SequenceType, BroadcastSequenceType)):
+        return _TensorPart(block, t)
+    return x
 
 
 class Pipe(Block):
@@ -314,7 +409,8 @@ class OneOf(Block):
     Raises:
         ValueError: ``case_blocks`` is empty.
         InputError: ``key_fn`` raised, or returned a key with no case or one that is not
-            hashable; names the input's index, the block's path and the key.
+            hashable, or read the value of a tensor part of the input
+            (:class:`TraceTimeTensorError`); names the input's index, the block's path and the key.
 
     Types:
         - ``t -> u``: every case gets the input type ``t`` and must output the same type ``u``.
@@ -383,13 +479,22 @@ class OneOf(Block):
             cc.note_pending()
         return out
 
+    def _steers(self) -> bool:
+        """Whether ``key_fn`` gets a steering view (the input type holds tensors)."""
+        return self.input_type is not None and _has_tensor_part(self.input_type)
+
     def _trace(self, x, ctx):
         try:
-            key = self.key_fn(x)
+            key = self.key_fn(_steering_view(x, self.input_type, self) if self._steers() else x)
+        except TraceTimeTensorError as err:
+            raise BlockInputError(self, f"key_fn {err.detail}") from None
         except Exception as err:
             raise BlockInputError(self, f"key_fn raised {err!r}") from err
         try:
             b = self.cases.get(key)
+        except TraceTimeTensorError as err:     # the key is a tensor part
+            raise BlockInputError(self, f"key_fn returned a tensor part of its input as the key: {err.detail}") \
+                from None
         except TypeError:   # unhashable
             self._fail(f"key_fn returned {key!r:.60}, a {type(key).__name__}, which cannot be a case key "
                        f"(not hashable; cases: {list(self.cases)})")
@@ -400,6 +505,11 @@ class OneOf(Block):
     def _fast_tracer(self, b):
         cases = {k: b.get(c) for k, c in self.cases.items()}
         get, key_fn, slow = cases.get, self.key_fn, b.interpreted(self)
+        if self._steers():
+            t, user_key_fn = self.input_type, self.key_fn
+
+            def key_fn(x):
+                return user_key_fn(_steering_view(x, t, self))
 
         def one_of(x):
             try:

@@ -34,7 +34,13 @@ class Function(Block):
 
     ``fn`` is called on batched tensors: every call of the block in one step of a batch (of
     all inputs) at once, one row per call.  So ``fn`` must be the batch version of the
-    operation: a loss needs ``reduction='none'``.  A tuple input arrives as positional
+    operation: a loss needs ``reduction='none'``.  It must work row by row: a ``fn`` that
+    reduces over the batch axis (dim 0) mixes the rows of different calls and inputs, silently
+    (``lambda x: x / x.sum()`` normalises over every row of the step, not over one input's
+    vector: use ``x / x.sum(-1, keepdim=True)``; likewise ``x.mean(0)``, ``x - x.max()``,
+    ``BatchNorm`` in training mode, ``softmax(dim=0)``).  ``compiler.reference(inputs)`` runs
+    each call on its own row, so ``compiler.check_reference(inputs)`` (batched against
+    reference, naming the output and inputs that differ) catches such a ``fn``.  A tuple input arrives as positional
     arguments (nested tuples as tuples); a tuple output is returned as a tuple.  Unless
     ``output_type`` is given, the output type is inferred by calling ``fn`` once on zeros of
     the input type (a batch of one, in eval mode, without grad).  Blocks wrapping the same

@@ -415,14 +415,16 @@ class Nth(Block):
 class Metric(Block):
     """Records its input under ``metric_name`` and outputs Void (TF Fold's ``Metric``).
 
-    After a forward, ``compiler.metrics[metric_name]`` holds every value the block saw, in
-    input order, one row per value (a Metric inside a Map records one per element), and
-    ``compiler.metric_lengths[metric_name]`` how many each input gave.  Typical use: the
+    A forward's ``result = compiler.run(batch)`` holds in ``result.metrics[metric_name]``
+    every value the block saw, in input order, one row per value (a Metric inside a Map
+    records one per element), and in ``result.metric_lengths[metric_name]`` how many each
+    input gave (``compiler.metrics`` / ``compiler.metric_lengths``: the same, of the last
+    forward, TF Fold's idiom for one thread).  Typical use: the
     per-node losses of a tree.  Several Metric blocks may share a name when their input types
     agree.
 
     Args:
-        metric_name: the metric's name (its key in ``compiler.metrics``).
+        metric_name: the metric's name (its key in ``result.metrics``).
         name: a label for errors, ``repr`` and ``describe()``.
 
     Types:
@@ -433,8 +435,8 @@ class Metric(Block):
     Examples::
 
         >>> compiler = fe.Compiler(fb.Map(fb.Scalar() >> fb.Metric('x')) >> fb.Void())
-        >>> _ = compiler(compiler.build_batch([[1, 2], [3]]))
-        >>> compiler.metrics['x'], compiler.metric_lengths['x']
+        >>> result = compiler.run(compiler.build_batch([[1, 2], [3]]))
+        >>> result.metrics['x'], result.metric_lengths['x']
         (tensor([1., 2., 3.]), tensor([2, 1]))
         >>> (fb.Scalar() >> fb.Metric('x')).eval(2.0)
         (None, {'x': tensor([2.])})

@@ -11,7 +11,13 @@ from typing import Optional
 from ..types import Type, as_type
 from .base import Block, BlockTypeError, as_block
 
-__all__ = ["ForwardDeclaration"]
+__all__ = ["ForwardDeclaration", "DEFAULT_NAME", "UNSCOPED_NAMES"]
+
+#: the name of a ForwardDeclaration given none (in errors, block paths and ``describe()``)
+DEFAULT_NAME = "recursion"
+#: declaration names that do not prefix parameter names: the default, and ``"forward"`` (the
+#: default of earlier versions, so that their models' state_dict keys stay the same)
+UNSCOPED_NAMES = (DEFAULT_NAME, "forward")
 
 
 class ForwardDeclaration:
@@ -33,8 +39,10 @@ class ForwardDeclaration:
             converts; checked); default: that of the first reference compiled.
         output_type: the resolved block's output type (checked); default: inferred from a
             non-recursive OneOf case.
-        name: the declaration's name in errors and ``describe()``; a name other than the
-            default also prefixes the parameter names of the Functions inside.
+        name: the declaration's name in errors, paths (``recursion/case[True]/0``) and
+            ``describe()`` (default :data:`DEFAULT_NAME`, ``"recursion"``); a name other than the
+            default (and than ``"forward"``, the default of earlier versions) also prefixes the
+            parameter names of the Functions inside.
 
     Attributes:
         block: the resolved block (None before ``resolve_to``).
@@ -60,10 +68,10 @@ class ForwardDeclaration:
         tensor([1., 5., 9.])
     """
 
-    def __init__(self, input_type: Type = None, output_type: Type = None, name: str = "forward"):
+    def __init__(self, input_type: Type = None, output_type: Type = None, name: Optional[str] = None):
         self.input_type = as_type(input_type) if input_type is not None else None
         self.output_type = as_type(output_type) if output_type is not None else None
-        self.name = name
+        self.name = DEFAULT_NAME if name is None else name
         self.block: Optional[Block] = None
 
     def __call__(self) -> "_Reference":

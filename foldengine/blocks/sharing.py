@@ -13,7 +13,25 @@ from typing import Optional
 
 from .base import Block, as_block
 
-__all__ = ["Shared"]
+__all__ = ["Shared", "VALUE_TYPES", "shares_by_identity"]
+
+#: the types whose objects :class:`Shared` never shares by identity (exact types, not
+#: subclasses): CPython caches or folds their values (small ints, 1-character and interned
+#: strings, ``None``/``True``/``False``, a function's equal constants, ``()``), so an object of
+#: one of them being reached twice says nothing about the input's structure
+VALUE_TYPES = frozenset([type(None), bool, int, float, complex, str, bytes])
+
+
+def shares_by_identity(x) -> bool:
+    """Whether :class:`Shared` computes ``x`` once per input for every reference to it (by
+    identity): True but for objects of :data:`VALUE_TYPES` and tuples / frozensets holding
+    only such (recursively), which are computed at each occurrence."""
+    t = type(x)
+    if t in VALUE_TYPES:
+        return False
+    if t is tuple or t is frozenset:
+        return any(shares_by_identity(e) for e in x)
+    return True
 
 
 class Shared(Block):
@@ -25,8 +43,14 @@ class Shared(Block):
     even equal ones, are computed separately; different inputs of a batch never share.  The
     value depends on the object alone: ``block`` must not depend on where the object is
     reached (the recursion's path), which holds for a pure function of the object, as blocks
-    are.  A :class:`Metric` inside ``block`` records once per distinct object.  Small ints
-    and interned strings are single objects in Python: two references to them share too.
+    are.  A :class:`Metric` inside ``block`` records once per distinct object.
+
+    Plain values are never shared: an object of :data:`VALUE_TYPES` (``None``, ``bool``,
+    ``int``, ``float``, ``complex``, ``str``, ``bytes``; exact types) or a tuple / frozenset
+    holding only such is computed at each occurrence, as CPython caches or folds them (small
+    ints, 1-character strings: ``"a , b , c , d".split()`` holds 7 strings but 5 distinct
+    objects; a Metric inside ``Shared`` over it records 7 values).  Share a part by making it
+    a list, dict or object of your own (or a tuple holding one); see :func:`shares_by_identity`.
 
     Inputs of a tree that contains a ``Shared`` block are traced one by one (no trace
     templates: the records depend on which parts are the same object, not on the structure
@@ -69,7 +93,7 @@ class Shared(Block):
     def _trace(self, x, ctx):
         memo = ctx.shared.setdefault(id(self), {})
         hit = memo.get(id(x))
-        if hit is not None:
+        if hit is not None and shares_by_identity(x):     # checked on a repeat only
             return hit[1]
         out = self.block._trace(x, ctx)
         memo[id(x)] = (x, out)   # x kept alive: its id is not reused within the input
@@ -81,7 +105,7 @@ class Shared(Block):
         def traced(x):
             memo = tracer.shared.setdefault(key, {})
             hit = memo.get(id(x))
-            if hit is not None:
+            if hit is not None and shares_by_identity(x):
                 return hit[1]
             out = inner(x)
             memo[id(x)] = (x, out)

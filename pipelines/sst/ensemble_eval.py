@@ -39,8 +39,7 @@ def ensemble_sums(models, trees, batch_size: int) -> tuple[dict, list[dict]]:
             chunk = trees[start:start + batch_size]
             probs, labels, is_root = None, None, None
             for i, model in enumerate(models):
-                model(model.build_batch(chunk))
-                logits, lab, root = node_outputs(model)
+                logits, lab, root = node_outputs(model.run(model.build_batch(chunk)))
                 sum_into(member_sums[i], count_stats(logits, lab, root))
                 p = torch.softmax(logits.double(), -1)
                 if probs is None:

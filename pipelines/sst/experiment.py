@@ -250,8 +250,7 @@ class SSTExperiment(Experiment):
 
     # ------------------------------------------------------------------ loss / metrics
     def loss(self, model, batch):
-        model(batch)
-        logits, labels, is_root = node_outputs(model)
+        logits, labels, is_root = node_outputs(model.run(batch))
         node_loss = F.cross_entropy(logits, labels, reduction="none")
         return node_loss.sum(), count_stats(logits, labels, is_root, node_loss)
 

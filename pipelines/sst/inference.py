@@ -69,15 +69,15 @@ class TreePredictor(Predictor):
         import pandas as pd
 
         c = self.nodes if nodes else self.roots
-        c(c.build_batch(trees))
-        probs = torch.softmax(c.metrics["root_logits"].float(), dim=1).cpu().numpy()
+        result = c.run(c.build_batch(trees))      # this forward's metrics: safe under threads (a server)
+        probs = torch.softmax(result.metrics["root_logits"].float(), dim=1).cpu().numpy()
         label = probs.argmax(1)
         p = probs.astype(np.float64)
         neg, pos = p[:, 0] + p[:, 1], p[:, 3] + p[:, 4]
         out = {"label": label, **{f"prob_{k}": p[:, k] for k in range(NUM_CLASSES)}, "positive": pos / (pos + neg)}
         if nodes:   # non-root nodes in input order (metric_lengths), then each tree's root last
-            labels = c.metrics["logits"].argmax(1).cpu().numpy()
-            ends = np.cumsum(c.metric_lengths["logits"].cpu().numpy())
+            labels = result.metrics["logits"].argmax(1).cpu().numpy()
+            ends = np.cumsum(result.metric_lengths["logits"].cpu().numpy())
             out["node_labels"] = [part.tolist() + [root] for part, root in
                                   zip(np.split(labels, ends[:-1]), label.tolist())]
         return pd.DataFrame(out)

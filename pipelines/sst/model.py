@@ -15,7 +15,7 @@ per-tree recursion that calls the full ``cell(x, children)`` (``tests/pipelines/
 
 Every node gets a softmax classifier (dropout before it); its logits and the node's gold label
 are recorded with ``fb.Metric`` blocks so the loss over all nodes is computed vectorised from
-``compiler.metrics``.  The root node is handled by its own (non-recursive) copy of the node block
+the forward's metrics (``compiler.run(batch).metrics``).  The root node is handled by its own (non-recursive) copy of the node block
 that records to ``root_logits`` / ``root_label`` instead of ``logits`` / ``label``; the operations
 are the same, so roots and inner nodes still batch together.  Metrics after a forward::
 
@@ -173,9 +173,11 @@ def build_compiler(modules: SentimentModules, stoi: Mapping[str, int], scheduler
     return fe.Compiler(root, scheduler=scheduler)
 
 
-def node_outputs(compiler: fe.Compiler):
-    """``(logits [B+N, 5], labels [B+N], is_root [B+N] bool)`` of the last forward, roots first."""
-    m = compiler.metrics
+def node_outputs(forward):
+    """``(logits [B+N, 5], labels [B+N], is_root [B+N] bool)``, roots first, of ``forward``: a
+    forward's :class:`foldengine.ForwardResult` (``compiler.run(batch)``), or a Compiler (its
+    last forward's ``metrics``: one thread only)."""
+    m = forward.metrics
     logits = torch.cat([m["root_logits"], m["logits"]])
     labels = torch.cat([m["root_label"], m["label"]])
     is_root = torch.zeros(len(labels), dtype=torch.bool, device=labels.device)

@@ -270,7 +270,7 @@ def test_an_input_that_contains_itself_is_an_input_error():
     cyclic[1].append(cyclic)
     for method in ("build_batch", "trace", "reference"):
         with pytest.raises(fe.InputError, match=re.escape(
-                "input 1: forward() at root: the input contains itself (a list, tuple or dict at nesting level 2 "
+                "input 1: recursion() at root: the input contains itself (a list, tuple or dict at nesting level 2 "
                 "holds itself): tracing it would never end")) as info:
             getattr(c, method)([[3.0], cyclic])
         assert info.value.__cause__ is None and info.value.__suppress_context__   # no 100,000-frame traceback
@@ -281,7 +281,7 @@ def test_a_too_deep_input_names_its_depth_and_the_limit_and_how_to_raise_it():
     deep = _nest(30_000)
     for method in ("build_batch", "trace", "reference"):
         with pytest.raises(fe.InputError, match=re.escape(
-                "input 1: forward() at root: the input is too deep to trace: it nests 30,000 levels of lists, "
+                "input 1: recursion() at root: the input is too deep to trace: it nests 30,000 levels of lists, "
                 "tuples and dicts, and tracing it went past the recursion limit of 100,000 Python frames "
                 "(Compiler.recursion_limit); raise it for deeper inputs, e.g. compiler.recursion_limit = 400_000")):
             getattr(c, method)([1.0, deep])

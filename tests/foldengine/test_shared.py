@@ -90,3 +90,49 @@ def test_nothing_is_shared_across_inputs_or_between_equal_objects():
     assert two > one
     batch = compiler.trace([(1.0, [leaf]), (2.0, [leaf])])               # one per input
     assert batch[0].n_nodes == batch[1].n_nodes
+
+
+# -- plain values (CPython caches or folds them) are computed at each occurrence ---------------------
+
+def _counting_leaf():
+    """Shared(len(x) -> Scalar, recorded by Metric('m')) over a list: the sum and one metric row
+    per leaf computed."""
+    leaf = fb.Shared(fb.InputTransform(lambda v: len(str(v))) >> fb.Scalar() >> fb.AllOf(fb.Identity(), fb.Metric("m"))
+                     >> fb.GetItem(0))
+    return fe.Compiler(fb.Map(leaf) >> fb.Sum())
+
+
+def test_interned_strings_are_computed_at_each_occurrence():
+    words = "a , b , c , d".split()
+    assert len(words) == 7 and len({id(w) for w in words}) < 7     # CPython's 1-character strings
+    c = _counting_leaf()
+    batched = c.run(c.build_batch([words]))
+    assert batched.metrics["m"].shape == (7,) and batched.metric_lengths["m"].tolist() == [7]
+    assert batched.outputs.tolist() == [7.0]   # len(str(w)) == 1 for each
+    from_traces = c.run(c.build_batch_from_traces(c.trace([words])))
+    reference = c.reference([words], return_metrics=True)
+    for r in (from_traces, reference):
+        assert r.metrics["m"].shape == (7,)
+        torch.testing.assert_close(r.outputs, batched.outputs)
+
+
+def test_plain_values_never_share_but_containers_do():
+    from foldengine.blocks.sharing import shares_by_identity
+    small, const = 5, ("x", 1, (2.0, None))
+    for v in (small, "a", b"a", 1.5, True, None, (), const, frozenset({1})):
+        assert not shares_by_identity(v), v
+    part = ["x"]
+    for v in (part, {"k": 1}, ("x", part), object()):
+        assert shares_by_identity(v), v
+    c = _counting_leaf()
+    # the same tuple constant and the same small int, 3 times each: 6 computed; the same list 3x: 1
+    assert c.run(c.build_batch([[const, const, const, small, small, small]])).metrics["m"].shape == (6,)
+    assert c.run(c.build_batch([[part, part, part]])).metrics["m"].shape == (1,)
+
+
+def test_str_subclass_objects_share_by_identity():
+    class Word(str):
+        pass
+    w = Word("ab")
+    c = _counting_leaf()
+    assert c.run(c.build_batch([[w, w, Word("ab")]])).metrics["m"].shape == (2,)

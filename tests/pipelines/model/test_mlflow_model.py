@@ -215,3 +215,45 @@ def test_a_model_logged_through_the_outbox_keeps_its_package_folder(logged, data
     log_package(logged["uri"], run_id, str(staged))
     names = [a.path for a in client.list_artifacts(run_id, "model/artifacts")]
     assert names == [f"model/artifacts/{PACKAGE_ARTIFACT}"]
+
+
+@pytest.mark.parametrize("key, column, params", [("sst", "tree", None), ("sst", "tree", {"nodes": True}),
+                                                 ("esol", "smiles", None)])
+def test_pyfunc_predict_from_many_threads_answers_each_call_with_its_own_rows(logged, data_dir, key, column, params):
+    """``mlflow models serve`` calls one loaded model's ``predict`` from many threads: every
+    call's answer is its own inputs' (exactly the single-threaded answer), never another call's
+    (the predictor reads its outputs from its own forward, not from the compiler's last-forward
+    metrics)."""
+    import threading
+
+    mlflow.set_tracking_uri(logged["uri"])
+    model = mlflow.pyfunc.load_model(logged["runs"][key].model_uri)
+    pool = logged["lines"] if key == "sst" else esol_smiles(data_dir, 24)
+    requests = [[pool[(k + j) % len(pool)] for j in range(1 + k % 4)] for k in range(16)]   # different inputs
+
+    def predict(rows):
+        return model.predict(pd.DataFrame({column: rows}), params=params)
+
+    expected = [predict(rows) for rows in requests]
+    assert len({tuple(map(str, e.iloc[0].tolist())) for e in expected}) > 4     # the answers do differ
+    n_threads, rounds = 8, 20
+    errors, done = [], []
+    start = threading.Barrier(n_threads)
+
+    def worker(t):
+        try:
+            start.wait()
+            for r in range(rounds):
+                k = (t * 5 + r) % len(requests)
+                pd.testing.assert_frame_equal(predict(requests[k]), expected[k])
+                done.append(k)
+        except BaseException as err:   # reported below with the thread
+            errors.append((t, repr(err)[:500]))
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=300)
+    assert not any(th.is_alive() for th in threads)
+    assert not errors, errors[:3]
+    assert len(done) == n_threads * rounds
