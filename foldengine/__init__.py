@@ -12,9 +12,10 @@ from .batch import Batch, SequenceOutput
 from .blocks import BlockInputError, BlockTypeError
 from .compiler import Compiler, InputError, RandomBlockError
 from .ops import OperationError
+from .torch_compile import TorchCompileError
 from .types import BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, VoidType
 
 __all__ = ["Compiler", "Batch", "SequenceOutput", "InputError", "RandomBlockError", "BlockTypeError", "BlockInputError",
-           "OperationError", "blocks", "types", "TensorType", "TupleType", "SequenceType",
+           "OperationError", "TorchCompileError", "blocks", "types", "TensorType", "TupleType", "SequenceType",
            "BroadcastSequenceType", "PyObjectType", "VoidType"]
 __version__ = "0.1.0"
