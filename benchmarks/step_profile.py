@@ -49,7 +49,7 @@ CLASSES: Dict[str, tuple] = {
                     "native_dropout_backward", "addcdiv_", "sqrt", "sqrt_", "lerp_", "masked_fill_",
                     "_foreach_add_", "_foreach_mul_", "_foreach_addcmul_", "_foreach_addcdiv_",
                     "_foreach_sqrt", "_foreach_add", "_foreach_div_", "abs", "remainder", "clamp_", "pow",
-                    "where", "_to_copy", "to", "fill_", "zero_", "copy_"),
+                    "where", "_to_copy", "to", "fill_", "zero_", "copy_", "uniform_", "ge_", "ge", "lt"),
     "gather_scatter": ("index_select", "index_add_", "index_add", "cat", "embedding", "embedding_backward",
                        "embedding_dense_backward", "embedding_sparse_backward", "index", "index_put_",
                        "scatter_add_", "scatter_reduce", "gather", "_index_put_impl_", "index_copy_",
