@@ -11,8 +11,12 @@ clients are ``wrk`` connections (``--load wrk``, the default where ``wrk`` is in
 package; one C thread, ``benchmarks/serve_load.lua``), so the load generator takes almost none of
 the cores the servers share; ``--load python`` runs them as threads of this process (urllib),
 which on a 2-core machine takes a core's worth of CPU from the servers.  Both
-servers get every core: ``mlflow models serve --workers <cores>``, Ray Serve ``--replicas``
-replicas (default: one per core, half a CPU each beside the proxy).  The figures and the ratio
+servers get every core: ``mlflow models serve --workers <cores>`` (each worker's torch pinned to
+``--mlflow-threads`` intra-op threads, default 1, through ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``,
+as Ray pins each replica), Ray Serve ``--replicas`` replicas (default: one per core, half a CPU
+each beside the proxy), measured both through Ray Serve's HTTP proxy (``ray serve (proxy)``, the
+path a cluster deployment uses) and with direct ingress (``ray serve (direct)``, each replica's
+own port).  The figures and the ratio
 Ray Serve / MLflow per client count are printed and logged to MLflow (experiment
 ``bench_serve``).  The model URIs are those ``scripts/reproduce.sh --quick`` prints.
 
@@ -127,10 +131,25 @@ def _merged(parts: List[Dict[str, float]]) -> Dict[str, float]:
             "p50_ms": max(p["p50_ms"] for p in parts), "p99_ms": max(p["p99_ms"] for p in parts)}
 
 
-def _mlflow_serve(model: str, workers: int) -> tuple:
+#: the intra-op thread count of each ``mlflow models serve`` worker, as Ray gives each replica
+#: (``num_cpus`` 0.5-1: one OpenMP / MKL thread); unpinned, each of ``cores`` workers would start
+#: torch with ``cores`` threads (oversubscribed)
+MLFLOW_WORKER_THREADS = 1
+
+
+def mlflow_worker_env(threads: int = MLFLOW_WORKER_THREADS, base=None) -> Dict[str, str]:
+    """The environment of the ``mlflow models serve`` process: ``base`` (default ``os.environ``)
+    with ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` set to ``threads`` (its workers inherit it)."""
+    env = dict(os.environ if base is None else base)
+    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
+    return env
+
+
+def _mlflow_serve(model: str, workers: int, threads: int = MLFLOW_WORKER_THREADS) -> tuple:
     port = _port()
     bin_dir = os.path.dirname(sys.executable)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+    env = mlflow_worker_env(threads)
+    env["PATH"] = f"{bin_dir}:{os.environ.get('PATH', '')}"
     proc = subprocess.Popen([os.path.join(bin_dir, "mlflow"), "models", "serve", "-m", model, "--env-manager", "local",
                              "-h", "127.0.0.1", "-p", str(port), "-w", str(workers)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -224,6 +243,8 @@ def main(argv: Optional[Sequence[str]] = None, log: Callable[[str], None] = echo
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--replicas", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--mlflow-threads", type=int, default=MLFLOW_WORKER_THREADS,
+                    help="intra-op threads per mlflow models serve worker (OMP/MKL_NUM_THREADS)")
     ap.add_argument("--data-dir", default=os.environ.get("FOLD_DATA_DIR", "../shared/data"))
     ap.add_argument("--load", choices=("wrk", "python"), default="wrk" if shutil.which("wrk") else "python",
                     help="the clients: wrk connections (default where wrk is installed) or threads of this process")
@@ -256,7 +277,7 @@ def main(argv: Optional[Sequence[str]] = None, log: Callable[[str], None] = echo
             if a.load == "wrk":
                 return measure_wrk(url, bodies, c, a.seconds, path)
             return measure(url + path[:-len("/invocations")], inputs, column, c, a.seconds)
-        servers = {"mlflow models serve": _mlflow_serve(model, os.cpu_count() or 1), **_ray_serve(model, a.replicas)}
+        servers = {"mlflow models serve": _mlflow_serve(model, os.cpu_count() or 1, a.mlflow_threads), **_ray_serve(model, a.replicas)}
         if a.floor:
             servers.update(_ray_serve_floor(column, a.replicas, servers["ray serve (proxy)"][0]))
         for name, (url, _) in servers.items():
@@ -287,7 +308,7 @@ def main(argv: Optional[Sequence[str]] = None, log: Callable[[str], None] = echo
         metrics = {f"{r['workload']}.{r['server'].split()[0]}.c{r['clients']}.{k}": r[k]
                    for r in rows for k in ("rows_per_s", "p50_ms", "p99_ms", "over_mlflow")}
         run_id = log_to_mlflow("bench_serve", {"clients": a.clients, "seconds": a.seconds, "rounds": a.rounds, "load": a.load,
-                                               "replicas": a.replicas, **workloads, **git_state()},
+                                               "replicas": a.replicas, "mlflow_threads": a.mlflow_threads, **workloads, **git_state()},
                                {"serve": rows}, metrics,
                                view_metrics=[k for k in sorted(metrics) if k.endswith("over_mlflow")])
         log(f"MLflow run {run_id} (experiment bench_serve)")

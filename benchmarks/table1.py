@@ -390,8 +390,10 @@ def run_table1(cfg: Table1Config, log: Callable[[str], None] = echo) -> Dict[str
                 bs, bf = batches[s]
                 cols["dynamic:" + s] = [runner.make(lambda c=comp, x=bs: c(x), mode)]
                 cols["full:" + s] = [runner.make(lambda c=comp, x=x: c(x), mode) for x in bf]
-            t = interleaved(cols, cfg.repeats, cfg.warmup, device)
+            cpu: Dict[str, List[float]] = {}
+            t = interleaved(cols, cfg.repeats, cfg.warmup, device, cpu_times=cpu)
             med = medians(t)
+            cpu_med = medians(cpu)
             if b == 1:
                 manual1_tree_s[mode] = med["manual"]
 
@@ -410,6 +412,12 @@ def run_table1(cfg: Table1Config, log: Callable[[str], None] = echo) -> Dict[str
                     "full_batch_s": full_s, "full_tree_s": full_s / b,
                     "cost_ratio": median_ratio(t["dynamic:" + s], t["manual"]),
                     "full_cost_ratio": median_ratio(t["full:" + s], t["manual"]),
+                    # process CPU seconds (all threads) of the same calls: on a shared machine the
+                    # wall-clock ratio swings with the neighbours' load, the CPU ratio much less
+                    "manual_cpu_s": cpu_med["manual"], "dynamic_cpu_s": cpu_med["dynamic:" + s],
+                    "full_cpu_s": cpu_med["full:" + s],
+                    "cost_ratio_cpu": median_ratio(cpu["dynamic:" + s], cpu["manual"]),
+                    "full_cost_ratio_cpu": median_ratio(cpu["full:" + s], cpu["manual"]),
                     "manual_min_s": min(t["manual"]), "dynamic_min_s": min(t["dynamic:" + s]),
                     "full_min_s": min(t["full:" + s]),
                     "cost_ratio_of_mins": min(t["dynamic:" + s]) / min(t["manual"]),
@@ -430,7 +438,7 @@ def run_table1(cfg: Table1Config, log: Callable[[str], None] = echo) -> Dict[str
                         row[f"{c}_frac_ceiling"] = median_ratio(t["gemm"], t[n], k)
                 rows.append(row)
                 log(f"[{mode:9s} {s:8s} b={b:5d}] manual {man_s:.4g}s  dynamic {dyn_s:.4g}s  "
-                    f"full {full_s:.4g}s  cost {row['cost_ratio']:.3f}  eager/tree {eager_tree_s:.4g}s"
+                    f"full {full_s:.4g}s  cost {row['cost_ratio']:.3f} (CPU time {row['cost_ratio_cpu']:.3f})  eager/tree {eager_tree_s:.4g}s"
                     + (f"  full {row['full_frac_ceiling']:.0%} of GEMM" if cfg.gemm else ""))
         if cfg.gemm:
             del A, B
@@ -451,7 +459,8 @@ def run_table1(cfg: Table1Config, log: Callable[[str], None] = echo) -> Dict[str
         "GFLOP/s count only the cell matmuls (12 d^2 per cell forward, x3 for training); "
         "ceiling: one [b*(leaves-1), 2d] @ [2d, 3d] matmul (same forward FLOPs) timed in the same rounds.",
         "speedup ratio = manual batch-1 per-tree time / full-dynamic per-tree time (same mode).",
-        "cost = median of per-round dynamic/manual; cost(min) = fastest dynamic / fastest manual: "
+        "cost = median of per-round dynamic/manual (wall); cost(cpu) = the same of process CPU seconds; "
+        "cost(min) = fastest dynamic / fastest manual: "
         "where they differ much the machine was busy during that size.",
         ("paper: Table 1 GPU rows (inference, vector 1024, GeForce GTX-1080, TensorFlow 2017)."
          if device.type == "cuda" else
@@ -502,13 +511,14 @@ def format_report(result: Dict[str, object], brief: bool = False) -> str:
             head += ("  || paper GPU (inference, vector 1024, GTX-1080)" if paper_kind == "GPU"
                      else "  || paper CPU (inference, vector 1024, 32 threads)")
         hdr = ["batch", "man.batch", "man.tree", "dyn.batch", "dyn.tree", "full.batch", "full.tree",
-               "cost", "cost(min)", "speedup"]
+               "cost", "cost(cpu)", "cost(min)", "speedup"]
         if mode == "inference":
             hdr += ["||", "p.man.tree", "p.dyn.tree", "p.full.tree", "p.cost", "p.speedup"]
         body = []
         for r in rows:
             line = [str(r["batch_size"])] + [_f(r[k]) for k in PAPER_KEYS[:6]] + \
-                   [f"{r['cost_ratio']:.2f}", f"{r['cost_ratio_of_mins']:.2f}", f"{r['speedup_ratio']:.2f}"]
+                   [f"{r['cost_ratio']:.2f}", f"{r['cost_ratio_cpu']:.2f}", f"{r['cost_ratio_of_mins']:.2f}",
+                    f"{r['speedup_ratio']:.2f}"]
             if mode == "inference":
                 p = paper.get(r["batch_size"])
                 line += ["||", _f(p[1]), _f(p[3]), _f(p[5]), f"{p[6]:.2f}", f"{p[7]:.2f}"] if p else \
@@ -586,7 +596,7 @@ def summary_metrics(result: Dict[str, object]) -> Dict[str, float]:
     m = {}
     for r in result["rows"]:
         p = f"{r['mode']}.{r['scheduler']}.b{r['batch_size']}."
-        for k in ("cost_ratio", "speedup_ratio", "eager_over_full", "full_tree_s", "dynamic_tree_s",
+        for k in ("cost_ratio", "cost_ratio_cpu", "speedup_ratio", "eager_over_full", "full_tree_s", "dynamic_tree_s",
                   "manual_tree_s", "full_frac_ceiling", "dynamic_frac_ceiling", "build_full_s"):
             if r.get(k) is not None:
                 m[p + k] = float(r[k])

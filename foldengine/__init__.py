@@ -16,10 +16,11 @@ from .ops import OperationError
 from .frontend import (BatchedModule, BatchedResult, TraceError, batched, metric, scalar, tensor)
 from .frontend import max, mean, sum  # noqa: A004 - per-example list reductions, as fe.sum(values)
 from .results import ForwardResult, MetricNameError, Metrics
+from .torch_compile import TorchCompileError
 from .types import BroadcastSequenceType, PyObjectType, SequenceType, TensorType, TupleType, VoidType
 
 __all__ = ["Compiler", "Batch", "SequenceOutput", "ForwardResult", "Metrics", "MetricNameError", "InputError", "RandomBlockError", "ReferenceMismatchError", "BlockTypeError", "BlockInputError",
-           "OperationError", "blocks", "types", "TensorType", "TupleType", "SequenceType",
+           "OperationError", "TorchCompileError", "blocks", "types", "TensorType", "TupleType", "SequenceType",
            "BroadcastSequenceType", "PyObjectType", "VoidType",
            "batched", "BatchedModule", "BatchedResult", "TraceError", "scalar", "tensor", "metric", "sum", "mean", "max"]
 __version__ = "0.1.0"

@@ -54,6 +54,7 @@ from .executor import execute
 from .deferred import batch_weight_grads
 from .plan.rows import row_plan
 from .tables import execute_tables
+from .torch_compile import refuse_torch_compile
 from .plan import LAYOUTS, lower
 from .plan.concat import concat_plans, input_plan, trace_graph
 from .plan.traces import InputTrace, MergedTraces, merge_traces, split_traces
@@ -949,7 +950,9 @@ class Compiler(nn.Module):
         Raises:
             OperationError: an operation failed on its batched inputs (names the operation
                 and its block's path; :meth:`reference` names the input).
+            TorchCompileError: called under ``torch.compile`` (:mod:`foldengine.torch_compile`).
         """
+        refuse_torch_compile()
         if not isinstance(batch, Batch):
             raise TypeError(f"Compiler.forward takes a Batch from build_batch, got {type(batch).__name__}")
         if batch.signature != self.signature:

@@ -37,7 +37,7 @@ from torch import nn
 
 import foldengine as fe
 from foldengine import blocks as fb
-from foldengine.layers import BinaryTreeLSTMCell
+from foldengine.layers import BinaryTreeLSTMCell, Dropout
 from foldengine.types import PyObjectType, TensorType, TupleType
 
 __all__ = ["NUM_CLASSES", "TreeLSTM", "SentimentModules", "build_compiler", "node_outputs",
@@ -122,9 +122,9 @@ class SentimentModules(nn.Module):
                 raise ValueError(f"embedding matrix {embeddings.shape} != ({vocab_size}, {emb_size})")
             with torch.no_grad():
                 self.embedding.weight.copy_(torch.tensor(np.asarray(embeddings, np.float32)))
-        self.word = nn.Sequential(self.embedding, GradScale(embedding_grad_scale), nn.Dropout(input_dropout))
+        self.word = nn.Sequential(self.embedding, GradScale(embedding_grad_scale), Dropout(input_dropout))
         self.tree_lstm = TreeLSTM(emb_size, state_size, recurrent_dropout, forget_bias, init)
-        self.classifier = nn.Sequential(nn.Dropout(output_dropout), nn.Linear(state_size, NUM_CLASSES))
+        self.classifier = nn.Sequential(Dropout(output_dropout), nn.Linear(state_size, NUM_CLASSES))
         if init == "glorot":
             nn.init.xavier_uniform_(self.classifier[1].weight)
             nn.init.zeros_(self.classifier[1].bias)
