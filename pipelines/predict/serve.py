@@ -22,8 +22,9 @@ works unchanged):
   answering replica's ``{"requests": n, "batches": m, "rows": r}`` (``m < n`` when requests
   were batched together).
 * Limits: a body over ``max_request_bytes`` is refused with 413, more than ``max_rows`` rows
-  with 400, invalid JSON or no input column with 400; each input is capped by the model's size
-  limit (a row error).  Nothing a request holds stops the replica.
+  with 400, invalid JSON or no input column with 400, a body not all there ``body_timeout_s``
+  after its headers with 408; a connection idle ``idle_timeout_s`` is closed.  Each input is
+  capped by the model's size limit (a row error).  Nothing a request holds stops the replica.
 
 Each replica loads the model's package once (:func:`pipelines.predict.batch.load_package_bytes`, the
 package the batch-inference actors load) from bytes the driver put in the object store.  The
@@ -45,7 +46,7 @@ from ray import serve
 from pipelines.cluster import connect_ray
 from pipelines.model.prediction import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
 
-__all__ = ["ServeSettings", "parse_request", "RequestError", "records_json", "split_records_json", "FoldServer",
+__all__ = ["ServeSettings", "parse_request", "RequestError", "read_body", "records_json", "split_records_json", "FoldServer",
            "build_app", "direct_ingress_env", "replica_urls", "start", "main"]
 
 
@@ -59,6 +60,11 @@ class ServeSettings:
       chunk_size: inputs per engine batch (at most :data:`pipelines.model.prediction.MAX_CHUNK_SIZE`).
       max_request_bytes: the largest request body (413 above it).
       max_rows: the most inputs in one request (400 above it).
+      body_timeout_s: the longest a request's body may take to arrive once its headers are in
+        (408 after it: a client that sends headers and part of a body, then stops, frees its
+        request slot instead of holding it for ever).
+      idle_timeout_s: an open connection with no request in flight is closed after this many
+        seconds without one (uvicorn's keep-alive timeout; whole seconds).
     """
 
     max_batch_size: int = 32
@@ -66,16 +72,19 @@ class ServeSettings:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     max_request_bytes: int = 1_000_000
     max_rows: int = 1_000
+    body_timeout_s: float = 10.0
+    idle_timeout_s: int = 5
 
     def __post_init__(self):
-        if self.max_batch_size < 1 or self.batch_wait_s < 0 or self.max_request_bytes < 1 or self.max_rows < 1:
+        if self.max_batch_size < 1 or self.batch_wait_s < 0 or self.max_request_bytes < 1 or self.max_rows < 1 \
+                or not self.body_timeout_s > 0 or self.idle_timeout_s < 1:
             raise ValueError(f"serve settings must be positive: {self}")
         if not 1 <= self.chunk_size <= MAX_CHUNK_SIZE:
             raise ValueError(f"chunk_size must be in 1..{MAX_CHUNK_SIZE}, got {self.chunk_size}")
 
 
 class RequestError(ValueError):
-    """A request the server refuses whole: ``status`` (400, 413) and the message."""
+    """A request the server refuses whole: ``status`` (400, 408, 413) and the message."""
 
     def __init__(self, status: int, message: str):
         super().__init__(message)
@@ -195,23 +204,33 @@ class FoldServer:
             return JSONResponse({"error_code": "NOT_FOUND", "message": f"{request.method} {path}: use POST "
                                  f"/invocations (or GET /ping)"}, status_code=404)
         try:
-            body = await _read_capped(request, self.settings.max_request_bytes)
+            body = await read_body(request, self.settings.max_request_bytes, self.settings.body_timeout_s)
             inputs = parse_request(body, self.predictor.input_column, self.settings.max_rows)
         except RequestError as err:
             return JSONResponse({"error_code": "BAD_REQUEST", "message": str(err)}, status_code=err.status)
         return Response(await self.predict_batch(inputs), media_type="application/json")
 
 
-async def _read_capped(request, limit: int) -> bytes:
+async def read_body(request, limit: int, timeout_s: float) -> bytes:
+    """The body of ``request`` (a Starlette request), at most ``limit`` bytes, all of it within
+    ``timeout_s`` seconds.  Raises :class:`RequestError` 413 for a body declared or found over
+    ``limit``, 408 for one still incomplete after ``timeout_s`` (the client stopped sending)."""
+    import asyncio
+
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(413, f"the body of {int(declared)} bytes is over the limit of {limit} (--max-request-bytes)")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, f"the body is over the limit of {limit} bytes (--max-request-bytes)")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise RequestError(413, f"the body is over the limit of {limit} bytes (--max-request-bytes)")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestError(408, f"the body did not arrive within {timeout_s:g}s ({size} bytes of "
+                                f"{declared or 'an unknown length'} received; --body-timeout-s)") from None
     return b"".join(chunks)
 
 
@@ -287,7 +306,7 @@ def start(package: Mapping[str, bytes], settings: ServeSettings, host: str = "12
         proxy_port = port
     elif proxy_port is None:
         proxy_port = _free_port(host)
-    serve.start(http_options={"host": host, "port": proxy_port})
+    serve.start(http_options={"host": host, "port": proxy_port, "keep_alive_timeout_s": settings.idle_timeout_s})
     serve.run(build_app(package, settings, replicas, max_replicas, cpus_per_replica), name="foldengine",
               route_prefix="/", blocking=False)
     if ingress == "proxy":
@@ -330,6 +349,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="inputs per engine batch")
     ap.add_argument("--max-request-bytes", type=int, default=ServeSettings.max_request_bytes)
     ap.add_argument("--max-rows", type=int, default=ServeSettings.max_rows, help="inputs per request")
+    ap.add_argument("--body-timeout-s", type=float, default=ServeSettings.body_timeout_s,
+                    help="a request body still incomplete after this long is answered 408")
+    ap.add_argument("--idle-timeout-s", type=int, default=ServeSettings.idle_timeout_s,
+                    help="a connection with no request in flight for this long is closed")
     ap.add_argument("--tracking-uri", help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args(argv)
@@ -338,7 +361,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     with entry_point("pipelines.predict.serve", argv, interrupted="stopped"):
         try:
-            settings = ServeSettings(a.max_batch_size, a.batch_wait_s, a.chunk_size, a.max_request_bytes, a.max_rows)
+            settings = ServeSettings(a.max_batch_size, a.batch_wait_s, a.chunk_size, a.max_request_bytes, a.max_rows,
+                                     a.body_timeout_s, a.idle_timeout_s)
         except ValueError as err:
             ap.error(str(err))
         import mlflow
