@@ -148,3 +148,46 @@ def test_an_idle_connection_is_closed_after_the_idle_timeout(server):
                 break
             data += piece
     assert data.startswith(b"HTTP/1.1 200") and data.endswith(b"ok\n"), data
+
+
+def _balanced_tree(leaves: int, words: list) -> str:
+    """A PTB tree of ``leaves`` leaves and ``2 * leaves - 1`` nodes, balanced."""
+    count = [0]
+
+    def build(n):
+        if n == 1:
+            count[0] += 1
+            return f"(2 {words[count[0] % len(words)]})"
+        return f"(2 {build(n // 2)} {build(n - n // 2)})"
+    return build(leaves)
+
+
+def _stats(url) -> dict:
+    with urllib.request.urlopen(url + "/stats", timeout=300) as r:
+        return json.loads(r.read())
+
+
+def test_ping_and_small_requests_are_answered_while_heavy_requests_are_in_flight(server):
+    """Four requests of 60 trees of 1,023 nodes (the size cap) each: while the replica still works
+    on them (its ``in_flight`` count), ``/ping`` and a one-tree request are answered, the latter
+    with its row; then the heavy ones are answered with theirs."""
+    words = [w for line in server.lines for w in line.replace("(", " ").replace(")", " ").split() if not w.isdigit()]
+    heavy = [[_balanced_tree(512, words[k:])] * 60 for k in range(4)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(post, server.url, records(trees)) for trees in heavy]
+        deadline = time.monotonic() + 300
+        while _stats(server.url)["in_flight"] < len(heavy):      # all four read and waiting on the engine
+            assert not any(f.done() for f in futures), [f.result() for f in futures if f.done()]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with urllib.request.urlopen(server.url + "/ping", timeout=300) as r:
+            assert r.read() == b"ok\n"
+        status, body = post(server.url, records(server.lines[:1]))
+        assert status == 200, body
+        assert_rows(server.predictor, server.lines[:1], body)
+        assert _stats(server.url)["in_flight"] >= 1 and not all(f.done() for f in futures)
+        for trees, f in zip(heavy, futures):
+            status, body = f.result()
+            assert status == 200, body
+            assert [p["error"] for p in body["predictions"]] == [None] * len(trees)
+            assert_rows(server.predictor, trees[:1], {"predictions": body["predictions"][:1]})
