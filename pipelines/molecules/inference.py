@@ -15,7 +15,7 @@ import torch
 
 from pipelines.model.prediction import InputTooLarge, Predictor
 
-from pipelines.molecules.featurize import featurize_mol, parse_smiles
+from pipelines.molecules.featurize import featurize_mol, parse_smiles, written_heavy_atoms
 from pipelines.molecules.scaling import TargetScaling
 
 __all__ = ["MoleculePredictor"]
@@ -54,6 +54,8 @@ class MoleculePredictor(Predictor):
             raise InputTooLarge(
                 f"a SMILES of {len(raw)} characters is longer than any molecule of at most {self.max_size} atoms "
                 f"(molecules.max_atoms) can be written")
+        if written_heavy_atoms(raw) > self.max_size:   # before the parse, whose cost grows with the molecule
+            raise self.too_large(written_heavy_atoms(raw), "molecules.max_atoms")
         mol = parse_smiles(raw)
         if mol.GetNumAtoms() > self.max_size:
             raise self.too_large(mol.GetNumAtoms(), "molecules.max_atoms")

@@ -25,6 +25,7 @@ none).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import glob
 import json
@@ -46,7 +47,7 @@ from pipelines.model.package import PACKAGE_FILE, WEIGHTS_FILE, find_package
 from pipelines.model.prediction import DEFAULT_CHUNK_SIZE
 
 __all__ = ["PredictResult", "predict_rows", "SUCCESS_FILE", "resolve_inputs", "output_files", "check_output",
-           "load_package_bytes", "BlankLines", "PartNames", "written_counts",
+           "load_package_bytes", "LOCK_FILE", "lock_output", "BlankLines", "PartNames", "written_counts",
            "predictor_from_package", "input_rows", "actor_pool_size", "run", "main"]
 
 #: CPUs kept free of actors for the read tasks (a Ray Data read task reserves one CPU)
@@ -110,6 +111,35 @@ def check_output(output: str, overwrite: bool = False) -> None:
         state = "complete" if os.path.exists(os.path.join(output, SUCCESS_FILE)) else "partial (no _SUCCESS)"
         raise ValueError(f"{os.path.abspath(output)}: holds the output of an earlier run ({len(earlier)} file(s), "
                          f"{state}); give a new --output, or --overwrite to replace it")
+
+
+#: the lock file a run holds in ``--output`` while it writes there (:func:`lock_output`)
+LOCK_FILE = ".pipelines-predict.lock"
+
+
+def lock_output(output: str):
+    """An open file holding an exclusive lock (``flock``) on the local directory ``output`` (made
+    if missing) for as long as it stays open; raises ``ValueError`` with one line naming the
+    directory and the process holding it when another run writes there (two runs into one
+    folder would mix their rows, and one's ``--overwrite`` would delete the other's parts).
+    The holder removes the file (:data:`LOCK_FILE`) before closing it."""
+    import fcntl
+
+    os.makedirs(output, exist_ok=True)
+    f = open(os.path.join(output, LOCK_FILE), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise ValueError(f"{os.path.abspath(output)}: another pipelines.predict ({holder}) is writing into it; "
+                         f"wait for it to finish, or give another --output") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    return f
 
 
 def load_package_bytes(model_uri: str) -> dict[str, bytes]:
@@ -309,17 +339,36 @@ def run(model_uri: str, inputs: Sequence[str], output: str, *, chunk_size: int =
     as many as the cluster holds (:func:`actor_pool_size`, which also refuses a pool that leaves
     the read tasks no CPU).  Checks ``inputs`` (:func:`resolve_inputs`) and ``output``
     (:func:`check_output`; ``overwrite``: an earlier run's files there are removed) first, before
-    the model is fetched and before Ray starts.  :data:`SUCCESS_FILE` is written last."""
+    the model is fetched and before Ray starts, then hold ``output``'s lock (:func:`lock_output`)
+    to the end.  :data:`SUCCESS_FILE` is written last."""
+    import mlflow
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    files = resolve_inputs(inputs)
+    check_output(output, overwrite)   # before the model is fetched and Ray starts
+    lock = lock_output(output)        # held to the end: no other run writes here meanwhile
+    try:
+        return _run_locked(model_uri, files, output, chunk_size=chunk_size, actors=actors,
+                           cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor, tracking=tracking,
+                           column=column, log=log, overwrite=overwrite)
+    finally:
+        with contextlib.suppress(OSError):   # removed while still held: a later run makes its own
+            os.remove(lock.name)
+        lock.close()
+
+
+def _run_locked(model_uri: str, files: list, output: str, *, chunk_size: int, actors: Optional[int],
+                cpus_per_actor: float, gpus_per_actor: float, tracking: bool, column: Optional[str], log,
+                overwrite: bool) -> PredictResult:
+    """:func:`run` once ``output`` is checked and locked."""
     import mlflow
     import ray
     import ray.data
 
     from pipelines.data.sources import csv_header, is_csv
 
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-    files = resolve_inputs(inputs)
-    check_output(output, overwrite)   # before the model is fetched and Ray starts
+    check_output(output, overwrite)   # again under the lock: a run that finished meanwhile left its files
     package = load_package_bytes(model_uri)
     for f in output_files(output):    # --overwrite: the earlier run's files go
         os.remove(f)

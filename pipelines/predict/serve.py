@@ -19,11 +19,15 @@ works unchanged):
   ``{"predictions": [{column: value, ..., "error": null}, ...]}``, one record per input, in
   order; strict JSON (missing numbers are ``null``, never ``NaN``).
 * ``GET /ping`` and ``GET /health``: 200 once the replica holds its model; ``GET /stats``: the
-  answering replica's ``{"requests": n, "batches": m, "rows": r}`` (``m < n`` when requests
-  were batched together).
+  answering replica's ``{"requests": n, "batches": m, "rows": r, "in_flight": k}`` (``m < n``
+  when requests were batched together; ``k`` requests waiting for or in an engine batch now).
+  The engine batches run off the replica's event loop (requests over ``heavy_request_bytes``
+  in a second thread of their own), so ``/ping`` and small requests are answered while heavy
+  ones run.
 * Limits: a body over ``max_request_bytes`` is refused with 413, more than ``max_rows`` rows
-  with 400, invalid JSON or no input column with 400; each input is capped by the model's size
-  limit (a row error).  Nothing a request holds stops the replica.
+  with 400, invalid JSON or no input column with 400, a body not all there ``body_timeout_s``
+  after its headers with 408; a connection idle ``idle_timeout_s`` is closed.  Each input is
+  capped by the model's size limit (a row error).  Nothing a request holds stops the replica.
 
 Each replica loads the model's package once (:func:`pipelines.predict.batch.load_package_bytes`, the
 package the batch-inference actors load) from bytes the driver put in the object store.  The
@@ -32,11 +36,13 @@ endpoint listens on 127.0.0.1 unless ``--host`` says otherwise.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import http.client
 import json
 import os
 import sys
+import threading
 import time
 from typing import Any, Mapping, Optional, Sequence
 
@@ -45,7 +51,7 @@ from ray import serve
 from pipelines.cluster import connect_ray
 from pipelines.model.prediction import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
 
-__all__ = ["ServeSettings", "parse_request", "RequestError", "records_json", "split_records_json", "FoldServer",
+__all__ = ["ServeSettings", "parse_request", "RequestError", "read_body", "records_json", "split_records_json", "FoldServer",
            "build_app", "direct_ingress_env", "replica_urls", "start", "main"]
 
 
@@ -59,6 +65,13 @@ class ServeSettings:
       chunk_size: inputs per engine batch (at most :data:`pipelines.model.prediction.MAX_CHUNK_SIZE`).
       max_request_bytes: the largest request body (413 above it).
       max_rows: the most inputs in one request (400 above it).
+      body_timeout_s: the longest a request's body may take to arrive once its headers are in
+        (408 after it: a client that sends headers and part of a body, then stops, frees its
+        request slot instead of holding it for ever).
+      idle_timeout_s: an open connection with no request in flight is closed after this many
+        seconds without one (uvicorn's keep-alive timeout; whole seconds).
+      heavy_request_bytes: requests of larger bodies are batched among themselves, in an engine
+        thread of their own (:meth:`FoldServer.predict_heavy_batch`).
     """
 
     max_batch_size: int = 32
@@ -66,16 +79,21 @@ class ServeSettings:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     max_request_bytes: int = 1_000_000
     max_rows: int = 1_000
+    body_timeout_s: float = 10.0
+    idle_timeout_s: int = 5
+    heavy_request_bytes: int = 65_536
 
     def __post_init__(self):
-        if self.max_batch_size < 1 or self.batch_wait_s < 0 or self.max_request_bytes < 1 or self.max_rows < 1:
+        if self.max_batch_size < 1 or self.batch_wait_s < 0 or self.max_request_bytes < 1 or self.max_rows < 1 \
+                or not self.body_timeout_s > 0 or self.idle_timeout_s < 1 \
+                or self.heavy_request_bytes < 1:
             raise ValueError(f"serve settings must be positive: {self}")
         if not 1 <= self.chunk_size <= MAX_CHUNK_SIZE:
             raise ValueError(f"chunk_size must be in 1..{MAX_CHUNK_SIZE}, got {self.chunk_size}")
 
 
 class RequestError(ValueError):
-    """A request the server refuses whole: ``status`` (400, 413) and the message."""
+    """A request the server refuses whole: ``status`` (400, 408, 413) and the message."""
 
     def __init__(self, status: int, message: str):
         super().__init__(message)
@@ -160,28 +178,46 @@ class FoldServer:
         from pipelines.predict.batch import predictor_from_package
 
         self.predictor = predictor_from_package(package)
+        self.heavy_predictor = predictor_from_package(package)   # its own model: no state shared across threads
         self.settings = settings
-        self.predict_batch.set_max_batch_size(settings.max_batch_size)
-        self.predict_batch.set_batch_wait_timeout_s(settings.batch_wait_s)
         self.batches = self.requests = self.rows = 0
+        self.in_flight = 0                      # requests parsed and not yet answered (the event loop's)
+        self.counts_lock = threading.Lock()
+        for method in (self.predict_batch, self.predict_heavy_batch):
+            method.set_max_batch_size(settings.max_batch_size)
+            method.set_batch_wait_timeout_s(settings.batch_wait_s)
+        self.engine = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fold-engine")
+        self.heavy_engine = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fold-engine-heavy")
 
-    def _predict(self, requests: list) -> list:
+    def _predict(self, predictor, requests: list) -> list:
         flat = [x for inputs in requests for x in inputs]
-        self.requests += len(requests)
-        self.rows += len(flat)
-        frame = self.predictor.predict(flat, chunk_size=self.settings.chunk_size)
-        self.batches += 1
+        frame = predictor.predict(flat, chunk_size=self.settings.chunk_size)
+        with self.counts_lock:                  # two engine threads
+            self.requests += len(requests)
+            self.rows += len(flat)
+            self.batches += 1
         return split_records_json(frame, [len(inputs) for inputs in requests])
 
     @serve.batch(max_batch_size=ServeSettings.max_batch_size, batch_wait_timeout_s=ServeSettings.batch_wait_s)
     async def predict_batch(self, requests: list) -> list:
         """The inputs of every request of the window, as one run of engine batches; one JSON body
         per request, in request order (the window: ``settings``' batch size and wait, set per
-        replica).  The batch runs on the replica's event loop, not in a thread: requests that
-        arrive meanwhile wait in the server's queue and join the next batch together (a worker
-        thread would share the interpreter lock with the loop accepting them, which then
-        trickles in one at a time: 1.3 requests per batch at 32 clients, measured)."""
-        return self._predict(requests)
+        replica).  The batch runs in the replica's engine thread, off the event loop: the loop
+        keeps answering ``/ping`` and reading requests while a batch runs, and those requests
+        wait in ``@serve.batch``'s queue (one batch at a time) and join the next batch together."""
+        return await self._off_loop(self.engine, self.predictor, requests)
+
+    @serve.batch(max_batch_size=ServeSettings.max_batch_size, batch_wait_timeout_s=ServeSettings.batch_wait_s)
+    async def predict_heavy_batch(self, requests: list) -> list:
+        """:meth:`predict_batch` for the requests of more than ``settings.heavy_request_bytes``
+        bytes, in a thread of their own with a predictor of its own: a window of heavy requests
+        (seconds of engine work) never holds back the small requests queued behind it."""
+        return await self._off_loop(self.heavy_engine, self.heavy_predictor, requests)
+
+    async def _off_loop(self, executor, predictor, requests: list) -> list:
+        import asyncio
+
+        return await asyncio.get_running_loop().run_in_executor(executor, self._predict, predictor, requests)
 
     async def __call__(self, request):
         from starlette.responses import JSONResponse, Response
@@ -190,28 +226,44 @@ class FoldServer:
         if request.method == "GET" and path in ("/ping", "/health", ""):
             return Response("ok\n", media_type="text/plain")
         if request.method == "GET" and path == "/stats":
-            return JSONResponse({"requests": self.requests, "batches": self.batches, "rows": self.rows})
+            return JSONResponse({"requests": self.requests, "batches": self.batches, "rows": self.rows,
+                                 "in_flight": self.in_flight})
         if path != "/invocations" or request.method != "POST":
             return JSONResponse({"error_code": "NOT_FOUND", "message": f"{request.method} {path}: use POST "
                                  f"/invocations (or GET /ping)"}, status_code=404)
         try:
-            body = await _read_capped(request, self.settings.max_request_bytes)
+            body = await read_body(request, self.settings.max_request_bytes, self.settings.body_timeout_s)
             inputs = parse_request(body, self.predictor.input_column, self.settings.max_rows)
         except RequestError as err:
             return JSONResponse({"error_code": "BAD_REQUEST", "message": str(err)}, status_code=err.status)
-        return Response(await self.predict_batch(inputs), media_type="application/json")
+        batch = self.predict_heavy_batch if len(body) > self.settings.heavy_request_bytes else self.predict_batch
+        self.in_flight += 1
+        try:
+            return Response(await batch(inputs), media_type="application/json")
+        finally:
+            self.in_flight -= 1
 
 
-async def _read_capped(request, limit: int) -> bytes:
+async def read_body(request, limit: int, timeout_s: float) -> bytes:
+    """The body of ``request`` (a Starlette request), at most ``limit`` bytes, all of it within
+    ``timeout_s`` seconds.  Raises :class:`RequestError` 413 for a body declared or found over
+    ``limit``, 408 for one still incomplete after ``timeout_s`` (the client stopped sending)."""
+    import asyncio
+
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(413, f"the body of {int(declared)} bytes is over the limit of {limit} (--max-request-bytes)")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, f"the body is over the limit of {limit} bytes (--max-request-bytes)")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise RequestError(413, f"the body is over the limit of {limit} bytes (--max-request-bytes)")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestError(408, f"the body did not arrive within {timeout_s:g}s ({size} bytes of "
+                                f"{declared or 'an unknown length'} received; --body-timeout-s)") from None
     return b"".join(chunks)
 
 
@@ -287,7 +339,7 @@ def start(package: Mapping[str, bytes], settings: ServeSettings, host: str = "12
         proxy_port = port
     elif proxy_port is None:
         proxy_port = _free_port(host)
-    serve.start(http_options={"host": host, "port": proxy_port})
+    serve.start(http_options={"host": host, "port": proxy_port, "keep_alive_timeout_s": settings.idle_timeout_s})
     serve.run(build_app(package, settings, replicas, max_replicas, cpus_per_replica), name="foldengine",
               route_prefix="/", blocking=False)
     if ingress == "proxy":
@@ -330,6 +382,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="inputs per engine batch")
     ap.add_argument("--max-request-bytes", type=int, default=ServeSettings.max_request_bytes)
     ap.add_argument("--max-rows", type=int, default=ServeSettings.max_rows, help="inputs per request")
+    ap.add_argument("--body-timeout-s", type=float, default=ServeSettings.body_timeout_s,
+                    help="a request body still incomplete after this long is answered 408")
+    ap.add_argument("--heavy-request-bytes", type=int, default=ServeSettings.heavy_request_bytes,
+                    help="larger requests are batched among themselves, in an engine thread of their own")
+    ap.add_argument("--idle-timeout-s", type=int, default=ServeSettings.idle_timeout_s,
+                    help="a connection with no request in flight for this long is closed")
     ap.add_argument("--tracking-uri", help="MLflow store (default MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args(argv)
@@ -338,7 +396,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     with entry_point("pipelines.predict.serve", argv, interrupted="stopped"):
         try:
-            settings = ServeSettings(a.max_batch_size, a.batch_wait_s, a.chunk_size, a.max_request_bytes, a.max_rows)
+            settings = ServeSettings(a.max_batch_size, a.batch_wait_s, a.chunk_size, a.max_request_bytes, a.max_rows,
+                                     a.body_timeout_s, a.idle_timeout_s, a.heavy_request_bytes)
         except ValueError as err:
             ap.error(str(err))
         import mlflow

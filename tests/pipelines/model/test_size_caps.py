@@ -75,3 +75,43 @@ def test_a_request_of_more_rows_than_the_servers_limit_is_refused_whole(esol, mo
     assert str(out["logS"].dtype) == "Float64" and out["logS"].isna().tolist() == [False, True, False]
     with pytest.raises(ValueError, match=f"chunk_size must be in 1..{MAX_CHUNK_SIZE}"):
         model.predict(None, pd.DataFrame({"smiles": ["C"]}), params={"chunk_size": MAX_CHUNK_SIZE + 1})
+
+
+def test_a_smiles_writing_more_atoms_than_the_limit_is_refused_before_rdkit_parses_it(esol, monkeypatch):
+    """A 5,002-character ring (5,000 atoms, under the character limit) is refused by the atom
+    count of its text: RDKit's parse (seconds for such a ring) is not reached."""
+    import pipelines.molecules.inference as inference
+
+    p = load_predictor(esol)
+    ring = "C1" + "C" * 4999 + "1"
+    assert len(ring) == 5002 < p.CHARS_PER_ATOM * p.max_size
+
+    def no_parse(smiles, **_):
+        raise AssertionError(f"RDKit parse reached for a SMILES of {len(smiles)} characters")
+    monkeypatch.setattr(inference, "parse_smiles", no_parse)
+    out = p.predict([ring])
+    assert out["error"][0].startswith("InputTooLarge: 5000 atoms > the limit of 150 (molecules.max_atoms")
+
+
+@pytest.mark.parametrize("smiles, atoms", [("CCO", 3), ("ClC(Br)I", 4), ("[H][H]", 0), ("[2H]C", 1), ("[Hg]", 1),
+                                           ("c1cc[nH]c1", 5), ("[13CH4]", 1), ("O=[N+]([O-])c1ccccc1", 9),
+                                           ("[Na+].[Cl-]", 2), ("C%10CC%10", 3)])
+def test_the_written_atom_count_is_the_heavy_atoms_and_never_more_than_rdkit_keeps(smiles, atoms):
+    """Hydrogens are not counted; RDKit keeps those it cannot remove (``[H][H]``, ``[2H]``)."""
+    from rdkit import Chem
+
+    from pipelines.molecules.featurize import written_heavy_atoms
+
+    assert written_heavy_atoms(smiles) == atoms <= Chem.MolFromSmiles(smiles).GetNumAtoms()
+
+
+def test_the_written_atom_count_never_exceeds_rdkits_on_real_molecules(data_dir):
+    from rdkit import Chem
+
+    from pipelines.molecules.featurize import written_heavy_atoms
+    from tests.pipelines.helpers import esol_smiles
+
+    smiles = esol_smiles(data_dir, 1128)
+    counts = [(written_heavy_atoms(s), Chem.MolFromSmiles(s).GetNumAtoms()) for s in smiles]
+    assert all(w <= r for w, r in counts)
+    assert sum(w == r for w, r in counts) == len(counts)
