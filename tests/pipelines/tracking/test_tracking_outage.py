@@ -54,7 +54,7 @@ def test_tracker_buffers_while_down_and_flushes_on_return(server, tmp_path, monk
         t.metrics({"train/objective": float(step)}, step=step)  # buffered, not blocking
         t.tags({f"tag{step}": step})
     t.text("hello", "notes/hello.txt")
-    assert time.perf_counter() - t0 < 30
+    assert time.perf_counter() - t0 < 120     # blocking would wait for the server, i.e. for ever
     assert t.buffered == 5 and os.path.isdir(box)
     server.start()
     time.sleep(policy.retry_max_s)  # past the backoff: the next call sends the outbox first
@@ -72,7 +72,7 @@ def test_tracker_buffers_while_down_and_flushes_on_return(server, tmp_path, monk
     t.end("FINISHED")
     t0 = time.perf_counter()
     assert not t.drain()
-    assert time.perf_counter() - t0 < 15
+    assert time.perf_counter() - t0 < 120     # gives up (outage_timeout_s=1) rather than waits for ever
     msg = t.outage_message()
     assert str(box) in msg and f"python -m pipelines.tracking replay {box}" in msg
     server.start()
@@ -156,7 +156,7 @@ def test_a_server_that_never_answers_blocks_no_call_for_long(tmp_path, monkeypat
         t.end("FINISHED")
         assert not t.drain()
         took = time.perf_counter() - t0
-    assert took < 20, f"{took:.1f}s"
+    assert took < 3 * policy.retry_s, f"{took:.1f}s"  # waiting retry_s per op (4 or more ops) would take minutes
     kinds = [p.op["op"] for p in outbox.Outbox(str(tmp_path / "outbox")).pending()]
     assert {"params", "inputs", "experiment_tags", "end"} <= set(kinds)
     assert any(p.op["op"] == "metrics" and p.op["items"][0][0].startswith("system/")
@@ -392,7 +392,7 @@ def test_a_sweep_marks_its_stale_trials_through_the_outbox(server, tmp_path, mon
     t0 = time.perf_counter()
     assert sweep._close_stale_children(parent, "the sweep was interrupted") == 1
     parent.end("FINISHED")
-    assert not parent.drain(0.0) and time.perf_counter() - t0 < 30
+    assert not parent.drain(0.0) and time.perf_counter() - t0 < 120  # a hang would wait for the server
     assert {(p.op["op"], p.op["run_id"]) for p in outbox.Outbox(str(box)).pending()} == {
         ("tags", child.run_id), ("end", child.run_id), ("end", parent.run_id)}
     server.start()
