@@ -54,6 +54,17 @@ class FunctionTrace(InputTrace):
     tables: Optional[Tables] = None
     output_type: Type = VoidType()
 
+    def __reduce__(self):
+        base = InputTrace.__reduce__(self)
+        return _function_trace, (base, self.tables, self.output_type)
+
+
+def _function_trace(base, tables, output_type) -> FunctionTrace:
+    fn, args = base
+    t = fn(*args)
+    return FunctionTrace(**{f.name: getattr(t, f.name) for f in dataclasses.fields(InputTrace)},
+                         tables=tables, output_type=output_type)
+
 
 @dataclass
 class FunctionBatch(Batch):
@@ -191,6 +202,12 @@ class BatchedModule(nn.Module):
         super().train(mode)
         self.user_module.training = mode
         return self
+
+    def __getstate__(self):
+        """State for pickling and deepcopy: the last forward's metrics detached (results, not state)."""
+        state = dict(super().__getstate__())
+        state["metrics"] = {k: v.detach() for k, v in state.get("metrics", {}).items()}
+        return state
 
     def __setstate__(self, state):
         super().__setstate__(state)

@@ -47,8 +47,14 @@ def _holds_value(x, depth: int = _SCAN_DEPTH) -> bool:
 
 def _module_call(self, *args, **kwargs):
     rec = getattr(_state, "recorder", None)
-    if rec is not None and (_holds_value(args) or (kwargs and _holds_value(tuple(kwargs.values())))):
-        return rec.module_call(self, args, kwargs)
+    if rec is not None:
+        if _holds_value(args) or (kwargs and _holds_value(tuple(kwargs.values()))):
+            return rec.module_call(self, args, kwargs)
+        if type(self).__module__.startswith("torch.nn.") and any(
+                isinstance(a, (int, float)) and not isinstance(a, bool) for a in args):
+            raise TraceError(f"module {type(self).__name__} is called with a Python number while the function is "
+                             f"traced: a module's inputs are batched tensors, one row per example; make it a "
+                             f"per-example value with foldengine.scalar(x)")
     return _original_call(self, *args, **kwargs)
 
 
