@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..trace import GraphTracer
+from ..trace import EagerContext, GraphTracer
 from ..types import TensorType, TupleType, Type, canonical_dtype, numpy_dtype, torch_dtype
 from .registry import ModuleRef, OpKey, OpRegistry
 from .rules import REFUSED, RULES, SUPPORTED, SliceSpec, Slot, name_of
@@ -292,18 +292,9 @@ class EagerRecorder(Recorder):
         return torch.from_numpy(np.array(value).reshape((1,) + t.shape)).to(self.device, torch_dtype(dt))
 
     def _reduce(self, op, refs):
-        if not refs:
-            t = op.out_type
-            dt = self.float_dtype if self.float_dtype and torch_dtype(t.dtype).is_floating_point else t.dtype
-            return torch.zeros((1,) + t.shape, dtype=torch_dtype(dt), device=self.device)
-        x = torch.stack(list(refs))
-        if op.fn == "sum":
-            return x.sum(0)
-        if op.fn == "mean":
-            return x.mean(0)
-        if op.fn == "min":
-            return x.min(0).values
-        return x.max(0).values
+        types = [TensorType(t.shape, self.float_dtype) if self.float_dtype and torch_dtype(t.dtype).is_floating_point
+                 else t for t in self.registry.types]
+        return EagerContext(types, self.device).reduce(op, list(refs))   # the block reference's reductions
 
     def _metric(self, name, ref):
         self.metrics.setdefault(name, []).append(ref)

@@ -315,7 +315,7 @@ def test_a_failed_download_is_the_same_one_line_error_at_once(tmp_path, monkeypa
         t0 = time.monotonic()
         with pytest.raises(DataNotFoundError) as err:
             check_files([file])
-        assert time.monotonic() - t0 < 60       # a hang, not a loaded machine: the refused download is instant
+        assert time.monotonic() - t0 < 300      # a hang, not a loaded machine: the refused download is instant
         msg = str(err.value)
         assert "\n" not in msg and msg.startswith(head) and why in msg, msg
         assert not (tmp_path / "cache" / "sst" / "dev.txt").exists()
