@@ -53,6 +53,7 @@ from .compile_context import CompileContext
 from .executor import execute
 from .deferred import batch_weight_grads
 from .plan.rows import row_plan
+from .recursion import raised_recursion_limit
 from .tables import execute_tables
 from .torch_compile import refuse_torch_compile
 from .plan import LAYOUTS, lower
@@ -606,9 +607,7 @@ class Compiler(nn.Module):
         metric_names = self._metric_names
         end_input = tracer.end_input
         roots = []
-        old = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(old, self._recursion_limit()))
-        try:
+        with raised_recursion_limit(self._recursion_limit()):
             trace_fn = compile_tracer(self.root, tracer, getattr(self, "trace_templates", None))
             for i, x in enumerate(inputs):
                 try:
@@ -620,8 +619,6 @@ class Compiler(nn.Module):
                         raise self._too_deep(i, x) from None
                     raise InputError(i, err) from err
                 end_input(metric_names)
-        finally:
-            sys.setrecursionlimit(old)
         return tracer, roots
 
     def _too_deep(self, index: int, x) -> InputError:
@@ -1016,9 +1013,7 @@ class Compiler(nn.Module):
         ctx = EagerContext(self.exec_types, self.device)
         values = []
         counts = []
-        old = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(old, self._recursion_limit()))
-        try:
+        with raised_recursion_limit(self._recursion_limit()):
             for i, x in enumerate(inputs):
                 try:
                     values.append(self.root._trace(x, ctx))
@@ -1034,8 +1029,6 @@ class Compiler(nn.Module):
                     raise InputError(i, BlockInputError(err.block, msg)) from err
                 ctx.end_input()
                 counts.append([len(ctx.metrics.get(name, ())) for name in self._metric_names])
-        finally:
-            sys.setrecursionlimit(old)
         metrics = Metrics({name: self._cat(ctx.metrics.get(name, []), self.metric_types[name])
                            for name in self.metric_types}, self._metric_names)
         ends = np.asarray(counts, np.int64).reshape(len(counts), len(self._metric_names))

@@ -14,7 +14,6 @@ engine's (:class:`~foldengine.Compiler`); only the way the trace is produced dif
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence
@@ -29,6 +28,7 @@ from ..deferred import batch_weight_grads
 from ..executor import execute
 from ..plan import lower
 from ..plan.rows import row_plan
+from ..recursion import raised_recursion_limit
 from ..plan.traces import InputTrace, MergedTraces, merge_traces, split_traces
 from ..tables import execute_tables
 from ..trace import GraphTracer
@@ -252,9 +252,7 @@ class BatchedModule(nn.Module):
         tracer = GraphTracer(len(reg.types), reg.ops and [op.out_tids for op in reg.ops] or [])
         rec = GraphRecorder(reg, tracer)
         roots, widths = [], []
-        old = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(old, self.recursion_limit))
-        try:
+        with raised_recursion_limit(self.recursion_limit):
             with recording(rec):
                 for i, x in enumerate(inputs):
                     try:
@@ -271,8 +269,6 @@ class BatchedModule(nn.Module):
                     rec._grow()
                     tracer.end_input(reg.metric_names)
                     widths.append((tracer.n_types, len(reg.metric_names)))
-        finally:
-            sys.setrecursionlimit(old)
         tracer.op_out_tids = [op.out_tids for op in reg.ops]
         rec._grow()
         return tracer, roots, widths

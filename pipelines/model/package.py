@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 import torch
 
+from pipelines import bounded_json
 from pipelines.experiment import EXPERIMENT_NAMES
 from pipelines.model.prediction import Predictor
 
@@ -105,8 +106,10 @@ def registered_experiments() -> set[str]:
 def _read(directory: str) -> dict:
     path = os.path.join(directory, PACKAGE_FILE)
     try:
-        with open(path) as f:
-            pkg = json.load(f)
+        with open(path, "rb") as f:
+            pkg = bounded_json.loads(f.read())
+    except bounded_json.JSONTooDeep as err:
+        raise ValueError(f"{path}: not a package description ({err})") from None
     except (json.JSONDecodeError, RecursionError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: not a package description (JSON: {type(err).__name__})") from None
     if not (isinstance(pkg, dict) and isinstance(pkg.get("experiment"), str) and isinstance(pkg.get("config"), dict)):

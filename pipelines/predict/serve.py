@@ -48,6 +48,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ray import serve
 
+from pipelines import bounded_json
 from pipelines.cluster import connect_ray
 from pipelines.model.prediction import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
 
@@ -106,7 +107,9 @@ def parse_request(body: bytes, column: str, max_rows: int) -> list:
     Raises :class:`RequestError` (400) for a body that is not JSON, not one of the formats, has
     no ``column`` (and more than one column), or holds more than ``max_rows`` inputs."""
     try:
-        doc = json.loads(body)
+        doc = bounded_json.loads(body)
+    except bounded_json.JSONTooDeep as err:
+        raise RequestError(400, f"the body is not a request ({err})") from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise RequestError(400, f"the body is not JSON ({type(err).__name__})") from None
     if not isinstance(doc, dict):
