@@ -196,6 +196,10 @@ class BatchedModule(nn.Module):
         #: several threads forward on one module)
         self.metrics: Dict[str, torch.Tensor] = {}
         self.recursion_limit = 100_000
+        #: as ``Compiler.random_blocks``, always empty: a trace is the function's calls for its input,
+        #: reused for every batch that input is in (trace once), so the function's Python must not
+        #: draw random numbers; randomness belongs in modules (dropout), drawn in the batched forward
+        self.random_blocks: list = []
 
     # -- state -------------------------------------------------------------------------------
     def train(self, mode: bool = True):

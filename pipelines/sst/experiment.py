@@ -64,6 +64,10 @@ SCHEMA: dict[str, Field] = {
     "sst.embeddings": F_(str, None, nullable=True,
                          doc="GloVe text file (e.g. glove.840B.300d.txt); null = GloVe 6B 50d package"),
     "sst.oov_scale": F_(float, 0.05, min=0.0, doc="OOV rows ~ U(-s, s)"),
+    "sst.frontend": F_(str, "blocks", choices=("blocks", "per_example"),
+                       doc="how the model is written: TF Fold blocks (pipelines.sst.model) or one tree in plain "
+                           "PyTorch batched by foldengine.batched (pipelines.sst.per_example); the same "
+                           "parameters, plan and results"),
     "sst.state_size": F_(int, 300, min=1),
     "sst.input_dropout": F_(float, 0.0, min=0.0, max=0.99, doc="drop prob on word embeddings"),
     "sst.output_dropout": F_(float, 0.0, min=0.0, max=0.99, doc="drop prob on h before the classifier"),
@@ -205,8 +209,11 @@ class SSTExperiment(Experiment):
 
     def _compiler(self, config: dict, context: SSTContext, embeddings: Optional[np.ndarray],
                   modules: Optional[SentimentModules] = None):
+        """The batched model of ``sst.frontend``: a ``foldengine.Compiler`` of the blocks or a
+        ``foldengine.BatchedModule`` of the per-example model (the same ``run(batch)`` contract)."""
         modules = modules if modules is not None else self._modules(config, context, embeddings)
-        compiler = build_compiler(modules, context.vocab.stoi, scheduler=config["scheduler"])
+        build = _builder(config)
+        compiler = build(modules, context.vocab.stoi, scheduler=config["scheduler"])
         compiler.executor = config.get("executor", "auto")
         return compiler
 
@@ -241,7 +248,7 @@ class SSTExperiment(Experiment):
         ctx = SSTContext(vocab=Vocab(model_context["words"]), emb_dim=int(model_context["emb_dim"]), embeddings=None)
         modules = self._modules(config, ctx, None)
         self._compiler(config, ctx, None, modules).load_state_dict(state_dict)   # the parameters' names
-        return TreePredictor(modules, ctx.vocab.stoi, scheduler=config["scheduler"],
+        return TreePredictor(modules, ctx.vocab.stoi, scheduler=config["scheduler"], build=_builder(config),
                              executor=config.get("executor", "auto"),
                              max_nodes=config["sst"].get("max_nodes", SCHEMA["sst.max_nodes"].default))
 
@@ -330,6 +337,16 @@ class SSTExperiment(Experiment):
         fig.tight_layout()
         figs.append(("root_accuracy", fig))
         return figs
+
+
+def _builder(config: dict):
+    """``build_compiler`` (:mod:`pipelines.sst.model`) or ``build_batched``
+    (:mod:`pipelines.sst.per_example`), as ``sst.frontend`` says."""
+    if config["sst"].get("frontend", "blocks") == "per_example":
+        from pipelines.sst.per_example import build_batched
+
+        return build_batched
+    return build_compiler
 
 
 def _load_embeddings(config: dict, vocab: Vocab):

@@ -27,10 +27,11 @@ COLUMNS = ["label", *(f"prob_{k}" for k in range(NUM_CLASSES)), "positive"]
 
 class TreePredictor(Predictor):
     """Predicts with ``modules`` (weights loaded) over the vocabulary ``stoi`` (word -> id; other
-    words map to id 0, the unknown word).  It compiles them twice
-    (:func:`pipelines.sst.model.build_compiler` without the gold-label metrics): with the root's
-    classifier only, and, for ``nodes=True``, with every node's; ``scheduler`` and ``executor``
-    as in training; calls of more than ``max_call_rows`` rows run in row blocks of that many
+    words map to id 0, the unknown word).  It batches them twice with ``build``
+    (:func:`pipelines.sst.model.build_compiler`, or the per-example model's
+    :func:`pipelines.sst.per_example.build_batched`; without the gold-label metrics): with the
+    root's classifier only, and, for ``nodes=True``, with every node's; ``scheduler`` and
+    ``executor`` as in training; calls of more than ``max_call_rows`` rows run in row blocks of that many
     (an execution setting: the same values; ``foldengine.Compiler``'s ``max_call_rows``)."""
 
     input_column = "tree"
@@ -41,11 +42,11 @@ class TreePredictor(Predictor):
     CHARS_PER_NODE = 64
 
     def __init__(self, modules: SentimentModules, stoi: Mapping[str, int], scheduler="depth", executor: str = "auto",
-                 max_call_rows: Optional[int] = 1024, max_nodes: int = 1023):
+                 max_call_rows: Optional[int] = 1024, max_nodes: int = 1023, build=build_compiler):
         modules.eval()
         self.max_size = int(max_nodes)
-        self.roots = build_compiler(modules, stoi, scheduler, labels=False, node_logits=False).eval()
-        self.nodes = build_compiler(modules, stoi, scheduler, labels=False).eval()
+        self.roots = build(modules, stoi, scheduler, labels=False, node_logits=False).eval()
+        self.nodes = build(modules, stoi, scheduler, labels=False).eval()
         for c in (self.roots, self.nodes):
             c.executor, c.max_call_rows = executor, max_call_rows
 

@@ -185,3 +185,58 @@ def test_seed_sweep_ensemble_of_finished_trials(baseline, monkeypatch):
         (res.metrics["best/test/fine"], res.metrics["best/test/binary"]), abs=1e-12)
     search = plan_sweep("sst", cfg, searches=["optimizer.lr=grid(0.1,0.2)"], cluster_cpus=2)
     assert seed_ensemble(search, SSTExperiment(), trials, client) == ([], {})
+
+
+@pytest.mark.timeout(600)
+def test_the_per_example_model_trains_predicts_and_serves_as_the_blocks_model(baseline, data_dir, tmp_path):
+    """``sst.frontend=per_example``: the Tree-LSTM written for one tree in plain PyTorch
+    (:mod:`pipelines.sst.per_example`, ``foldengine.batched``), traced in Ray Data tasks and trained
+    by the Ray Train workers, gives the block model's run exactly (the same calls, so the same
+    dropout draws under the coalesce scheduler); its logged ``runs:/<id>/model`` predicts in one
+    process, in batch inference on Ray Data and served by Ray Serve as the block run's model does."""
+    import mlflow
+    import pandas as pd
+    from ray import serve
+
+    from pipelines.predict import batch as predict
+    from pipelines.predict.batch import load_package_bytes
+    from pipelines.predict.serve import ServeSettings, start
+    from tests.pipelines.mlflow_server import unused_port
+
+    res, _, tmp = baseline
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    per = run(SSTExperiment(), _config(tmp_path, "sst.frontend=per_example"))
+    assert _comparable(per.history) == [pytest.approx(h, rel=1e-5, abs=1e-7) for h in _comparable(res.history)]
+    assert finished_run(uri, "sst-test", per.run_id).data.params["sst.frontend"] == "per_example"
+
+    every = (data_dir / "sst" / "test.txt").read_text(encoding="utf-8").splitlines()
+    lines = [every[int(i)] for i in sample_positions(len(every), 50, int(_config(tmp)["seed"]), "test")]
+    frame = pd.DataFrame({"tree": lines})
+    mlflow.set_tracking_uri(f"sqlite:///{tmp}/mlflow.db")
+    blocks = mlflow.pyfunc.load_model(f"runs:/{res.run_id}/model").predict(frame)
+    mlflow.set_tracking_uri(uri)
+    model_uri = f"runs:/{per.run_id}/model"
+    got = mlflow.pyfunc.load_model(model_uri).predict(frame)
+    assert got["label"].tolist() == blocks["label"].tolist()
+    np.testing.assert_allclose(got["prob_3"].to_numpy(float), blocks["prob_3"].to_numpy(float), rtol=1e-5, atol=1e-7)
+
+    (tmp_path / "in.txt").write_text("\n".join(lines[:20]) + "\n")
+    out = predict.main(["--model", model_uri, "--input", str(tmp_path / "in.txt"), "--output",
+                        str(tmp_path / "out"), "--chunk-size", "8", "--tracking-uri", uri])
+    assert (out.rows, out.bad) == (20, 0)
+    rows = pd.concat([pd.read_parquet(f) for f in sorted(glob.glob(str(tmp_path / "out" / "*.parquet")))])
+    assert rows.sort_values("line")["label"].tolist() == blocks["label"].tolist()[:20]
+
+    files = load_package_bytes(model_uri)
+    url = start(files, ServeSettings(max_batch_size=8, batch_wait_s=0.05), port=unused_port(), cpus_per_replica=0.5)
+    try:
+        import json
+        import urllib.request
+
+        body = json.dumps({"dataframe_records": [{"tree": t} for t in lines[:10]]}).encode()
+        req = urllib.request.Request(url + "/invocations", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            served = json.loads(r.read())["predictions"]
+        assert [p["label"] for p in served] == blocks["label"].tolist()[:10]
+    finally:
+        serve.shutdown()
