@@ -13,7 +13,7 @@ from .batch import Batch, SequenceOutput
 from .blocks import BlockInputError, BlockTypeError
 from .compiler import Compiler, InputError, RandomBlockError, ReferenceMismatchError
 from .ops import OperationError
-from .frontend import (BatchedModule, BatchedResult, TraceError, batched, metric, scalar, tensor)
+from .frontend import (BatchedModule, BatchedResult, TraceError, batched, metric, rows, scalar, tensor)
 from .frontend import max, mean, sum  # noqa: A004 - per-example list reductions, as fe.sum(values)
 from .results import ForwardResult, MetricNameError, Metrics
 from .torch_compile import TorchCompileError
@@ -22,5 +22,5 @@ from .types import BroadcastSequenceType, PyObjectType, SequenceType, TensorType
 __all__ = ["Compiler", "Batch", "SequenceOutput", "ForwardResult", "Metrics", "MetricNameError", "InputError", "RandomBlockError", "ReferenceMismatchError", "BlockTypeError", "BlockInputError",
            "OperationError", "TorchCompileError", "blocks", "types", "TensorType", "TupleType", "SequenceType",
            "BroadcastSequenceType", "PyObjectType", "VoidType",
-           "batched", "BatchedModule", "BatchedResult", "TraceError", "scalar", "tensor", "metric", "sum", "mean", "max"]
+           "batched", "BatchedModule", "BatchedResult", "TraceError", "scalar", "tensor", "rows", "metric", "sum", "mean", "max"]
 __version__ = "0.1.0"

@@ -146,7 +146,7 @@ class TensorType(Type):
         True
     """
 
-    __slots__ = ("shape", "dtype")
+    __slots__ = ("shape", "dtype", "_hash")
 
     def __init__(self, shape=(), dtype="float32"):
         if isinstance(shape, int):
@@ -154,8 +154,10 @@ class TensorType(Type):
         shape = tuple(int(s) for s in shape)
         if any(s < 0 for s in shape):
             raise ValueError(f"TensorType shape must be non-negative, got {shape}")
+        dtype = canonical_dtype(dtype)
         object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "dtype", canonical_dtype(dtype))
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "_hash", hash(("T", shape, dtype)))   # types key every trace-time lookup
 
     def __setattr__(self, key, value):
         raise AttributeError("types are immutable")
@@ -172,10 +174,11 @@ class TensorType(Type):
         return True
 
     def __eq__(self, other):
-        return isinstance(other, TensorType) and self.shape == other.shape and self.dtype == other.dtype
+        return self is other or (isinstance(other, TensorType) and self.shape == other.shape
+                                 and self.dtype == other.dtype)
 
     def __hash__(self):
-        return hash(("T", self.shape, self.dtype))
+        return self._hash
 
     def __repr__(self):
         return f"TensorType({list(self.shape)}, {self.dtype})"

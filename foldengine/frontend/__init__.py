@@ -13,12 +13,12 @@
 
 The function runs on stand-in values (:class:`Value`) once per input; module calls and the
 torch functions of :data:`SUPPORTED` are recorded and batched like the block language's
-``Function``s.  ``scalar`` / ``tensor`` make per-example constants from the input; ``metric``
+``Function``s.  ``scalar`` / ``tensor`` / ``rows`` make per-example constants from the input; ``metric``
 records values (per-node losses); ``sum`` / ``mean`` / ``max`` reduce a Python list of values.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from .module import BatchedModule, BatchedResult, FunctionBatch, FunctionTrace, batched
 from .recording import active_recorder
@@ -26,7 +26,7 @@ from .rules import REFUSED, SUPPORTED
 from .values import TraceError, Value
 
 __all__ = ["batched", "BatchedModule", "BatchedResult", "FunctionTrace", "FunctionBatch", "Value", "TraceError",
-           "scalar", "tensor", "metric", "sum", "mean", "max", "SUPPORTED", "REFUSED"]
+           "scalar", "tensor", "rows", "metric", "sum", "mean", "max", "SUPPORTED", "REFUSED"]
 
 
 def _recorder(what: str):
@@ -46,6 +46,13 @@ def scalar(x, dtype=None) -> Value:
 def tensor(x, dtype=None) -> Value:
     """A per-example value from an array or tensor of the input (no gradient), any shape."""
     return _recorder("tensor").constant(x, dtype)
+
+
+def rows(x, dtype=None) -> List[Value]:
+    """One per-example value for each row of an array or tensor ``[n, *shape]`` of the input (no
+    gradient), e.g. ``atoms = fe.rows(atom_features)``: ``n`` values of shape ``shape``, stored as
+    one block of constants (cheaper than ``n`` calls of :func:`tensor`)."""
+    return _recorder("rows").rows(x, dtype)
 
 
 def metric(name: str, value) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -45,9 +45,51 @@ def _holds_value(x, depth: int = _SCAN_DEPTH) -> bool:
     return False
 
 
+_INT64 = 1 << 63
+
+
+def _signature(x, refs: list, depth: int = _SCAN_DEPTH):
+    """A hashable key of a call's arguments that fixes its operation: each value's type (its
+    ref appended to ``refs``), the nesting of tuples and lists, and the fixed Python
+    arguments with their types; None when the arguments hold anything else (tensors, which
+    become constants, or objects that are refused), which takes the full path."""
+    tp = type(x)
+    if tp is Value:
+        refs.append(x.ref)
+        return x.type
+    if tp is tuple or tp is list:
+        if not depth:
+            return None
+        parts = []
+        for v in x:
+            if type(v) is Value:                # inline: most arguments are values or tuples of them
+                refs.append(v.ref)
+                parts.append(v.type)
+                continue
+            got = _signature(v, refs, depth - 1)
+            if got is None:
+                return None
+            parts.append(got)
+        return tuple(parts) if tp is tuple else (list, tuple(parts))
+    if tp is float:
+        return (float, x) if x == x else None          # NaN is not equal to itself: no key
+    if tp is int or tp is bool or tp is str or x is None or tp is torch.dtype:
+        return (tp, x)
+    if tp is slice:
+        parts = (x.start, x.stop, x.step)
+        return (slice, parts) if all(p is None or type(p) is int for p in parts) else None
+    return None
+
+
 def _module_call(self, *args, **kwargs):
     rec = getattr(_state, "recorder", None)
     if rec is not None:
+        if not kwargs:                          # the common case: a call like one recorded before
+            refs: list = []
+            sig = _signature(args, refs)
+            if sig is not None and refs:
+                seen = rec.seen_calls.get((id(self), sig))
+                return rec.replay(seen, refs) if seen is not None else rec.module_call(self, args, kwargs)
         if _holds_value(args) or (kwargs and _holds_value(tuple(kwargs.values()))):
             return rec.module_call(self, args, kwargs)
         if type(self).__module__.startswith("torch.nn.") and any(
@@ -90,12 +132,21 @@ class Recorder:
     def __init__(self, registry: OpRegistry):
         self.registry = registry
         self._module_names: Optional[dict] = None
+        #: (target, argument signature) -> :class:`SeenCall` of the operation recorded for it: a
+        #: call like one seen before (same module or function, same types and fixed arguments)
+        #: skips the checks, the user's line and the operation key
+        self.seen_calls: Dict[tuple, SeenCall] = {}
+        #: Python scalar type -> (type, type id) of its per-example constant
+        self._scalars: dict = {}
 
     # -- subclasses ----------------------------------------------------------------------------
     def _call(self, op, refs: list) -> list:           # pragma: no cover - abstract
         raise NotImplementedError
 
     def _const(self, tid: int, t: TensorType, value: np.ndarray, zero: bool):   # pragma: no cover
+        raise NotImplementedError
+
+    def _const_rows(self, tid: int, t: TensorType, values: np.ndarray) -> list:   # pragma: no cover
         raise NotImplementedError
 
     def _reduce(self, op, refs: list):                  # pragma: no cover
@@ -107,6 +158,35 @@ class Recorder:
     # -- values --------------------------------------------------------------------------------
     def constant(self, value, dtype=None, line: Optional[str] = None) -> Value:
         """A constant per-example value (a number, array or tensor that needs no gradient)."""
+        py = type(value)
+        if dtype is None and (py is int or py is float or py is bool):
+            known = self._scalars.get(py)
+            if known is not None and (py is not int or -_INT64 <= value < _INT64):
+                return Value(self._const(known[1], known[0], value, not value), known[0], self)
+        arr, dt = self._array(value, dtype, line)
+        t = TensorType(arr.shape, dt)
+        arr = np.ascontiguousarray(arr, dtype=numpy_dtype(dt)).reshape(t.shape)   # (ascontiguousarray makes 0-d 1-d)
+        tid = self.registry.tid(t)
+        t = self.registry.types[tid]             # the registry's own object: identity checks hit
+        if dtype is None and (py is int or py is float or py is bool):
+            self._scalars[py] = (t, tid)
+        return Value(self._const(tid, t, arr, not arr.any()), t, self)
+
+    def rows(self, value, dtype=None, line: Optional[str] = None) -> List[Value]:
+        """One per-example value for each row of ``value`` (an array or tensor ``[n, *shape]``
+        that needs no gradient), kept as one block of constants."""
+        arr, dt = self._array(value, dtype, line)
+        if arr.ndim == 0:
+            raise TraceError(f"foldengine.rows of a 0-d {type(value).__name__}: it takes an array [n, *shape] "
+                             f"and makes one value per row (foldengine.scalar makes one value of a number)", line)
+        t = TensorType(arr.shape[1:], dt)
+        tid = self.registry.tid(t)
+        t = self.registry.types[tid]
+        arr = np.ascontiguousarray(arr, dtype=numpy_dtype(dt))
+        return [Value(r, t, self) for r in self._const_rows(tid, t, arr)]
+
+    def _array(self, value, dtype, line: Optional[str]):
+        """``(array, canonical dtype)`` of a constant given as a number, array or tensor."""
         if isinstance(value, torch.Tensor):
             if value.requires_grad:
                 raise TraceError(f"a tensor of shape {list(value.shape)} that requires a gradient is used as a "
@@ -127,12 +207,12 @@ class Recorder:
             else:
                 raise TraceError(f"cannot make a per-example tensor from a {type(value).__name__} "
                                  f"({arr.dtype})", line)
-        t = TensorType(arr.shape, dt)
-        arr = np.ascontiguousarray(arr, dtype=numpy_dtype(dt))
-        tid = self.registry.tid(t)
-        return Value(self._const(tid, t, arr, not arr.any()), t, self)
+        return arr, dt
 
     def metric(self, name: str, value) -> None:
+        if type(value) is Value and self.registry.metric_types.get(name) is value.type:
+            self._metric(name, value.ref)          # a metric seen before, of this very type
+            return
         if not isinstance(value, Value):
             value = self.constant(value, line=user_line())
         self.registry.metric_tid(name, value.type, None)
@@ -179,10 +259,43 @@ class Recorder:
         raise TraceError(f"cannot pass a {type(x).__name__} to a batched call (traced values, tensors, "
                          f"tuples of them and fixed numbers are what batched calls take)", line)
 
-    def _record(self, key: OpKey, values: List[Value], line: str):
+    def _record(self, key: OpKey, values: List[Value], line: str, seen: Optional[tuple] = None):
         op = self.registry.op(key, line)
+        if seen is not None:
+            out = op.out_type
+            flat = out.items if isinstance(out, TupleType) and all(
+                isinstance(i, TensorType) for i in out.items) else None
+            self.seen_calls[seen] = SeenCall(op, out if isinstance(out, TensorType) else None, flat)
         refs = self._call(op, [v.ref for v in values])
         return _rebuild(op.out_type, iter(refs), self)
+
+    def replay(self, seen: "SeenCall", refs: list):
+        """Record a call like one recorded before (``seen``) on the values of ``refs``; its result."""
+        refs = self._call(seen.op, refs)
+        if seen.tensor is not None:
+            return Value(refs[0], seen.tensor, self)
+        if seen.flat is not None:
+            return tuple([Value(r, t, self) for r, t in zip(refs, seen.flat)])
+        return _rebuild(seen.op.out_type, iter(refs), self)
+
+    def _seen(self, target, args: tuple, kwargs: dict):
+        """``(seen, op, result)``: the call's key in :attr:`_calls` (None when its arguments
+        have no signature); when a call like it was recorded before, that operation and this
+        call's result, recorded (else None, None)."""
+        refs: list = []
+        sig = _signature(args, refs)
+        if sig is None:
+            return None, None, None
+        if kwargs:
+            kw = _signature(tuple(kwargs.items()), refs)   # values in call order, as the full path takes them
+            if kw is None:
+                return None, None, None
+            sig = (sig, kw)
+        key = (target, sig)
+        seen = self.seen_calls.get(key)
+        if seen is None:
+            return key, None, None
+        return key, seen.op, self.replay(seen, refs)
 
     def _module_name(self, module: nn.Module, line: str) -> str:
         names = self._module_names
@@ -198,6 +311,9 @@ class Recorder:
         return got
 
     def module_call(self, module: nn.Module, args: tuple, kwargs: dict):
+        seen, op, out = self._seen(id(module), args, kwargs)
+        if op is not None:
+            return out
         line = user_line()
         name = self._module_name(module, line)
         label = f"module {name or '<model>'} ({type(module).__name__})"
@@ -205,11 +321,15 @@ class Recorder:
         a = tuple(self._template(x, values, line, label) for x in args)
         kw = tuple(sorted((k, self._template(v, values, line, label)) for k, v in kwargs.items()))
         key = OpKey(ModuleRef(name), a, kw, tuple(v.type for v in values))
-        return self._record(key, values, line)
+        return self._record(key, values, line, seen)
 
     def function_call(self, func, args: tuple, kwargs: dict):
+        zeros_like = func is torch.zeros_like or func is torch.ones_like
+        seen, op, out = (None, None, None) if zeros_like else self._seen(func, args, kwargs)
+        if op is not None:
+            return out
         line = user_line()
-        if func in (torch.zeros_like, torch.ones_like):
+        if zeros_like:
             v = args[0]
             fill_value = 0 if func is torch.zeros_like else 1
             dt = kwargs.get("dtype")
@@ -232,7 +352,16 @@ class Recorder:
         except (ValueError, KeyError, IndexError) as err:
             raise TraceError(f"{name_of(func)}: {err}", line) from None
         key = OpKey(target, a, tuple(sorted(kw.items())), tuple(v.type for v in values))
-        return self._record(key, values, line)
+        return self._record(key, values, line, seen)
+
+
+class SeenCall(NamedTuple):
+    """A recorded call's operation and how its result is rebuilt from output refs: ``tensor``
+    when it is one tensor, ``flat`` (the item types) when it is a flat tuple of tensors."""
+
+    op: Any
+    tensor: Optional[TensorType]
+    flat: Optional[tuple]
 
 
 def _rebuild(t: Type, refs, rec: Recorder):
@@ -258,11 +387,24 @@ class GraphRecorder(Recorder):
         r = self.tracer.call(op, refs)
         return list(r)
 
+    def replay(self, seen: SeenCall, refs: list):
+        # its types were grown into the tracer when it was first recorded
+        if seen.tensor is not None and refs:
+            return Value(self.tracer.call1(seen.op, refs), seen.tensor, self)
+        out = self.tracer.call(seen.op, refs)
+        if seen.flat is not None:
+            return tuple([Value(r, t, self) for r, t in zip(out, seen.flat)])
+        return _rebuild(seen.op.out_type, iter(out), self)
+
     def _const(self, tid, t, value, zero):
         self._grow()
         if zero:
             return self.tracer.zeros(tid, value)
         return self.tracer.const(tid, value)
+
+    def _const_rows(self, tid, t, values):
+        self._grow()
+        return self.tracer.const_many(tid, values)
 
     def _reduce(self, op, refs):
         self._grow()
@@ -289,7 +431,11 @@ class EagerRecorder(Recorder):
         dt = t.dtype
         if self.float_dtype and torch_dtype(dt).is_floating_point:
             dt = self.float_dtype
-        return torch.from_numpy(np.array(value).reshape((1,) + t.shape)).to(self.device, torch_dtype(dt))
+        value = np.array(value, numpy_dtype(t.dtype))          # a Python scalar rounds as in a batch
+        return torch.from_numpy(value.reshape((1,) + t.shape)).to(self.device, torch_dtype(dt))
+
+    def _const_rows(self, tid, t, values):
+        return [self._const(tid, t, row, False) for row in values]
 
     def _reduce(self, op, refs):
         types = [TensorType(t.shape, self.float_dtype) if self.float_dtype and torch_dtype(t.dtype).is_floating_point

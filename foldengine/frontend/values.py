@@ -25,13 +25,26 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 
 
+#: code object -> where it lives: 0 the user's code, 1 torch, 2 this package (a frame's file is
+#: classified once, not on every call)
+_WHERE: dict = {}
+
+
+def _where(code) -> int:
+    got = _WHERE.get(code)
+    if got is None:
+        name = os.path.abspath(code.co_filename)
+        got = _WHERE[code] = 2 if name.startswith(_HERE) else 1 if name.startswith(_TORCH) else 0
+    return got
+
+
 def user_line(skip_torch: bool = True) -> str:
     """``"file:line: source"`` of the innermost frame of the user's code (not this package, not
     torch); ``"<unknown line>"`` when there is none."""
     f = sys._getframe(1)
+    limit = 1 if skip_torch else 2
     while f is not None:
-        name = os.path.abspath(f.f_code.co_filename)
-        if not name.startswith(_HERE) and not (skip_torch and name.startswith(_TORCH)):
+        if _where(f.f_code) < limit:
             src = linecache.getline(f.f_code.co_filename, f.f_lineno).strip()
             return f"{f.f_code.co_filename}:{f.f_lineno}" + (f": {src}" if src else "")
         f = f.f_back

@@ -252,3 +252,92 @@ def test_function_with_modules_and_empty_lists():
     torch.testing.assert_close(out[0], embed.weight[1] + embed.weight[2])
     assert torch.equal(out[1], torch.zeros(4))
     assert list(batched.state_dict()) == ["embed.weight"]
+
+
+class Mixed(nn.Module):
+    """Calls whose signatures differ only in what the fast path keys on: the argument types,
+    tuple nesting, fixed Python arguments (dim, a slice) and keyword arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(8, 4)
+        self.cell = nn.LSTMCell(4, 4)
+
+    def forward(self, x):
+        v = fe.tensor([float(x)] * 4)
+        w = self.a(v)
+        h, c = self.cell(w)
+        h2, c2 = self.cell(input=h, hx=(h, c))                      # keyword and nested tuple
+        wide = torch.cat([h2, c2], dim=0)                          # the same function, other fixed args
+        pair = torch.stack([h2, c2], dim=1)[:, 1]                  # [4, 2] -> [4]
+        out = self.b(wide) + pair[1:3].sum() * (x % 2 == 0)
+        fe.metric("h", h2)
+        return out
+
+    def naive(self, x):
+        v = torch.full((1, 4), float(x))
+        h, c = self.cell(self.a(v))
+        h2, c2 = self.cell(h, (h, c))
+        pair = torch.stack([h2, c2], dim=2)[:, :, 1]
+        return self.b(torch.cat([h2, c2], 1)) + pair[:, 1:3].sum(1, keepdim=True) * (x % 2 == 0)
+
+
+def test_repeated_calls_of_every_signature_equal_the_naive_loop():
+    model = Mixed()
+    batched = fe.batched(model)
+    xs = [1, 2, 3, 4, 5, 6]
+    out = batched(batched.build_batch(xs))
+    ref = torch.cat([model.naive(x) for x in xs])
+    torch.testing.assert_close(out, ref)
+    for x, row in zip(xs, batched.reference(xs).outputs):
+        torch.testing.assert_close(row, model.naive(x)[0])
+
+
+def test_the_users_line_is_found_once_per_kind_of_call_not_per_node(monkeypatch):
+    """Python work per recorded call: a call like one recorded before (same module or function,
+    same types and fixed arguments) skips the checks; the user's line is looked up only for
+    calls of a new kind, so tracing 10 or 100 trees looks it up equally often."""
+    from foldengine.frontend import recording
+
+    counted = []
+    real = recording.user_line
+    monkeypatch.setattr(recording, "user_line", lambda *a: counted.append(1) or real(*a))
+    batched = fe.batched(ChildSum())
+    batched.trace(_trees(0, 3))                   # registers every operation
+    looked_up = []
+    for n in (10, 100):
+        counted.clear()
+        batched.trace(_trees(1, n))
+        looked_up.append(len(counted))
+    assert looked_up[0] == looked_up[1] and looked_up[0] <= 20, looked_up
+
+
+def test_a_refused_call_is_refused_again_after_good_calls_of_the_same_module():
+    class Late(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            v = self.lin(fe.tensor([float(x)] * 4))
+            return self.lin(v) if x < 3 else self.lin(3.0)
+
+    with pytest.raises(fe.TraceError, match=r"input 3: .*Python number") as err:
+        fe.batched(Late()).build_batch([0, 1, 2, 3])
+    assert "test_frontend.py:" in str(err.value)
+
+
+def test_rows_makes_one_value_per_row_batched_and_in_the_reference():
+    lin = nn.Linear(3, 2)
+
+    def bag(array):
+        return fe.sum([lin(r) for r in fe.rows(array)], shape=2)
+    batched = fe.batched(bag, modules={"lin": lin})
+    inputs = [torch.arange(6.0).reshape(2, 3).numpy(), torch.ones(1, 3).numpy(), torch.zeros(0, 3).numpy()]
+    out = batched(batched.build_batch(inputs))
+    want = torch.stack([lin(torch.from_numpy(a)).sum(0) for a in inputs])
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(batched.reference(inputs).outputs, want)
+    with pytest.raises(fe.TraceError, match=r"input 0: .*rows of a 0-d"):
+        fe.batched(bag, modules={"lin": lin}).build_batch([3.0])
