@@ -29,6 +29,7 @@ from ..executor import execute
 from ..plan import lower
 from ..plan.rows import row_plan
 from ..recursion import raised_recursion_limit
+from ..results import ForwardResult, Metrics
 from ..plan.traces import InputTrace, MergedTraces, merge_traces, split_traces
 from ..tables import execute_tables
 from ..trace import GraphTracer
@@ -73,20 +74,10 @@ class FunctionBatch(Batch):
     output_type: Type = VoidType()
 
 
-@dataclass(frozen=True)
-class BatchedResult:
-    """What one forward computed.
-
-    Attributes:
-        outputs: the function's return value, batched: a tensor ``[B, *shape]`` (or a tuple of
-            them) with one row per input; None when it returns None.
-        metrics: name -> every value ``foldengine.metric(name, v)`` recorded, in input order
-            (``[N, *shape]``).
-        metric_lengths: name -> int64 ``[B]``, how many values each input recorded.
-    """
-    outputs: Any
-    metrics: Dict[str, torch.Tensor]
-    metric_lengths: Dict[str, torch.Tensor]
+#: what one forward computed: the engine's one result record, as ``Compiler.run`` returns it
+#: (``outputs``, ``metrics`` whose unknown names are named errors, ``metric_lengths``,
+#: ``metric_sequences``)
+BatchedResult = ForwardResult
 
 
 def _value_type(out, line_hint: str) -> Type:
@@ -194,7 +185,7 @@ class BatchedModule(nn.Module):
         self.output_type: Optional[Type] = None
         #: the last forward's metrics (TF Fold's ``compiler.metrics``; use :meth:`run` when
         #: several threads forward on one module)
-        self.metrics: Dict[str, torch.Tensor] = {}
+        self.metrics: Dict[str, torch.Tensor] = Metrics({}, before_forward=True)
         self.recursion_limit = 100_000
         #: as ``Compiler.random_blocks``, always empty: a trace is the function's calls for its input,
         #: reused for every batch that input is in (trace once), so the function's Python must not
@@ -373,7 +364,7 @@ class BatchedModule(nn.Module):
         return batch
 
     # -- execution -----------------------------------------------------------------------------
-    def run(self, batch: FunctionBatch) -> BatchedResult:
+    def run(self, batch: FunctionBatch) -> ForwardResult:
         """Execute ``batch``; returns its outputs with this forward's metrics (safe to call
         from several threads on one module)."""
         if not isinstance(batch, FunctionBatch) or batch.tables is None:
@@ -405,7 +396,8 @@ class BatchedModule(nn.Module):
             else:
                 result = execute(batch, ops, types, device, block_rows)
         lengths = {name: torch.from_numpy(np.asarray(v, np.int64)).to(device) for name, v in batch.metric_lengths.items()}
-        return BatchedResult(result.outputs, dict(result.metrics), lengths)
+        names = reg.metric_names
+        return ForwardResult(result.outputs, Metrics(result.metrics, names), Metrics(lengths, names))
 
     def forward(self, batch: FunctionBatch):
         """Execute ``batch``; returns the outputs, one row per input (and sets :attr:`metrics`,
@@ -415,7 +407,7 @@ class BatchedModule(nn.Module):
         return result.outputs
 
     # -- reference -----------------------------------------------------------------------------
-    def reference(self, inputs: Sequence) -> BatchedResult:
+    def reference(self, inputs: Sequence) -> ForwardResult:
         """Run the function on each input on its own, each call at once on one-row tensors
         (the unbatched reference the batched forward is tested against)."""
         self._sync_float()
@@ -438,7 +430,8 @@ class BatchedModule(nn.Module):
             metrics[name] = torch.cat(vals) if vals else torch.zeros((0,) + t.shape, dtype=torch_dtype(t.dtype))
         n = len(outs)
         out_lengths = {name: torch.tensor(v, dtype=torch.int64) for name, v in lengths.items()}
-        return BatchedResult(_stack_outputs(outs, n), metrics, out_lengths)
+        names = reg.metric_names
+        return ForwardResult(_stack_outputs(outs, n), Metrics(metrics, names), Metrics(out_lengths, names))
 
     def extra_repr(self) -> str:
         return (f"{getattr(self.fn, '__qualname__', self.fn)!r}: {len(self.registry.ops)} operations, "

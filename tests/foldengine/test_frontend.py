@@ -341,3 +341,17 @@ def test_rows_makes_one_value_per_row_batched_and_in_the_reference():
     torch.testing.assert_close(batched.reference(inputs).outputs, want)
     with pytest.raises(fe.TraceError, match=r"input 0: .*rows of a 0-d"):
         fe.batched(bag, modules={"lin": lin}).build_batch([3.0])
+
+
+def test_run_returns_the_compilers_result_record_with_named_metric_errors():
+    batched = fe.batched(ChildSum())
+    with pytest.raises(fe.MetricNameError, match="before a forward"):
+        batched.metrics["h"]
+    trees = _trees(2, 4)
+    result = batched.run(batched.build_batch(trees))
+    assert isinstance(result, fe.ForwardResult)
+    outputs, metrics, lengths = result                      # unpacks as Compiler.run's
+    with pytest.raises(fe.MetricNameError, match=r"no metric 'x'; the metrics are \['h'\]"):
+        metrics["x"]
+    per_tree = result.metric_sequences["h"].values.split(lengths["h"].tolist())
+    assert [len(p) for p in per_tree] == lengths["h"].tolist() and sum(lengths["h"].tolist()) == len(metrics["h"])
