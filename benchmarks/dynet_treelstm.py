@@ -423,19 +423,17 @@ def available(python: Optional[str] = None) -> Tuple[bool, str]:
     return True, ""
 
 
-def check_equal(dynet: DyNetProcess, modules, trees: Sequence, stoi, atol: float = 1e-4) -> dict:
-    """Loss and gradients of one batch, DyNet (in ``dynet``, whose model must hold
-    :func:`weights_of` ``modules``) vs :class:`benchmarks.levelwise.LevelWiseTreeLSTM` on a copy
-    of ``modules`` with dropout off.  Raises AssertionError when they differ; returns
-    ``{"loss": ..., "max_grad_diff": ...}``."""
+def reference_loss_and_grads(modules, trees: Sequence, stoi) -> Tuple[float, Dict[str, np.ndarray]]:
+    """The loss of one batch and its gradients, named as :func:`weights_of` names the weights,
+    from :class:`benchmarks.levelwise.LevelWiseTreeLSTM` on a copy of ``modules`` with dropout
+    off (the function DyNet and :mod:`benchmarks.dynet_port` compute).  A leaf's forget gates
+    get no gradient (they multiply the zero state of absent children): asserted, and left out."""
     import copy
 
     from .levelwise import LevelWiseTreeLSTM, level_batch
     hand_m = copy.deepcopy(modules).eval()
     loss_h = LevelWiseTreeLSTM(hand_m).loss(level_batch(trees, stoi))
     loss_h.backward()
-    value, grads = dynet.check(trees)
-    assert abs(value - float(loss_h)) <= atol * max(1.0, abs(float(loss_h))), (value, float(loss_h))
     cell, S = hand_m.tree_lstm.cell, hand_m.state_size
 
     def dense(t):
@@ -448,14 +446,31 @@ def check_equal(dynet: DyNetProcess, modules, trees: Sequence, stoi, atol: float
         want[f"U_{g}"], want[f"b_{g}"] = U[rows], b[rows]
         if g in LEAF_GATES:
             want[f"W_{g}"] = W[rows]
-        else:   # a leaf's forget gates get no gradient: they multiply the zero state of absent children
+        else:
             assert not np.abs(W[rows]).any(), g
+    return float(loss_h.detach()), want
+
+
+def assert_same(value: float, grads: Mapping[str, np.ndarray], want_value: float,
+                want: Mapping[str, np.ndarray], atol: float = 1e-4) -> float:
+    """Raise AssertionError unless the loss and every gradient of ``want`` match (relative to
+    their size, ``atol``); returns the largest gradient difference."""
+    assert abs(value - want_value) <= atol * max(1.0, abs(want_value)), (value, want_value)
     diff = 0.0
     for name, g in want.items():
         d = float(np.abs(grads[name] - g).max())
         assert d <= atol * max(1.0, float(np.abs(g).max())), (name, d)
         diff = max(diff, d)
-    return {"loss": float(loss_h), "max_grad_diff": diff}
+    return diff
+
+
+def check_equal(dynet: DyNetProcess, modules, trees: Sequence, stoi, atol: float = 1e-4) -> dict:
+    """Loss and gradients of one batch, DyNet (in ``dynet``, whose model must hold
+    :func:`weights_of` ``modules``) vs :func:`reference_loss_and_grads`.  Raises AssertionError
+    when they differ; returns ``{"loss": ..., "max_grad_diff": ...}``."""
+    loss_h, want = reference_loss_and_grads(modules, trees, stoi)
+    value, grads = dynet.check(trees)
+    return {"loss": loss_h, "max_grad_diff": assert_same(value, grads, loss_h, want, atol)}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
