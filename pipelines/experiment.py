@@ -60,6 +60,55 @@ def experiment_class(name: str) -> type:
     return found
 
 
+def named_experiment(config_path: Optional[str], flag: Optional[str] = None) -> str:
+    """The experiment a command runs: ``flag`` (``--experiment``) when given, else the config
+    file's own ``experiment:`` key (``sst``, ``molecules`` or ``package.module.Class``:
+    :data:`EXPERIMENT_NAMES`).  Never guessed from the config's sections: a config without the
+    key is one :class:`~pipelines.config.ConfigError` saying so."""
+    import yaml
+
+    if flag:
+        return flag
+    if not config_path:
+        raise ConfigError("give --config (its `experiment:` key names the experiment: sst, molecules, "
+                          "package.module.Class)", source="--config")
+    try:
+        with open(config_path) as f:
+            raw = yaml.safe_load(f) or {}
+    except OSError as err:
+        raise ConfigError(f"cannot read it: {err.strerror or err}", source=config_path) from None
+    except yaml.YAMLError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"not plain YAML ({first}; tags such as !!python/... are refused)",
+                          source=config_path) from None
+    name = raw.get("experiment") if isinstance(raw, dict) else None
+    if not name:
+        raise ConfigError(f"the config names no experiment: add `experiment: <name>` to it "
+                          f"({', '.join(EXPERIMENT_NAMES)} or package.module.Class; pipelines.sweep also takes "
+                          f"--experiment)", source=config_path)
+    return str(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishedRun:
+    """What :meth:`Experiment.after_run` sees of a run whose training finished (inside the run,
+    before its MLflow run ends; Ray is up).
+
+    Attributes:
+        config: the run's validated config.
+        history: one metrics dict per epoch.
+        context: the loaded context (``read_splits(config).context``).
+        best_model: the best dev epoch's ``state_dict`` (None when no epoch was selected).
+        checkpoint_path: the run's last Ray Train checkpoint directory.
+    """
+
+    config: dict
+    history: list
+    context: Any
+    best_model: Optional[dict]
+    checkpoint_path: Optional[str]
+
+
 @dataclasses.dataclass(frozen=True)
 class TableLayout:
     """A paper-style results table of a sweep (:meth:`Experiment.sweep_layout`): ``columns`` maps
@@ -138,6 +187,15 @@ class Experiment(abc.ABC):
     # ------------------------------------------------------------------ trained models
     #: pip requirements of :meth:`predictor` beyond torch, numpy, pandas and mlflow (e.g. rdkit)
     inference_requirements: Sequence[str] = ()
+
+    def after_run(self, run: FinishedRun, tracker) -> dict[str, float]:
+        """Extra logging at the end of every run (a command-line run and each sweep trial alike):
+        figures, tables and params through ``tracker`` (a
+        :class:`pipelines.tracking.tracker.Tracker` of the run: ``figures``, ``table``,
+        ``params``); returns extra metrics, which the glue logs and reports.  Runs on the driver,
+        after the results and the model are logged and before the MLflow run ends.  Default:
+        nothing."""
+        return {}
 
     @classmethod
     def from_config(cls, config: dict) -> "Experiment":

@@ -10,7 +10,7 @@
 #   2. paper Table 2 (SST Tree-LSTM):              pipelines.sweep --seeds $SST_SEEDS, conf/sst_tai2015.yaml
 #      (Ray Tune: SST_SEEDS seeds, default 8, 2 with --quick, nested MLflow runs under one parent
 #      run holding mean (sd) over the seeds and the ensemble of their best models)
-#   3. paper appendix B (weave on Tox21):           pipelines.molecules.train, conf/molecules_tox21.yaml
+#   3. paper appendix B (weave on Tox21):           pipelines.training, conf/molecules_tox21.yaml
 # and finally prints one summary table (ours beside the paper's and the anchors' figures),
 # written to results/summary.md and logged as an MLflow run that links the three runs.
 # Local Ray (embedded), MLflow store $MLFLOW_TRACKING_URI (default sqlite:///<repo>/mlflow.db),
@@ -73,7 +73,7 @@ sst_table2() {  # paper Table 2: SST_SEEDS seeds of the preset on Ray Tune, mean
 sst_table2 "$@"
 
 say "3/3 paper appendix B: weave graph convolutions on Tox21 (conf/molecules_tox21.yaml)"
-"$PY" -m pipelines.molecules.train --config conf/molecules_tox21.yaml "${TOX_ARGS[@]}" "$@" "${VERBOSE[@]}" "${BRIEF[@]}" \
+"$PY" -m pipelines.training --config conf/molecules_tox21.yaml "${TOX_ARGS[@]}" "$@" "${VERBOSE[@]}" "${BRIEF[@]}" \
   --result-json "$OUT/tox21.json" 2>&1 | tee "$OUT/tox21.log"
 
 say "summary"

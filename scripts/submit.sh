@@ -7,10 +7,10 @@
 #   bash scripts/submit.sh --raw -- COMMAND [args ...]     # any command, run in the job's working dir
 #
 # EXPERIMENT            entry point (run in the job)
-#   sst                 python -m pipelines.sst.train       --config conf/sst_treelstm.yaml (or conf/sst.yaml)
-#   sst_tai2015         python -m pipelines.sst.train       --config conf/sst_tai2015.yaml
-#   tox21               python -m pipelines.molecules.train --config conf/molecules_tox21.yaml
-#   esol                python -m pipelines.molecules.train --config conf/molecules_esol.yaml (or conf/esol.yaml)
+#   sst                 python -m pipelines.training       --config conf/sst_treelstm.yaml (or conf/sst.yaml)
+#   sst_tai2015         python -m pipelines.training       --config conf/sst_tai2015.yaml
+#   tox21               python -m pipelines.training --config conf/molecules_tox21.yaml
+#   esol                python -m pipelines.training --config conf/molecules_esol.yaml (or conf/esol.yaml)
 #   table1              python -m benchmarks.table1          --config conf/bench_table1.yaml
 #   predict             python -m pipelines.predict --model URI --input FILES --output DIR (batch inference)
 #   sweep               python -m pipelines.sweep --config CONF --seeds N | --search KEY=KIND(ARGS) ... (Ray Tune)
@@ -55,10 +55,10 @@ case "$1" in
     [ "${1:-}" = "--" ] && shift
     [ $# -ge 1 ] || fold_die "--raw needs a command: submit.sh --raw -- COMMAND [args]"
     CMD=("$@"); set -- ;;
-  sst)         shift; experiment_cmd pipelines.sst.train conf/sst_treelstm.yaml conf/sst.yaml ;;
-  sst_tai2015) shift; experiment_cmd pipelines.sst.train conf/sst_tai2015.yaml ;;
-  tox21)       shift; experiment_cmd pipelines.molecules.train conf/molecules_tox21.yaml conf/molecules_weave.yaml conf/tox21.yaml ;;
-  esol)        shift; experiment_cmd pipelines.molecules.train conf/molecules_esol.yaml conf/esol.yaml ;;
+  sst)         shift; experiment_cmd pipelines.training conf/sst_treelstm.yaml conf/sst.yaml ;;
+  sst_tai2015) shift; experiment_cmd pipelines.training conf/sst_tai2015.yaml ;;
+  tox21)       shift; experiment_cmd pipelines.training conf/molecules_tox21.yaml conf/molecules_weave.yaml conf/tox21.yaml ;;
+  esol)        shift; experiment_cmd pipelines.training conf/molecules_esol.yaml conf/esol.yaml ;;
   table1)      shift; experiment_cmd benchmarks.table1 conf/bench_table1.yaml ;;
   predict)     shift; CMD=(python -m pipelines.predict) ;;
   sweep)       shift; CMD=(python -m pipelines.sweep) ;;
@@ -80,7 +80,7 @@ DATA_DIR="$("$FOLD_PYTHON" -m pipelines.datadir)"
 # stops the submission in seconds with the entry point's one line, before anything is sent.
 if [ "${CMD[0]}" = python ] && [ "${CMD[1]:-}" = -m ]; then
   case "${CMD[2]:-}" in
-    pipelines.sst.train|pipelines.molecules.train|pipelines.sweep|pipelines.predict)
+    pipelines.training|pipelines.sst.train|pipelines.molecules.train|pipelines.sweep|pipelines.predict)
       check_rc=0
       FOLD_DATA_DIR="$DATA_DIR" "$FOLD_PYTHON" "${CMD[@]:1}" --check >&2 || check_rc=$?
       if [ "$check_rc" -ne 0 ]; then

@@ -21,8 +21,8 @@ from benchmarks import reproduction  # noqa: E402
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--table1")
-    ap.add_argument("--sst", help="result JSON of pipelines.sst.train --result-json")
-    ap.add_argument("--tox21", help="result JSON of pipelines.molecules.train --result-json")
+    ap.add_argument("--sst", help="result JSON of pipelines.training --result-json (an sst config)")
+    ap.add_argument("--tox21", help="result JSON of pipelines.training --result-json (a Tox21 config)")
     ap.add_argument("--out", default="results/summary.md")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: label it so and use the quick expected ranges (conf/reproduce.yaml)")

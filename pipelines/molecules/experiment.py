@@ -213,6 +213,18 @@ class MoleculeExperiment(Experiment):
         self.selection_metric = "auc" if self.classification else "rmse"
         self.selection_mode = "max" if self.classification else "min"
 
+
+    @staticmethod
+    def model_inputs(smiles: Sequence[str]) -> list:
+        """The model's input (``(atoms, pairs)``) of each SMILES, featurised through the per-process cache."""
+        return [featurize_cached(s).model_input() for s in smiles]
+
+    def after_run(self, run, tracker) -> dict[str, float]:
+        """Batch-building throughput and, for classification, the best model's test ROC curves
+        and per-molecule predictions (:func:`pipelines.molecules.evaluation.after_run`)."""
+        from pipelines.molecules.evaluation import after_run
+
+        return after_run(self, run, tracker)
     @classmethod
     def from_config(cls, config: dict) -> "MoleculeExperiment":
         """The experiment ``config["molecules"]`` describes (checks the ``molecules.csv`` keys)."""

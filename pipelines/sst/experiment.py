@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipelines.config import Field
-from pipelines.experiment import Experiment, TableLayout
+from pipelines.experiment import Experiment, FinishedRun, TableLayout
 from schedulers import SCHEDULERS
 
 from pipelines.sst.model import SentimentModules, build_compiler, count_stats, node_outputs, summarize_counts
@@ -235,6 +235,22 @@ class SSTExperiment(Experiment):
     # ------------------------------------------------------------------ trained models
     inference_requirements = ("nltk",)
 
+    def after_run(self, run: FinishedRun, tracker) -> dict[str, float]:
+        """The embedding coverage of the run's vocabulary (``embeddings/*``, and the param
+        ``sst.embedding_source``) and the training throughput in trees per second
+        (``time/trees_per_s``, the glue's records per second)."""
+        extra: dict[str, float] = {}
+        st = run.context.embedding_stats if run.context is not None else None
+        if st is not None:
+            extra.update({"embeddings/dim": float(st.dim), "embeddings/n_words": float(st.n_words),
+                          "embeddings/n_found": float(st.n_found), "embeddings/n_oov": float(st.n_oov),
+                          "embeddings/coverage": float(st.coverage)})
+            if st.token_coverage is not None:
+                extra["embeddings/token_coverage"] = float(st.token_coverage)
+            tracker.params({"sst.embedding_source": st.source})
+        extra.update(_trees_per_s(run.history))
+        return extra
+
     def model_context(self, config: dict, context: SSTContext) -> dict:
         """The vocabulary (``words``: ids 1.. in order; id 0 is the unknown word) and ``emb_dim``;
         the embedding rows are the model's own weights."""
@@ -337,6 +353,11 @@ class SSTExperiment(Experiment):
         fig.tight_layout()
         figs.append(("root_accuracy", fig))
         return figs
+
+
+def _trees_per_s(history) -> dict:
+    rates = [h["time/records_per_s"] for h in history if "time/records_per_s" in h]
+    return {"time/trees_per_s": float(sum(rates) / len(rates))} if rates else {}
 
 
 def _builder(config: dict):

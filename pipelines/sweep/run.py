@@ -68,7 +68,7 @@ from pipelines.tracking import tracker as trk
 from pipelines.config import ConfigError, load_config, merged_schema, validate
 from pipelines.datadir import check_files
 from pipelines.errors import entry_point
-from pipelines.experiment import EXPERIMENT_NAMES, Experiment, experiment_class
+from pipelines.experiment import Experiment, experiment_class, named_experiment
 from pipelines.sweep.report import (ERROR, FINISHED, STOPPED, SweepSummary, TrialOutcome, curves_figure, paper_table, summarize,
                            trial_table)
 from pipelines.sweep.space import SearchSpec, param_space, parse_searches
@@ -178,27 +178,8 @@ class SweepResult:
 
 def sweep_experiment(flag: Optional[str], config_path: Optional[str]) -> str:
     """The experiment a sweep runs: ``--experiment`` (``flag``), else the config file's own
-    ``experiment:`` key (``sst``, ``molecules`` or ``package.module.Class``:
-    :data:`pipelines.experiment.EXPERIMENT_NAMES`).  The sweep never guesses it from the config's
-    sections: a config without the key needs the flag (one :class:`ConfigError` saying so)."""
-    import yaml
-
-    if flag:
-        return flag
-    if not config_path:
-        raise ConfigError("give --experiment (sst, molecules, package.module.Class) or a --config", source="--experiment")
-    try:
-        with open(config_path) as f:
-            raw = yaml.safe_load(f) or {}
-    except yaml.YAMLError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"not plain YAML ({first}; tags such as !!python/... are refused)",
-                          source=config_path) from None
-    name = raw.get("experiment") if isinstance(raw, dict) else None
-    if not name:
-        raise ConfigError(f"the config names no experiment: add `experiment: <name>` to it or give --experiment "
-                          f"({', '.join(EXPERIMENT_NAMES)} or package.module.Class)", source=config_path)
-    return str(name)
+    ``experiment:`` key (:func:`pipelines.experiment.named_experiment`)."""
+    return named_experiment(config_path, flag)
 
 
 def _schema(cls: type) -> dict:

@@ -50,7 +50,7 @@ from pipelines.checkpoint import BEST_FILE, STATE_FILE
 from pipelines.config import merged_schema, validate
 from pipelines.tracking.dataset_inputs import dataset_inputs, log_dataset_inputs
 from pipelines.tracking.runs_view import charts_view_url, run_url, runs_view_url, save_training_view
-from pipelines.experiment import Experiment
+from pipelines.experiment import Experiment, FinishedRun
 from pipelines.metrics import prefixed
 from pipelines.seeding import seed_all
 from pipelines.tracking.system_metrics import start_system_metrics
@@ -80,6 +80,8 @@ class RunResult:
     #: ``StreamSplits.context`` the experiment loaded on the driver (e.g. SST's vocabulary and
     #: embedding coverage); None if it has none
     context: Any = None
+    #: the metrics :meth:`Experiment.after_run` added (logged in the run at its last step)
+    extra: dict = dataclasses.field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- driver helpers
@@ -376,6 +378,11 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
         if monitor is not None:
             monitor.finish()  # its last sample before the outbox is drained and the run ended
         drained = _log_results(experiment, cfg, tracker, state, best_model, final, splits.context)
+        extra = experiment.after_run(FinishedRun(config=cfg, history=state.history, context=splits.context,
+                                                 best_model=best_model, checkpoint_path=result.checkpoint.path),
+                                     tracker)
+        if extra:
+            tracker.metrics(extra, step=len(state.history))
         save_training_view(tracker, experiment, params, sorted(tracker.metric_keys))  # the keys this run logged
         tracker.end("FINISHED")
         if not tracker.drain(None if drained else 0.0):
@@ -387,7 +394,7 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
                          history=state.history, checkpoint_path=result.checkpoint.path,
                          param_hashes=list(state.param_hashes), resumed_after=list(state.resumes),
                          tracking_uri=tracker.uri if tracker.enabled else None,
-                         context=splits.context)
+                         context=splits.context, extra=dict(extra))
     except BaseException:
         if monitor is not None:
             monitor.finish()
@@ -398,21 +405,44 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
             ray.shutdown()
 
 
-def main(experiment: Experiment, argv=None, description: str = "") -> Optional[RunResult]:
-    """Entry-point helper: ``python -m pipelines.sst.train --config conf/sst.yaml lr=0.1``
-    (None after ``--check``)."""
-    from pipelines.config import parse_cli
-    from pipelines.errors import entry_point
+def main(argv=None, prog: str = "pipelines.training", experiment: Optional[type] = None) -> Optional[RunResult]:
+    """The training command, ``python -m pipelines.training --config conf/X.yaml [key=value ...]``:
+    the config's ``experiment:`` key picks the class (:func:`pipelines.experiment.experiment_class`,
+    built from the config with ``from_config``), then :func:`run` and :func:`report`; None after
+    ``--check``.  ``experiment``: this :class:`Experiment` subclass instead (a domain's alias entry
+    point; the config then needs no ``experiment:`` key)."""
+    import argparse
+    import sys
 
-    with entry_point(f"train {experiment.name}", argv):
-        cfg, args = parse_cli(argv, merged_schema(experiment.config_schema),
-                              description or f"Train {experiment.name}")
+    from pipelines.config import ConfigError, parse_cli
+    from pipelines.errors import entry_point
+    from pipelines.experiment import experiment_class, named_experiment
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    with entry_point(prog, argv):
+        cls = experiment
+        if cls is None:
+            pre = argparse.ArgumentParser(add_help=False)
+            pre.add_argument("--config", "-c")
+            config_path = pre.parse_known_args(argv)[0].config
+            if config_path is None and any(a in ("-h", "--help") for a in argv):
+                parse_cli(argv, merged_schema(), "Train the experiment a config names (its `experiment:` key)")
+            try:
+                cls = experiment_class(named_experiment(config_path))
+            except ConfigError as err:
+                raise SystemExit(f"{prog}: {err}") from None
+        cfg, args = parse_cli(argv, merged_schema(cls.config_schema),
+                              f"Train an experiment ({cls.__name__} for this config): Ray Data -> Ray Train -> MLflow")
         console.configure(cfg["verbose"])
+        try:
+            exp = cls.from_config(cfg)
+        except ValueError as e:  # ConfigError included
+            raise SystemExit(f"{prog}: {e}") from None
         if args.check:
-            check_only(f"train {experiment.name}", experiment, cfg)
+            check_only(prog, exp, cfg)
             return None
-        res = run(experiment, cfg)
-        report(experiment, res, {}, args.result_json, args.brief)
+        res = run(exp, cfg)
+        report(exp, res, res.extra, args.result_json, args.brief)
     return res
 
 

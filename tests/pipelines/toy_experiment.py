@@ -199,3 +199,16 @@ class ToyExperiment(Experiment):
                 "test accuracy": best.get("test/accuracy"), "epoch": best.get("epoch")}
         paper = {"model": "oracle (paper)", "dev accuracy": 1.0, "test accuracy": 1.0, "epoch": None}
         return pd.DataFrame([paper, ours])
+
+    def after_run(self, run, tracker):
+        """Inside the run: a figure of the dev accuracy per epoch and the number of epochs seen,
+        so tests can tell that a command-line run and a sweep trial both ran it."""
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(3, 2))
+        ax.plot([h["epoch"] for h in run.history], [h.get("dev/accuracy", 0.0) for h in run.history])
+        tracker.figures([("after_run_dev_accuracy", fig)])
+        return {"toy/after_run_epochs": float(len(run.history))}

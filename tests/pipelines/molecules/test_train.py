@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from pipelines.config import load_config, merged_schema
 from pipelines.molecules.data import TOX21_TASKS
 from pipelines.molecules.experiment import MoleculeExperiment
-from pipelines.molecules.train import after_run, predict_test_split
+from pipelines.molecules.evaluation import predict_test_split
 from pipelines.training.run import BEST_FILE, run
 from tests.pipelines.helpers import finished_run
 
@@ -33,7 +33,7 @@ def test_tox21_slice_two_workers_logs_complete_mlflow_run(ray_cluster, data_dir,
         merged_schema(exp.config_schema))
     t0 = time.perf_counter()
     res = run(exp, cfg)
-    extra = after_run(exp, cfg, res)
+    extra = res.extra                   # Experiment.after_run, inside the run
     print(f"tox21 slice run: {time.perf_counter() - t0:.1f}s, build {extra}")
     assert res.run_id and len(res.history) == 2
     assert extra["time/build_mol_per_s"] > 0

@@ -16,7 +16,6 @@ from pipelines.config import load_config, merged_schema
 from pipelines.data.splits import sample_positions
 from pipelines.training.run import STATE_FILE, run
 from pipelines.sst.experiment import SCHEMA, SSTExperiment
-from pipelines.sst.train import after_run
 from tests.pipelines.helpers import finished_run
 from pipelines.metrics import logged_value
 
@@ -46,7 +45,7 @@ def baseline(ray_cluster, data_dir, tmp_path_factory):
     exp, cfg = SSTExperiment(), _config(tmp)
     t0 = time.perf_counter()
     res = run(exp, cfg)
-    extra = after_run(exp, res)
+    extra = res.extra                   # Experiment.after_run, inside the run
     print(f"SST baseline run: {time.perf_counter() - t0:.1f}s")
     return res, extra, tmp
 

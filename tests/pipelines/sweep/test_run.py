@@ -224,6 +224,35 @@ def test_an_errored_trial_fails_the_sweep_and_resume_reruns_it(tmp_path):
         assert [r.info.run_id for r in finished if r.data.tags["sweep.trial_id"] == tid] == [run_id]
 
 
+def _artifacts(client, run_id, path=None) -> set:
+    out = set()
+    for f in client.list_artifacts(run_id, path):
+        out |= _artifacts(client, run_id, f.path) if f.is_dir else {f.path}
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(400)
+def test_a_sweep_trial_logs_what_a_command_line_run_of_its_config_logs(ray_cluster, tmp_path, monkeypatch):
+    """Experiment.after_run runs inside the run, so a sweep trial's MLflow run holds the same
+    artifacts and after-run metrics as a run of the same config from the command line's run()."""
+    from pipelines.training.run import run
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, _toy_overrides(tmp_path, epochs=1), SCHEMA)
+    plan = plan_sweep(TOY, cfg, seeds=1, max_concurrent=1, name="one", storage=str(tmp_path / "sweeps"),
+                      ensemble=False)
+    swept = run_sweep(plan)
+    trial = swept.trials[0]
+    cli = run(ToyExperiment(), load_config(None, _toy_overrides(tmp_path, epochs=1) +
+                                           [f"{k}={v}" for k, v in trial.params.items()], SCHEMA))
+    client = MlflowClient(plan.config["tracking"]["uri"])
+    got, want = _artifacts(client, trial.run_id), _artifacts(client, cli.run_id)
+    assert "plots/after_run_dev_accuracy.png" in want and got == want, (got ^ want)
+    assert client.get_run(trial.run_id).data.metrics["toy/after_run_epochs"] == 1.0
+    assert cli.extra == {"toy/after_run_epochs": 1.0}
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(300)
