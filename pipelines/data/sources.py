@@ -1,8 +1,9 @@
 """Generic file sources read in Ray Data tasks, in blocks; no process holds a whole file.
 
 * :class:`LineSource` / :func:`read_lines`: a text file's lines as rows ``idx`` (0-based line
-  index), ``line`` (1-based line number), ``text`` (bytes); plain files are read in byte ranges
-  in parallel, ``.gz`` files streamed by one task.
+  index), ``line`` (1-based line number), ``text`` (bytes), ``error`` (a line over the length
+  limit: empty text and the reason); plain files are read in byte ranges in parallel (the
+  ranges' line numbers from one newline count of the file), ``.gz`` files streamed by one task.
 * :class:`CsvSource` / :func:`read_csv_columns`: a CSV file's data rows (plain or ``.gz``, with a
   header row; :func:`csv_header`) as rows ``idx`` (0-based data row), ``line`` (the reader's line
   number), ``fields`` (the named columns' values), ``error``; streamed by one task, since a
@@ -35,6 +36,8 @@ __all__ = ["LineSource", "Corrupt", "corrupt_ends", "ReadSummary", "ParsedData",
 
 ROWS_PER_BLOCK = 2000
 CHUNK_BYTES = 4 << 20
+#: the longest line a :class:`LineSource` reads (longer ones are rows with an error, read past)
+MAX_LINE_BYTES = 16 << 20
 _COUNT_PIECE = 8 << 20
 
 
@@ -54,50 +57,104 @@ def content_sha256(path: str) -> str:
 
 # ----------------------------------------------------------------------------- line source
 
-def _lines_table(idx: list, line: list, text: list):
+def _lines_table(idx: list, line: list, text: list, error: list):
     import pyarrow as pa
 
     return pa.table({"idx": pa.array(idx, pa.int64()), "line": pa.array(line, pa.int64()),
-                     "text": pa.array(text, pa.binary())})
+                     "text": pa.array(text, pa.binary()), "error": pa.array(error, pa.string())})
 
 
-def _count_newlines(f, end: int) -> int:
-    f.seek(0)
-    n, left = 0, end
-    while left > 0:
-        piece = f.read(min(_COUNT_PIECE, left))
+def newline_counts(path: str, ranges: Sequence[tuple]) -> list:
+    """The number of newlines in each byte range ``[start, end)`` of ``path`` (one streamed pass
+    over the ranges, ``_COUNT_PIECE`` bytes at a time)."""
+    counts = []
+    with open(path, "rb") as f:
+        for start, end in ranges:
+            f.seek(start)
+            n, left = 0, end - start
+            while left > 0:
+                piece = f.read(min(_COUNT_PIECE, left))
+                if not piece:
+                    break
+                n += piece.count(b"\n")
+                left -= len(piece)
+            counts.append(n)
+    return counts
+
+
+def _skip_line(f) -> int:
+    """Read past the rest of the current line (through its newline, or to the end of the file)
+    in 1 MiB pieces, never holding it; returns the bytes skipped."""
+    skipped = 0
+    while True:
+        piece = f.read(1 << 20)
         if not piece:
+            return skipped
+        at = piece.find(b"\n")
+        if at >= 0:
+            f.seek(at + 1 - len(piece), os.SEEK_CUR)
+            return skipped + at + 1
+        skipped += len(piece)
+
+
+def _too_long(n_bytes: int, max_line_bytes: int) -> str:
+    return (f"a line of {n_bytes} bytes, over the {max_line_bytes}-byte line limit (read past, not parsed; "
+            f"max_line_bytes of pipelines.data.sources.LineSource)")
+
+
+def _lines(f, line_no: int, pos: int, end: Optional[int], max_line_bytes: int, rows_per_block: int,
+           compressed: Optional[str] = None) -> Iterable:
+    """Blocks of the lines of ``f`` from byte ``pos`` (line number ``line_no``) while ``pos <
+    end`` (None: to the end); a line over ``max_line_bytes`` becomes an empty row with an error
+    and is read past without being held.  ``compressed``: the path of the ``.gz`` file ``f``
+    reads, whose truncation or corruption is a ``ValueError`` naming it and the line."""
+    import zlib
+
+    idx, nos, text, error = [], [], [], []
+    while end is None or pos < end:
+        try:
+            raw = f.readline(max_line_bytes + 1)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as err:
+            if compressed is None:
+                raise
+            raise ValueError(f"{compressed}:{line_no}: {_corrupt_reason(err)}") from None
+        if not raw:
             break
-        n += piece.count(b"\n")
-        left -= len(piece)
-    return n
+        n, err = len(raw), None
+        if n > max_line_bytes and not raw.endswith(b"\n"):
+            n += _skip_line(f)
+            raw, err = b"", _too_long(n, max_line_bytes)
+        idx.append(line_no - 1)
+        nos.append(line_no)
+        text.append(raw)
+        error.append(err)
+        pos += n
+        line_no += 1
+        if len(idx) >= rows_per_block:
+            yield _lines_table(idx, nos, text, error)
+            idx, nos, text, error = [], [], [], []
+    if idx:
+        yield _lines_table(idx, nos, text, error)
 
 
-def _read_range(path: str, start: int, end: int, rows_per_block: int) -> Iterable:
-    """Lines whose first byte is in ``[start, end)``, in blocks."""
+def _read_range(path: str, start: int, end: int, rows_per_block: int, lines_before: int, newlines_in: int,
+                max_line_bytes: int) -> Iterable:
+    """Lines whose first byte is in ``[start, end)``, in blocks.  ``lines_before``: newlines in
+    ``[0, start)``; ``newlines_in``: newlines in ``[start, end)`` (:func:`newline_counts`, one
+    pass for the whole file, so no task counts from the start of the file)."""
     with open(path, "rb") as f:
         if start == 0:
             pos, line_no = 0, 1
         else:
             f.seek(start - 1)
-            pos = start - 1 + len(f.readline())   # skip the line begun before start
-            line_no = _count_newlines(f, pos) + 1
-            f.seek(pos)
-        idx, nos, text = [], [], []
-        while pos < end:
-            raw = f.readline()
-            if not raw:
-                break
-            idx.append(line_no - 1)
-            nos.append(line_no)
-            text.append(raw)
-            pos += len(raw)
-            line_no += 1
-            if len(idx) >= rows_per_block:
-                yield _lines_table(idx, nos, text)
-                idx, nos, text = [], [], []
-        if idx:
-            yield _lines_table(idx, nos, text)
+            if f.read(1) == b"\n":
+                pos, line_no = start, lines_before + 1
+            elif not newlines_in:
+                return                          # inside one line begun before start: its reader has it
+            else:
+                pos, line_no = start + _skip_line(f), lines_before + 2   # the line begun before start
+        f.seek(pos)
+        yield from _lines(f, line_no, pos, end, max_line_bytes, rows_per_block)
 
 
 @dataclasses.dataclass
@@ -116,23 +173,16 @@ def corrupt_ends(rows: Iterable) -> Iterable:
     try:
         yield from rows
     except (EOFError, zlib.error, gzip.BadGzipFile) as err:
-        yield Corrupt(f"truncated or corrupt compressed file ({type(err).__name__}: {err})")
+        yield Corrupt(_corrupt_reason(err))
 
 
-def _read_gz(path: str, rows_per_block: int) -> Iterable:
+def _corrupt_reason(err: BaseException) -> str:
+    return f"truncated or corrupt compressed file ({type(err).__name__}: {err})"
+
+
+def _read_gz(path: str, rows_per_block: int, max_line_bytes: int) -> Iterable:
     with gzip.open(path, "rb") as f:
-        idx, nos, text = [], [], []
-        for i, raw in enumerate(corrupt_ends(f)):
-            if isinstance(raw, Corrupt):
-                raise ValueError(f"{path}:{i + 1}: {raw.reason}")
-            idx.append(i)
-            nos.append(i + 1)
-            text.append(raw)
-            if len(idx) >= rows_per_block:
-                yield _lines_table(idx, nos, text)
-                idx, nos, text = [], [], []
-        if idx:
-            yield _lines_table(idx, nos, text)
+        yield from _lines(f, 1, 0, None, max_line_bytes, rows_per_block, compressed=path)
 
 
 def datasource_base():
@@ -145,12 +195,16 @@ def datasource_base():
 
 class LineSource(datasource_base()):
     """A text file's lines as rows ``idx`` (0-based line index), ``line`` (1-based), ``text``
-    (the line's bytes, newline included), in file order, ``rows_per_block`` rows per block."""
+    (the line's bytes, newline included) and ``error`` (null; for a line over
+    ``max_line_bytes``: its length and the limit, with empty ``text``), in file order,
+    ``rows_per_block`` rows per block."""
 
-    def __init__(self, path: str, chunk_bytes: int = CHUNK_BYTES, rows_per_block: int = ROWS_PER_BLOCK):
+    def __init__(self, path: str, chunk_bytes: int = CHUNK_BYTES, rows_per_block: int = ROWS_PER_BLOCK,
+                 max_line_bytes: int = MAX_LINE_BYTES):
         self.path = os.path.abspath(str(path))
         self.chunk_bytes = max(1, int(chunk_bytes))
         self.rows_per_block = int(rows_per_block)
+        self.max_line_bytes = max(1, int(max_line_bytes))
         self.size = os.path.getsize(self.path)
 
     def estimate_inmemory_data_size(self) -> Optional[int]:
@@ -160,28 +214,26 @@ class LineSource(datasource_base()):
         from ray.data import ReadTask
         from ray.data.block import BlockMetadata
 
-        path, rpb = self.path, self.rows_per_block
+        path, rpb, mlb = self.path, self.rows_per_block, self.max_line_bytes
         if path.endswith(".gz"):
-            ranges = [None]
-        else:
-            ranges = [(s, min(s + self.chunk_bytes, self.size)) for s in range(0, max(self.size, 1), self.chunk_bytes)]
+            meta = BlockMetadata(num_rows=None, size_bytes=self.size, exec_stats=None, input_files=(path,))
+            return [ReadTask(lambda: _read_gz(path, rpb, mlb), meta)]
+        ranges = [(s, min(s + self.chunk_bytes, self.size)) for s in range(0, max(self.size, 1), self.chunk_bytes)]
+        counts = newline_counts(path, ranges)
+        before = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
         tasks = []
-        for r in ranges:
-            meta = BlockMetadata(num_rows=None, size_bytes=(r[1] - r[0]) if r else self.size, exec_stats=None,
-                                 input_files=(path,))
-            if r is None:
-                fn = (lambda: _read_gz(path, rpb))
-            else:
-                fn = (lambda s=r[0], e=r[1]: _read_range(path, s, e, rpb))
-            tasks.append(ReadTask(fn, meta))
+        for (s, e), n_before, n_in in zip(ranges, before, counts):
+            meta = BlockMetadata(num_rows=None, size_bytes=e - s, exec_stats=None, input_files=(path,))
+            tasks.append(ReadTask(lambda s=s, e=e, b=n_before, n=n_in: _read_range(path, s, e, rpb, b, n, mlb), meta))
         return tasks
 
 
-def read_lines(path: str, chunk_bytes: int = CHUNK_BYTES, rows_per_block: int = ROWS_PER_BLOCK):
+def read_lines(path: str, chunk_bytes: int = CHUNK_BYTES, rows_per_block: int = ROWS_PER_BLOCK,
+               max_line_bytes: int = MAX_LINE_BYTES):
     """A lazy ``ray.data.Dataset`` of the file's lines (see :class:`LineSource`), in file order."""
     import ray.data
 
-    return ray.data.read_datasource(LineSource(path, chunk_bytes, rows_per_block))
+    return ray.data.read_datasource(LineSource(path, chunk_bytes, rows_per_block, max_line_bytes))
 
 
 # ----------------------------------------------------------------------------- CSV source

@@ -220,8 +220,9 @@ def _line_rows(table, path: str, counter):
     (UTF-8 decoded, undecodable bytes replaced; newline and a leading BOM removed)."""
     texts = [t.decode("utf-8", errors="replace").rstrip("\r\n").lstrip("\ufeff")
              for t in table.column("text").to_pylist()]
-    return _rows_table(path, table.column("line").to_pylist(), texts, [None] * len(texts),
-                       [not t.strip() for t in texts], counter)
+    errors = table.column("error").to_pylist()          # a line over the reader's length limit
+    return _rows_table(path, table.column("line").to_pylist(), texts, errors,
+                       [not t.strip() and e is None for t, e in zip(texts, errors)], counter)
 
 
 def _csv_rows(table, path: str, column: str, counter):

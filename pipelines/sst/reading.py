@@ -15,7 +15,7 @@ import pickle
 from typing import Optional, Sequence
 
 from pipelines.data.skips import DEFAULT_MAX_NAMED
-from pipelines.data.sources import (CHUNK_BYTES, ROWS_PER_BLOCK, ParsedData, add_counts, content_sha256, finish_parsed,
+from pipelines.data.sources import (CHUNK_BYTES, MAX_LINE_BYTES, ROWS_PER_BLOCK, ParsedData, add_counts, content_sha256, finish_parsed,
                                    read_lines)
 
 __all__ = ["read_sst_file", "vocab_from_counts"]
@@ -29,7 +29,12 @@ def _parse_sst_block(table, first_line_bom: bool = True):
 
     recs, errs = [], []
     counts: dict = {}
-    for no, raw in zip(table.column("line").to_pylist(), table.column("text").to_pylist()):
+    for no, raw, read_error in zip(table.column("line").to_pylist(), table.column("text").to_pylist(),
+                                   table.column("error").to_pylist()):
+        if read_error is not None:          # a line over the reader's length limit
+            recs.append(None)
+            errs.append(read_error)
+            continue
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as err:
@@ -58,9 +63,10 @@ def _parse_sst_block(table, first_line_bom: bool = True):
 
 def read_sst_file(path: str, skip_bad: bool = False, expected_sha256: Optional[str] = None,
                   chunk_bytes: int = CHUNK_BYTES, rows_per_block: int = ROWS_PER_BLOCK,
-                  max_named: int = DEFAULT_MAX_NAMED) -> ParsedData:
+                  max_named: int = DEFAULT_MAX_NAMED, max_line_bytes: int = MAX_LINE_BYTES) -> ParsedData:
     """Trees of a PTB-format file, parsed in Ray Data tasks (see the module docstring); the
-    summary names the first ``max_named`` malformed lines.
+    summary names the first ``max_named`` malformed lines; a line over ``max_line_bytes`` is a
+    malformed line (read past, never held).
 
     Errors as :func:`pipelines.sst.data.load_file`: :class:`~pipelines.sst.data.SSTChecksumError`
     when ``expected_sha256`` differs; :class:`~pipelines.sst.data.SSTFormatError` for an empty
@@ -74,7 +80,7 @@ def read_sst_file(path: str, skip_bad: bool = False, expected_sha256: Optional[s
     check_sha256(path, sha, expected_sha256)
     if os.path.getsize(path) == 0:
         raise SSTFormatError(f"{path}: file is empty (expected one tree per line)")
-    parsed = read_lines(path, chunk_bytes, rows_per_block).map_batches(
+    parsed = read_lines(path, chunk_bytes, rows_per_block, max_line_bytes).map_batches(
         _parse_sst_block, batch_format="pyarrow", batch_size=None)
     data = finish_parsed(parsed, path, sha, max_named)
     s = data.summary

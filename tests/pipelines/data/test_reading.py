@@ -55,6 +55,51 @@ def test_lines_cover_the_file_once_in_order(tmp_path, chunk, mixed):
 
 
 @pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("chunk", [5, 64, 1 << 20])
+def test_a_line_over_the_limit_is_a_row_error_read_past(tmp_path, chunk, gz, mixed):
+    """A line longer than max_line_bytes is one row with empty text and an error giving its length;
+    every other line keeps its text and line number, whatever the byte ranges."""
+    long = "(2 " + "x" * 300 + ")"
+    lines = [mixed[0], long, mixed[2], long + long, mixed[5]]
+    text = ("\n".join(lines) + "\n").encode()
+    path = tmp_path / ("long.txt.gz" if gz else "long.txt")
+    path.write_bytes(gzip.compress(text) if gz else text)
+    rows = R.read_lines(str(path), chunk_bytes=chunk, rows_per_block=2, max_line_bytes=200).take_all()
+    assert [r["line"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r["error"] is None for r in rows] == [True, False, True, False, True]
+    assert [r["text"] for r in rows] == [(l + "\n").encode() if len(l) < 200 else b"" for l in lines]
+    assert f"a line of {len(long) + 1} bytes, over the 200-byte line limit" in rows[1]["error"]
+    assert f"a line of {2 * len(long) + 1} bytes" in rows[3]["error"]
+
+
+def test_sst_reader_names_an_overlong_line(tmp_path, mixed):
+    path = tmp_path / "long.txt"
+    path.write_text(mixed[0] + "\n" + "(2 " + "y" * 5000 + ")\n" + mixed[2] + "\n", encoding="utf-8")
+    data = SR.read_sst_file(str(path), skip_bad=True, chunk_bytes=1000, max_line_bytes=4096)
+    assert (data.summary.n_ok, data.summary.n_bad) == (2, 1)
+    assert data.summary.bad[0][0] == 2 and "bytes" in data.summary.bad[0][1]
+
+
+def test_each_range_counts_only_its_own_bytes(tmp_path, monkeypatch):
+    """Line numbers come from one newline count of the file (driver side), not from each range
+    task counting from byte 0 (which made reading quadratic in the file's size): the bytes read
+    by the counting pass equal the file's size, whatever the number of ranges."""
+    path = tmp_path / "many.txt"
+    path.write_bytes(b"".join(b"(2 w%d)\n" % i for i in range(3000)))
+    size = path.stat().st_size
+    read = []
+    real = R.newline_counts
+
+    def counting(p, ranges):
+        read.append(sum(e - s for s, e in ranges))
+        return real(p, ranges)
+    monkeypatch.setattr(R, "newline_counts", counting)
+    rows = R.read_lines(str(path), chunk_bytes=997, rows_per_block=100).take_all()
+    assert [r["line"] for r in rows] == list(range(1, 3001))
+    assert read and all(n == size for n in read), (read, size)   # each planning pass reads the file once
+
+
+@pytest.mark.parametrize("gz", [False, True])
 def test_sst_malformed_lines_reported_as_load_file(tmp_path, gz, mixed):
     text = "\n".join(mixed) + "\n"
     plain = tmp_path / "mixed.txt"
