@@ -8,6 +8,8 @@ and infers recursive declarations until their types settle.
 """
 from __future__ import annotations
 
+import contextlib
+
 import re
 import uuid
 import warnings
@@ -186,7 +188,7 @@ class CompileContext:
         rows = torch.zeros((2,) + elem.shape, dtype=torch_dtype(elem.dtype), device=device)
         segment = torch.arange(2, device=device)
         try:
-            with torch.no_grad(), torch.autocast(device.type, enabled=False):
+            with torch.no_grad(), _no_autocast(device):
                 value = fn(rows, segment, 2)
         except Exception as err:
             raise BlockTypeError(block, repr(SequenceType(elem)), SequenceType(elem),
@@ -280,7 +282,7 @@ class CompileContext:
         flat = [torch.zeros((1,) + t.shape, dtype=torch_dtype(t.dtype), device=device)
                 for t in flatten_tensor_types(in_type)]
         try:   # in the declared dtypes, even when compiled inside torch.autocast
-            with torch.no_grad(), torch.autocast(device.type, enabled=False):
+            with torch.no_grad(), _no_autocast(device):
                 if isinstance(in_type, TensorType):
                     value = fn(flat[0])
                 else:
@@ -340,3 +342,11 @@ class CompileContext:
         decl.output_type = out
         self._decl_state[decl] = "done"
         return out
+
+
+def _no_autocast(device: torch.device):
+    """Autocast off on ``device`` (the meta device, where shapes are checked without memory, has no
+    autocast to turn off)."""
+    if device.type == "meta":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, enabled=False)

@@ -82,7 +82,31 @@ def load_predictor(directory: str) -> Predictor:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - unpickling refused: name the file
         raise ValueError(f"{weights}: not a plain state dict of tensors ({err})") from None
-    return _experiment(pkg).predictor(pkg["config"], pkg["model_context"], state)
+    experiment = _experiment(pkg)
+    _check_shapes(experiment, pkg, state)
+    return experiment.predictor(pkg["config"], pkg["model_context"], state)
+
+
+def _check_shapes(experiment, pkg: Mapping[str, Any], state: Mapping[str, torch.Tensor]) -> None:
+    """Build the predictor on the meta device (shapes without memory) and load the weights into
+    it, so that a config whose model does not fit the weights (a crafted ``sst.state_size=3000``
+    beside weights of size 6) is refused, naming the package and the first mismatches, before
+    anything of that size is allocated.  Anything else the dry run cannot do on the meta device
+    is left to the real build."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")       # "copying ... to a meta parameter is a no-op"
+            experiment.predictor(pkg["config"], pkg["model_context"], state)
+    except RuntimeError as err:
+        text = str(err)
+        if "size mismatch" in text or "Missing key" in text or "Unexpected key" in text:
+            details = [ln.strip() for ln in text.splitlines()[1:] if ln.strip()][:3]
+            raise ValueError(f"{pkg['_path']}: the weights do not fit the model its config describes, so it is "
+                             f"not built: {'; '.join(details) or text}") from None
+    except Exception:  # noqa: BLE001 - not a shape question: the real build reports it
+        pass
 
 
 def predictor_experiment(directory: str):

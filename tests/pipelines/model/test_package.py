@@ -85,3 +85,38 @@ def test_a_deeply_nested_package_description_is_a_named_error(tmp_path):
     (pkg / PACKAGE_FILE).write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ValueError, match=r"package.json: not a package description \(JSON nested 100000 levels deep \(at most 200 allowed\)\)"):
         load_predictor(str(pkg))
+
+
+def test_a_config_that_does_not_fit_the_weights_is_refused_before_it_is_built(tmp_path):
+    """A crafted package.json asking for a model far larger than its weights is a ValueError naming
+    the package and the mismatch, found on the meta device: the process's memory does not grow
+    by the model's size (here ~4 GB of float32 weights asked for)."""
+    import resource
+
+    exp, cfg, mc, model = untrained_esol()
+    pkg = tmp_path / "pkg"
+    write_package(str(pkg), exp, cfg, mc, model.state_dict())
+    desc = json.loads((pkg / "package.json").read_text())
+    desc["config"]["molecules"]["atom_hidden"] = 30000       # f_a: Linear(60000, 30000), ~7 GB
+    (pkg / "package.json").write_text(json.dumps(desc))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ValueError, match=r"package.json: the weights do not fit .*size mismatch"):
+        load_predictor(str(pkg))
+    grew_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grew_mb < 500, grew_mb
+    desc["config"]["molecules"]["atom_hidden"] = cfg["molecules"]["atom_hidden"]
+    (pkg / "package.json").write_text(json.dumps(desc))
+    assert load_predictor(str(pkg)) is not None            # the honest package still loads
+
+
+def test_an_sst_package_asking_for_a_larger_state_is_refused_before_it_is_built(tmp_path, data_dir):
+    from tests.pipelines.helpers import untrained_sst
+
+    exp, cfg, mc, model, _ = untrained_sst(data_dir)
+    pkg = tmp_path / "pkg"
+    write_package(str(pkg), exp, cfg, mc, model.state_dict())
+    desc = json.loads((pkg / "package.json").read_text())
+    desc["config"]["sst"]["state_size"] = 3000
+    (pkg / "package.json").write_text(json.dumps(desc))
+    with pytest.raises(ValueError, match=r"the weights do not fit .*size mismatch for"):
+        load_predictor(str(pkg))
