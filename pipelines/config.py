@@ -62,6 +62,8 @@ class Field:
     choices: Optional[tuple] = None
     nullable: bool = False
     doc: str = ""
+    #: the value names a folder (a run's checkpoints): one plain name, no path
+    path_name: bool = False
 
     def check(self, key: str, value: Any, source: Optional[str]) -> Any:
         if value is None:
@@ -86,7 +88,18 @@ class Field:
             raise ConfigError(f"{value!r} is below the minimum {self.min}", key, source)
         if self.max is not None and value > self.max:
             raise ConfigError(f"{value!r} is above the maximum {self.max}", key, source)
+        if self.path_name:
+            check_path_name(value, key, source)
         return value
+
+
+def check_path_name(value: str, key: str, source: Optional[str] = None) -> str:
+    """``value`` if it is one plain folder name (what a run's checkpoints are stored under): not
+    empty, no ``/`` or ``\\``, not ``.`` or ``..``, no NUL; else :class:`ConfigError` naming ``key``."""
+    if not value or value in (".", "..") or any(c in value for c in ("/", "\\", "\0")):
+        raise ConfigError(f"{value!r} is not a plain name: it names a folder under ray.storage_path, so it may "
+                          f"not be empty, '.' or '..', or hold '/', '\\' or NUL", key, source)
+    return value
 
 
 F = Field
@@ -94,7 +107,7 @@ F = Field
 BASE_SCHEMA: dict[str, Field] = {
     "experiment": F(str, None, nullable=True, doc="the experiment this config is for: sst, molecules or "
                     "package.module.Class (pipelines.sweep and scripts read it; a train entry point checks it)"),
-    "name": F(str, "experiment", doc="run / MLflow experiment name"),
+    "name": F(str, "experiment", doc="run / MLflow experiment name", path_name=True),
     "seed": F(int, 0, min=0),
     "epochs": F(int, 10, min=1),
     "executor": F(str, "auto", choices=("auto", "tables", "chunks"),
@@ -166,7 +179,7 @@ BASE_SCHEMA: dict[str, Field] = {
     "ray.storage_path": F(str, None, nullable=True,
                           doc="checkpoints; default ./ray_results. On a multi-node cluster every node "
                               "must reach it: a shared filesystem path or a URI such as s3://..."),
-    "ray.run_name": F(str, None, nullable=True),
+    "ray.run_name": F(str, None, nullable=True, path_name=True),
     "ray.num_to_keep": F(int, 2, min=1, doc="checkpoints kept (each holds the best model)"),
     "tracking.mode": F(str, "required", choices=("required", "optional", "off"),
                        doc="required: fail fast when MLflow is unreachable"),

@@ -65,7 +65,7 @@ from typing import Any, Mapping, Optional, Sequence
 from pipelines import console
 from pipelines.model import mlflow_model  # noqa: F401  (registers the outbox's "model" operation: outbox.register_kind)
 from pipelines.tracking import tracker as trk
-from pipelines.config import ConfigError, load_config, merged_schema, validate
+from pipelines.config import ConfigError, check_path_name, load_config, merged_schema, validate
 from pipelines.datadir import check_files
 from pipelines.errors import entry_point
 from pipelines.experiment import Experiment, experiment_class, named_experiment
@@ -246,7 +246,7 @@ def plan_sweep(experiment: str, config: dict, *, name: Optional[str] = None, sto
                               "keeping one for Ray Data; lower --max-concurrent or ray.num_workers",
                               source="--max-concurrent")
         cfg["ray"]["cpus_per_worker"] = min(1.0, per)
-    name = name or f"{cfg['name']}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = check_path_name(name, "--name") if name is not None else f"{cfg['name']}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     storage = storage or os.path.join(os.getcwd(), "ray_results", "sweeps")
     directory = storage.rstrip("/") + "/" + name if "://" in storage else os.path.join(os.path.abspath(storage), name)
     first = int(cfg["seed"])

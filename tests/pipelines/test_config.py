@@ -114,3 +114,18 @@ def test_a_retired_key_is_dropped_not_refused():
     assert "data.blocks_per_epoch" in RETIRED_KEYS
     cfg = validate({"data": {"blocks_per_epoch": 16}}, merged_schema())
     assert "blocks_per_epoch" not in cfg["data"]
+
+
+@pytest.mark.parametrize("value", ["../../../x", "a/b", "..", ".", "", "a\\b", "x\0y"])
+def test_a_name_that_is_used_as_a_folder_must_be_a_plain_name(value):
+    """``name`` and ``ray.run_name`` name the run's checkpoint folder under ray.storage_path: a
+    path in them (``name=../../../x``) would write outside it, so it is a ConfigError naming the key."""
+    from pipelines.config import ConfigError, check_path_name, load_config, merged_schema
+
+    for key in ("name", "ray.run_name"):
+        with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')}.*not a plain name"):
+            check_path_name(value, key)
+        if value and "\0" not in value:          # (YAML itself refuses NUL in an override)
+            with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')}.*not a plain name"):
+                load_config(None, [f"{key}={value}"], merged_schema())
+    assert load_config(None, ["name=sst-tai2015_v2.1"], merged_schema())["name"] == "sst-tai2015_v2.1"
