@@ -79,8 +79,15 @@ def resolve_inputs(patterns: Sequence[str]) -> list[str]:
         found = sorted(p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p))
         if not found:
             given = os.path.expanduser(pattern)
+            path = os.path.abspath(given)
+            if os.path.isdir(path):
+                raise FileNotFoundError(f"{path}: a directory, not an input file; give its files "
+                                        f"(--input '{os.path.join(given, '*.txt')}')")
+            if os.path.islink(path):
+                raise FileNotFoundError(f"{path}: a symbolic link that leads to no file (a loop, or its target "
+                                        f"{os.readlink(path)!r} is missing)")
             where = "" if os.path.isabs(given) else f" (a relative one is taken from {os.getcwd()})"
-            raise FileNotFoundError(f"{os.path.abspath(given)}: missing; put the file there or "
+            raise FileNotFoundError(f"{path}: missing; put the file there or "
                                     f"give --input paths or globs that exist{where}")
         files += [os.path.abspath(p) for p in found]
     return files

@@ -64,3 +64,18 @@ def test_a_second_run_into_the_same_output_is_refused_while_the_first_writes(mod
     third = _command(model_dir, b, out)                          # after it: the earlier-output check
     said, _ = third.communicate(timeout=300)
     assert third.returncode == 1 and "holds the output of an earlier run" in said, said
+
+
+def test_a_directory_or_a_symlink_loop_as_input_is_named_as_such(tmp_path):
+    """--input naming a directory or a symbolic link that leads nowhere says which, not "missing"."""
+    from pipelines.predict.batch import resolve_inputs
+
+    (tmp_path / "trees").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"trees: a directory, not an input file.*trees/\*\.txt"):
+        resolve_inputs([str(tmp_path / "trees")])
+    loop = tmp_path / "loop.txt"
+    loop.symlink_to(loop)
+    with pytest.raises(FileNotFoundError, match=r"loop.txt: a symbolic link that leads to no file"):
+        resolve_inputs([str(loop)])
+    with pytest.raises(FileNotFoundError, match=r"nope.txt: missing"):
+        resolve_inputs([str(tmp_path / "nope.txt")])
