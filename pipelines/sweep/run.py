@@ -539,28 +539,55 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
                        ensemble=dict(ensemble), table=table, tracking_uri=plan.config["tracking"]["uri"])
 
 
+def _figures(result: Mapping[str, Any], prefix: str, limit: int = 4) -> str:
+    """The ``limit`` first whole ``prefix`` metrics of ``result`` (losses left out), ``name value``
+    each, and how many more there are: never a value cut in the middle."""
+    keys = [k for k in sorted(result) if k.startswith(prefix) and not k.endswith("loss")
+            and isinstance(result[k], (int, float)) and not isinstance(result[k], bool)]
+    shown = "  ".join(f"{k[len(prefix):]} {result[k]:.3f}" for k in keys[:limit])
+    return shown + (f"  (+{len(keys) - limit} more in MLflow)" if len(keys) > limit else "")
+
+
+#: seconds between the sweep's heartbeat lines while no trial reports
+HEARTBEAT_S = 30.0
+
+
 def _trial_lines(plan: SweepPlan):
     """A Tune callback logging a line per trial epoch and per ended trial (what Tune's own tables
-    say, quietly)."""
+    say, quietly), and a heartbeat every :data:`HEARTBEAT_S` seconds without one."""
     from ray import tune
 
     class TrialLines(tune.Callback):
         def __init__(self):
             self.ended = 0
+            self.t0 = self.last = time.monotonic()
+
+        def _said(self) -> None:
+            self.last = time.monotonic()
 
         def _line(self, trial, how: str) -> None:
             self.ended += 1
             r = trial.last_result or {}
-            shown = "  ".join(f"{k} {r[k]:.3f}" for k in sorted(r) if k.startswith("best/test/")
-                              and isinstance(r[k], (int, float)) and not k.endswith("loss"))[:160]
-            log.info("trial %s %s after %s epoch(s), %.0fs: %s  %s", self.ended, how, r.get("epoch", "?"),
-                     r.get("time_total_s", float("nan")), dict(trial.config), shown)
+            log.info("trial %s %s after %s epoch(s), %.0fs: %s  test: %s", self.ended, how, r.get("epoch", "?"),
+                     r.get("time_total_s", float("nan")), dict(trial.config), _figures(r, "best/test/"))
+            self._said()
+
+        def on_step_end(self, iteration, trials, **info):
+            now = time.monotonic()
+            if now - self.last < HEARTBEAT_S:
+                return
+            running = [t for t in trials if t.status == "RUNNING"]
+            epochs = [str((t.last_result or {}).get("epoch", 0)) for t in running]
+            log.info("sweep: %d of %d trial(s) done, %d running (epochs done: %s of %s), %.0fs elapsed",
+                     self.ended, len(trials), len(running), ", ".join(epochs) or "-", plan.config.get("epochs", "?"),
+                     now - self.t0)
+            self._said()
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            dev = "  ".join(f"{k} {result[k]:.3f}" for k in sorted(result) if k.startswith("dev/")
-                            and not k.endswith("loss") and isinstance(result[k], (int, float)))[:120]
-            log.info("trial %s epoch %s/%s (%.0fs): %s", dict(trial.config), result.get("epoch", "?"),
-                     plan.config.get("epochs", "?"), result.get("time_total_s", float("nan")), dev)
+            log.info("trial %s epoch %s/%s (%.0fs): dev: %s", dict(trial.config), result.get("epoch", "?"),
+                     plan.config.get("epochs", "?"), result.get("time_total_s", float("nan")),
+                     _figures(result, "dev/"))
+            self._said()
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             self._line(trial, "finished")
@@ -692,8 +719,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[SweepResult]:
         os.makedirs(os.path.dirname(os.path.abspath(args.result_json)), exist_ok=True)
         with open(args.result_json, "w") as f:
             f.write(text + "\n")
-    if plan_cfg["verbose"] or args.verbose or not args.result_json:
+    if plan_cfg["verbose"] or args.verbose:
         print(text)
+    else:
+        print(f"sweep: {result.summary.n_finished} trial(s) finished"
+              + (f"; the best trial's run {report['best_run_id']} (its model, where the experiment logs one: "
+                 f"{report['best_model_uri']})" if report.get("best_run_id") else "")
+              + f"; parent MLflow run {result.parent_run_id} ({result.tracking_uri})"
+              + (f"; the full result in {args.result_json}" if args.result_json else
+                 "; --result-json PATH writes the full result (every mean, sd and ensemble figure)"))
     if not result.summary.n_finished:
         log.error("no trial finished (%d errored, %d stopped early): see the trials' errors in %s; rerun them "
                   "with python -m pipelines.sweep --resume %s", result.summary.n_errored, result.summary.n_stopped,

@@ -34,6 +34,9 @@ def test_batch_inference_equals_predict(ray_cluster, data_dir, tmp_path):
     res = predict.main(["--model", logged.model_uri, "--input", str(tmp_path / "*.txt"),
                         "--output", str(tmp_path / "out"), "--chunk-size", "4", "--tracking-uri", uri])
     assert (res.rows, res.bad, res.blank) == (13, 1, 1)
+    # start-up (Ray Data, the actors loading the model) apart from the steady-state speed
+    assert 0 <= res.startup_s < res.seconds and 0 < res.predict_s <= res.seconds
+    assert res.steady_per_second > res.per_second > 0
     got = pd.concat([pd.read_parquet(f) for f in sorted(glob.glob(str(tmp_path / "out" / "*.parquet")))])
     got = got.sort_values(["path", "line"]).reset_index(drop=True)
     assert got["path"].tolist() == [str(a)] * 10 + [str(b)] * 3
@@ -50,6 +53,7 @@ def test_batch_inference_equals_predict(ray_cluster, data_dir, tmp_path):
     logged_run = client.get_run(res.run_id)
     assert logged_run.data.metrics["rows"] == 13 and logged_run.data.metrics["bad_rows"] == 1
     assert logged_run.data.metrics["blank_lines"] == 1 and logged_run.data.params["model_uri"] == logged.model_uri
+    assert logged_run.data.metrics["steady_rows_per_s"] == pytest.approx(res.steady_per_second, rel=1e-3)
 
 
 def _csv_text(rows: list) -> str:

@@ -59,6 +59,18 @@ def test_bad_search_specs_name_the_key_and_value(spec, words):
     assert "--search" in str(err.value)
 
 
+def test_trial_lines_show_whole_figures_never_a_cut_value():
+    """The per-epoch and per-trial lines show the first few metrics whole and say how many more
+    there are (a fixed character cut once printed 'majority_fine 0.2' for 0.286)."""
+    from pipelines.sweep.run import _figures
+
+    result = {f"best/test/m{i}": 0.28571 for i in range(7)} | {"best/test/loss": 3.0, "best/dev/x": 1.0,
+                                                               "best/test/flag": True}
+    line = _figures(result, "best/test/")
+    assert line == "m0 0.286  m1 0.286  m2 0.286  m3 0.286  (+3 more in MLflow)"
+    assert _figures({"dev/accuracy": 0.5}, "dev/") == "accuracy 0.500"
+
+
 def test_search_specs_parse_to_typed_values():
     s = parse_search("optimizer.lr=loguniform(1e-3, 1e-1)", SCHEMA)
     assert (s.key, s.kind, s.values) == ("optimizer.lr", "loguniform", (1e-3, 1e-1))
