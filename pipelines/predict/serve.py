@@ -41,6 +41,7 @@ import dataclasses
 import http.client
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -364,6 +365,12 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def _stop_on_sigterm(signum, frame):
+    """SIGTERM (``kill``, systemd, a container's stop) stops serving as Ctrl-C does: Serve and the
+    Ray this command started are shut down, the command prints ``stopped`` and exits 130."""
+    raise KeyboardInterrupt
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m pipelines.predict.serve",
                                  description="Serve a logged foldengine model on Ray Serve, batching "
@@ -426,12 +433,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if ingress == "direct" and a.replicas > 1:
             others = "; the other replicas at " + ", ".join(
                 u + "/invocations" for u in replica_urls(a.host, a.port, a.replicas)[1:])
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)    # a supervisor's stop: as Ctrl-C
         print(f"serving {a.model} at {url}/invocations ({a.replicas} replica(s), {ingress} ingress, ready in "
-              f"{time.perf_counter() - t0:.0f}s{others}); Ctrl-C stops it", flush=True)
+              f"{time.perf_counter() - t0:.0f}s{others}); Ctrl-C or SIGTERM stops it", flush=True)
         try:
             while True:
                 time.sleep(3600)
         finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             # On a Ray this command started, ray.shutdown() stops Serve with the rest of it.  Ctrl-C
             # reaches that Ray's processes too (one process group), and serve.shutdown() would then
             # wait 30 s for a controller that is already gone.  On a cluster, delete the app.

@@ -191,3 +191,27 @@ def test_ping_and_small_requests_are_answered_while_heavy_requests_are_in_flight
             assert status == 200, body
             assert [p["error"] for p in body["predictions"]] == [None] * len(trees)
             assert_rows(server.predictor, trees[:1], {"predictions": body["predictions"][:1]})
+
+
+def test_sigterm_stops_the_server_as_ctrl_c_does(data_dir, tmp_path):
+    """A supervisor's stop (SIGTERM to the command's process alone, not its group): the server
+    answers no more, the command says it stopped and exits 130, and the Ray it started goes with
+    it (no process of its session is left)."""
+    s = start_server(data_dir, tmp_path)
+    assert "Ctrl-C or SIGTERM stops it" in s.banner
+    s.proc.send_signal(signal.SIGTERM)
+    try:
+        rest, _ = s.proc.communicate(timeout=120)
+    finally:
+        stop_server(s)                        # (a no-op when it stopped)
+    assert s.proc.returncode == 130 and "pipelines.predict.serve: stopped" in rest, rest
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            os.killpg(s.proc.pid, 0)          # any process left in the command's session?
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "processes of the server's session outlived it"
+        time.sleep(1)
+    with pytest.raises(OSError):
+        urllib.request.urlopen(s.url + "/ping", timeout=5)
