@@ -36,21 +36,42 @@ from pipelines.config import ConfigError, Field
 from pipelines.datadir import DataFile
 
 
-#: The built-in experiments by short name (``experiment: sst`` in a config, ``--experiment sst``):
-#: class paths as strings, so that naming them imports nothing.
-EXPERIMENT_NAMES = {"sst": "pipelines.sst.experiment.SSTExperiment",
-                    "molecules": "pipelines.molecules.experiment.MoleculeExperiment"}
+#: the entry-point group where a distribution registers its experiments by short name
+#: (``[project.entry-points."foldengine.experiments"] myexp = "mypkg.exp:MyExperiment"``; this
+#: project's ``pyproject.toml`` registers ``sst`` and ``molecules`` there)
+ENTRY_POINT_GROUP = "foldengine.experiments"
+#: what the group holds when this project runs from a checkout that was never pip-installed
+_BUILT_IN = {"sst": "pipelines.sst.experiment.SSTExperiment",
+             "molecules": "pipelines.molecules.experiment.MoleculeExperiment"}
+
+
+def experiment_names() -> dict[str, str]:
+    """Short name -> class path (``module.Class``) of every registered experiment: the
+    :data:`ENTRY_POINT_GROUP` entry points of the installed distributions (this project's built-in
+    ``sst`` and ``molecules`` among them).  Reading them imports nothing."""
+    from importlib.metadata import entry_points
+
+    names = dict(_BUILT_IN)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        names[ep.name] = ep.value.replace(":", ".")
+    return names
+
+
+#: The registered experiments by short name (``experiment: sst`` in a config), as found when this
+#: module was imported (:func:`experiment_names`): class paths as strings.
+EXPERIMENT_NAMES = experiment_names()
 
 
 def experiment_class(name: str) -> type:
     """``sst`` / ``molecules`` (:data:`EXPERIMENT_NAMES`) or ``package.module.Class`` -> the
     :class:`Experiment` subclass; :class:`~pipelines.config.ConfigError` (key ``experiment``)
     naming it when it is unknown, does not import or is no ``Experiment``."""
-    path = EXPERIMENT_NAMES.get(name, name)
+    names = experiment_names()
+    path = names.get(name, name)
     module, _, cls = path.rpartition(".")
     if not module:
-        raise ConfigError(f"unknown experiment {name!r}: use {', '.join(EXPERIMENT_NAMES)} or package.module.Class",
-                          "experiment")
+        raise ConfigError(f"unknown experiment {name!r}: use {', '.join(names)} (the {ENTRY_POINT_GROUP!r} entry "
+                          f"points) or package.module.Class", "experiment")
     try:
         found = getattr(importlib.import_module(module), cls)
     except (ImportError, AttributeError) as err:

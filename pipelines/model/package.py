@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import torch
 
 from pipelines import bounded_json
-from pipelines.experiment import EXPERIMENT_NAMES
+from pipelines.experiment import ENTRY_POINT_GROUP, experiment_names
 from pipelines.model.prediction import Predictor
 
 __all__ = ["PACKAGE_ARTIFACT", "PACKAGE_FILE", "WEIGHTS_FILE", "ENTRY_POINT_GROUP", "EXPERIMENTS_ENV",
@@ -35,11 +35,10 @@ PACKAGE_FILE = "package.json"
 WEIGHTS_FILE = "weights.pt"
 #: the folder of the package inside a logged MLflow Model: ``<model>/artifacts/package``
 PACKAGE_ARTIFACT = "package"
-#: the experiment classes this project ships, which any package may name
-BUILTIN_EXPERIMENTS = tuple(EXPERIMENT_NAMES.values())
-#: the entry-point group where an installed distribution registers its own experiment classes
-#: (``[project.entry-points."foldengine.experiments"] myexp = "mypkg.exp:MyExperiment"``)
-ENTRY_POINT_GROUP = "foldengine.experiments"
+#: the experiment classes registered when this module was imported (the
+#: :data:`~pipelines.experiment.ENTRY_POINT_GROUP` entry points: this project's own among them),
+#: which any package may name
+BUILTIN_EXPERIMENTS = tuple(experiment_names().values())
 #: the environment variable listing more trusted experiment classes (``module.Class``, comma-separated)
 EXPERIMENTS_ENV = "FOLDENGINE_EXPERIMENTS"
 
@@ -115,14 +114,11 @@ def predictor_experiment(directory: str):
 
 
 def registered_experiments() -> set[str]:
-    """The experiment classes (``module.QualName``) a package may name: :data:`BUILTIN_EXPERIMENTS`,
-    those registered in the :data:`ENTRY_POINT_GROUP` entry points of installed distributions,
-    and those listed in ``$FOLDENGINE_EXPERIMENTS``.  Nothing else is imported: importing a
-    module can run its code."""
-    from importlib.metadata import entry_points
-
-    out = set(BUILTIN_EXPERIMENTS)
-    out.update(ep.value.replace(":", ".") for ep in entry_points(group=ENTRY_POINT_GROUP))
+    """The experiment classes (``module.QualName``) a package may name: those registered in the
+    :data:`ENTRY_POINT_GROUP` entry points of installed distributions (:func:`pipelines.experiment.experiment_names`,
+    this project's own among them) and those listed in ``$FOLDENGINE_EXPERIMENTS``.  Nothing else
+    is imported: importing a module can run its code."""
+    out = set(experiment_names().values())
     out.update(n.strip() for n in os.environ.get(EXPERIMENTS_ENV, "").split(",") if n.strip())
     return out
 

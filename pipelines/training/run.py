@@ -405,12 +405,13 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
             ray.shutdown()
 
 
-def main(argv=None, prog: str = "pipelines.training", experiment: Optional[type] = None) -> Optional[RunResult]:
+def main(argv=None, prog: str = "pipelines.training", experiment=None) -> Optional[RunResult]:
     """The training command, ``python -m pipelines.training --config conf/X.yaml [key=value ...]``:
     the config's ``experiment:`` key picks the class (:func:`pipelines.experiment.experiment_class`,
     built from the config with ``from_config``), then :func:`run` and :func:`report`; None after
-    ``--check``.  ``experiment``: this :class:`Experiment` subclass instead (a domain's alias entry
-    point; the config then needs no ``experiment:`` key)."""
+    ``--check``.  ``experiment``: this :class:`Experiment` subclass (built with ``from_config``) or
+    instance instead, for a domain's own entry point (``main(experiment=MyTrees)`` at the end of a
+    script); the config then needs no ``experiment:`` key."""
     import argparse
     import sys
 
@@ -418,9 +419,12 @@ def main(argv=None, prog: str = "pipelines.training", experiment: Optional[type]
     from pipelines.errors import entry_point
     from pipelines.experiment import experiment_class, named_experiment
 
+    if isinstance(argv, Experiment):           # main(MyTrees()): the experiment given first
+        argv, experiment = None, argv
     argv = list(sys.argv[1:] if argv is None else argv)
+    instance = experiment if isinstance(experiment, Experiment) else None
     with entry_point(prog, argv):
-        cls = experiment
+        cls = type(instance) if instance is not None else experiment
         if cls is None:
             pre = argparse.ArgumentParser(add_help=False)
             pre.add_argument("--config", "-c")
@@ -435,7 +439,7 @@ def main(argv=None, prog: str = "pipelines.training", experiment: Optional[type]
                               f"Train an experiment ({cls.__name__} for this config): Ray Data -> Ray Train -> MLflow")
         console.configure(cfg["verbose"])
         try:
-            exp = cls.from_config(cfg)
+            exp = instance if instance is not None else cls.from_config(cfg)
         except ValueError as e:  # ConfigError included
             raise SystemExit(f"{prog}: {e}") from None
         if args.check:

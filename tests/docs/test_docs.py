@@ -153,10 +153,17 @@ def _shell_commands(code: str) -> list[list[str]]:
     return cmds
 
 
-def _schema_for(module: str):
-    """The config schema of a pipeline entry point (``pipelines.sst.train`` ...), or None."""
+def _schema_for(module: str, config_file=None):
+    """The config schema of a pipeline entry point (``pipelines.training`` with the experiment
+    its ``config_file`` names, ``pipelines.sst.train`` ...), or None."""
     from pipelines.config import merged_schema
 
+    if module == "pipelines.training":
+        from pipelines.experiment import experiment_class, named_experiment
+
+        if config_file is None or not config_file.is_file():
+            return None
+        return merged_schema(experiment_class(named_experiment(str(config_file))).config_schema)
     pkg = module.rsplit(".", 1)[0]
     try:
         exp = importlib.import_module(pkg + ".experiment")
@@ -178,11 +185,12 @@ def _check_command(words: list[str], where: str) -> None:
             mod = words[2]
             if mod.startswith(("pipelines", "benchmarks", "foldengine", "schedulers")):
                 assert importlib.util.find_spec(mod) is not None, f"{where}: no module {mod}"
-                if mod.startswith("pipelines.") and mod.endswith(".train") and "--config" in words:
+                if (mod == "pipelines.training" or (mod.startswith("pipelines.") and mod.endswith(".train"))) \
+                        and "--config" in words:
                     cfg_file = words[words.index("--config") + 1]
                     overrides = [w for w in words[words.index("--config") + 2:]
                                  if "=" in w and not w.startswith("-")]
-                    schema = _schema_for(mod)
+                    schema = _schema_for(mod, REPO / cfg_file)
                     if schema is not None and (REPO / cfg_file).is_file():
                         load_config(str(REPO / cfg_file), overrides, schema)  # raises on a bad key
         elif words[1].startswith(("scripts/", "benchmarks/")):  # (not a reader's own my_model.py)

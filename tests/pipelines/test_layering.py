@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 import pathlib
 
+from pipelines.experiment import experiment_names
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("pipelines", "benchmarks")
 #: packages whose private names the checked modules must not use either (not checked themselves)
@@ -147,7 +149,9 @@ def test_the_generic_reader_imports_no_domain():
     assert not {d for d in deps if d.startswith(("pipelines.sst", "pipelines.molecules"))}, deps
 
 
-DOMAINS = ("pipelines.sst", "pipelines.molecules")
+#: the domain packages: those of this project's registered experiments (pipelines.experiment.experiment_names)
+DOMAINS = tuple(sorted({".".join(path.split(".")[:2]) for path in experiment_names().values()
+                        if path.startswith("pipelines.")}))
 #: the wings (each a package; a name covers its modules)
 MODEL, PREDICT, TRAINING, SWEEP, TRACKING, DATA = ("pipelines.model",), ("pipelines.predict",), \
     ("pipelines.training",), ("pipelines.sweep",), ("pipelines.tracking",), ("pipelines.data",)
@@ -170,7 +174,7 @@ def _starts(name: str, prefixes) -> bool:
 def test_only_the_domains_import_the_domains():
     """The domains are plug-ins: no module outside ``pipelines.sst`` and ``pipelines.molecules``
     imports either (benchmarks/, applications on top, may; the sweep reaches SST's table and ensemble through ``Experiment`` hooks; the
-    experiments are named by strings, :data:`pipelines.experiment.EXPERIMENT_NAMES`)."""
+    experiments are named by strings, :func:`pipelines.experiment.experiment_names`)."""
     known = _modules()
     bad = [f"{m} imports {d}" for m in known if _starts(m, ("pipelines",)) and not _starts(m, DOMAINS)
            for d in _deps(m, known) if _starts(d, DOMAINS)]

@@ -395,7 +395,7 @@ def test_submit_checks_the_data_locally_before_it_submits(tmp_path):
                          env=env, capture_output=True, text=True, timeout=100)
     assert res.returncode != 0, res.stderr[-3000:]
     assert "Traceback" not in res.stderr and "dashboard" not in res.stderr, res.stderr[-3000:]
-    assert f"pipelines.molecules.train: {tmp_path / 'empty' / 'molecules' / 'tox21.csv.gz'}: missing; " \
+    assert f"pipelines.training: {tmp_path / 'empty' / 'molecules' / 'tox21.csv.gz'}: missing; " \
            "set FOLD_DATA_DIR=" in res.stderr, res.stderr[-3000:]
     assert "not submitted" in res.stderr
     assert not _ray_started(tmp_path)
