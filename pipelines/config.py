@@ -23,7 +23,6 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import yaml
 
-from pipelines.data.skips import DEFAULT_MAX_NAMED
 from pipelines.errors import user_error
 
 __all__ = [
@@ -103,6 +102,8 @@ def check_path_name(value: str, key: str, source: Optional[str] = None) -> str:
 
 
 F = Field
+#: how many skipped records a run names one by one (``data.skip_report_max``; the rest are counted)
+DEFAULT_MAX_NAMED = 10000
 #: Keys read by :func:`pipelines.training.run.run`.  Experiments add theirs via ``config_schema``.
 BASE_SCHEMA: dict[str, Field] = {
     "experiment": F(str, None, nullable=True, doc="the experiment this config is for: sst, molecules or "

@@ -17,10 +17,10 @@ import dataclasses
 import io
 from typing import Iterable, Mapping, Optional
 
+from pipelines.config import DEFAULT_MAX_NAMED
+
 __all__ = ["SkippedRecord", "SkipReport", "DEFAULT_MAX_NAMED", "SKIP_REPORT_ARTIFACT", "CSV_COLUMNS"]
 
-#: records named per key unless the config says otherwise (``data.skip_report_max``)
-DEFAULT_MAX_NAMED = 10000
 #: where a run's skip report goes among its MLflow artifacts
 SKIP_REPORT_ARTIFACT = "data/skipped.csv"
 #: the columns of the CSV: the ``skipped/<key>`` it counts under, where it is (``file:line``, or the
