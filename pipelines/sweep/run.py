@@ -723,8 +723,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[SweepResult]:
         print(text)
     else:
         print(f"sweep: {result.summary.n_finished} trial(s) finished"
-              + (f"; the best trial's run {report['best_run_id']} (its model, where the experiment logs one: "
-                 f"{report['best_model_uri']})" if report.get("best_run_id") else "")
+              + (f"; the best trial: run {report['best_run_id']}, model {report['best_model_uri']} (for an "
+                 f"experiment that logs models)" if report.get("best_run_id") else "")
               + f"; parent MLflow run {result.parent_run_id} ({result.tracking_uri})"
               + (f"; the full result in {args.result_json}" if args.result_json else
                  "; --result-json PATH writes the full result (every mean, sd and ensemble figure)"))
