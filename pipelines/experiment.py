@@ -84,7 +84,7 @@ def experiment_class(name: str) -> type:
 def named_experiment(config_path: Optional[str], flag: Optional[str] = None) -> str:
     """The experiment a command runs: ``flag`` (``--experiment``) when given, else the config
     file's own ``experiment:`` key (``sst``, ``molecules`` or ``package.module.Class``:
-    :data:`EXPERIMENT_NAMES`).  Never guessed from the config's sections: a config without the
+    :func:`experiment_names`).  Never guessed from the config's sections: a config without the
     key is one :class:`~pipelines.config.ConfigError` saying so."""
     import yaml
 
@@ -105,7 +105,7 @@ def named_experiment(config_path: Optional[str], flag: Optional[str] = None) -> 
     name = raw.get("experiment") if isinstance(raw, dict) else None
     if not name:
         raise ConfigError(f"the config names no experiment: add `experiment: <name>` to it "
-                          f"({', '.join(EXPERIMENT_NAMES)} or package.module.Class; pipelines.sweep also takes "
+                          f"({', '.join(experiment_names())} or package.module.Class; pipelines.sweep also takes "
                           f"--experiment)", source=config_path)
     return str(name)
 

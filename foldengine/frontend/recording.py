@@ -279,7 +279,7 @@ class Recorder:
         return _rebuild(seen.op.out_type, iter(refs), self)
 
     def _seen(self, target, args: tuple, kwargs: dict):
-        """``(seen, op, result)``: the call's key in :attr:`_calls` (None when its arguments
+        """``(key, op, result)``: the call's key in :attr:`seen_calls` (None when its arguments
         have no signature); when a call like it was recorded before, that operation and this
         call's result, recorded (else None, None)."""
         refs: list = []
