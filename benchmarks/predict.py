@@ -95,7 +95,7 @@ def logged_model(workload: str, data_dir: str, tracking_uri: str) -> str:
         ctx = TargetScaling()
         model = exp.build_model(cfg, ctx)
     client = mlflow.MlflowClient(tracking_uri)
-    from pipelines.tracking.tracker import ensure_experiment
+    from pipelines.tracking.run_metadata import ensure_experiment
 
     run_id = client.create_run(ensure_experiment(client, "bench_predict_models")).info.run_id
     uri = log_model(tracking_uri, run_id, exp, cfg, exp.model_context(cfg, ctx), model.state_dict()).model_uri

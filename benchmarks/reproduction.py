@@ -26,7 +26,8 @@ from pipelines.tracking.runs_view import run_url
 from .reporting import REPO_ROOT, echo, save_view
 
 __all__ = ["PAPER_SST", "PAPER_SST_SD", "PAPER_SST_ENSEMBLE", "TAI_SST", "MOLECULENET_TOX21", "CHANCE_AUC",
-           "EXPECTED_RANGES", "Row", "expected_ranges", "table1_rows", "training_rows", "sst_rows", "summary_rows",
+           "EXPECTED_RANGES", "REGRESSIONS", "SST_PRESETS", "recorded_figures", "catches", "Row", "expected_ranges", "table1_rows", "training_rows", "sst_label",
+           "sst_rows", "summary_rows",
            "markdown", "terminal_table", "run"]
 
 PAPER_SST = {"fine": 52.3, "binary": 89.4}          # Looks et al. 2017, Table 2, single model: mean of 30 runs
@@ -110,6 +111,33 @@ def expected_ranges(quick: bool, path: str = EXPECTED_RANGES) -> Dict[str, Tuple
     return out
 
 
+#: what the full section's bands must catch (issue 65), ``key -> (kind, amount)``: ``drop``, a fall of
+#: ``amount`` below the recorded figure (accuracy points, AUC); ``rise``, a rise of ``amount`` times the
+#: recorded figure (a cost ratio: a 20% slowdown of the dynamic path)
+REGRESSIONS = {"sst.test_fine": ("drop", 1.5), "sst.ensemble_fine": ("drop", 1.5), "tox21.test_auc": ("drop", 0.02),
+               "table1.inference.cost_big": ("rise", 0.2), "table1.training.cost_big": ("rise", 0.2)}
+
+
+def recorded_figures(path: str = EXPECTED_RANGES) -> Dict[str, Dict]:
+    """The ``recorded`` section of ``path``: ``key -> {"mean", "sd" (None for one run), "runs"}``, the
+    recorded runs each band of the ``full`` section comes from."""
+    import yaml
+
+    with open(path) as f:
+        conf = yaml.safe_load(f) or {}
+    return {k: {"mean": float(v["mean"]), "sd": None if v.get("sd") is None else float(v["sd"]),
+                "runs": str(v.get("runs", ""))} for k, v in (conf.get("recorded") or {}).items()}
+
+
+def catches(band: Tuple[float, float], recorded: float, kind: str, amount: float) -> bool:
+    """Whether the band leaves out the regression ``(kind, amount)`` of the ``recorded`` figure
+    (:data:`REGRESSIONS`) while holding the recorded figure itself."""
+    lo, hi = band
+    if not lo <= recorded <= hi:
+        return False
+    return lo > recorded - amount if kind == "drop" else hi < recorded * (1.0 + amount)
+
+
 def table1_rows(result: Dict) -> List[Row]:
     """Cost and speedup ratios (inference and training) at the largest batch and at batch 1."""
     rows = result["rows"]
@@ -165,18 +193,24 @@ def _load(path: Optional[str]) -> Optional[Dict]:
         data = json.load(f)
     run_id = data.get("run_id") or data.get("mlflow_run_id")
     if run_id:
-        data["mlflow_run"] = _experiment_of(run_id, data.get("tracking_uri")) + "/" + run_id
+        run = _run_of(run_id, data.get("tracking_uri"))
+        data["mlflow_run"] = (run.info.experiment_id if run is not None else "?") + "/" + run_id
+        params = run.data.params if run is not None else {}
+        # what the run was (the summary names the preset and its vectors): its logged config
+        data.setdefault("config_name", params.get("name"))
+        data.setdefault("embeddings", None if params.get("sst.embeddings") in (None, "None") else
+                        params["sst.embeddings"])
     return data
 
 
-def _experiment_of(run_id: str, uri: Optional[str]) -> str:
-    """The MLflow experiment id of ``run_id`` ('?' when the store cannot say)."""
+def _run_of(run_id: str, uri: Optional[str]):
+    """The MLflow run ``run_id`` (None when the store cannot say)."""
     try:
         import mlflow
 
-        return mlflow.MlflowClient(uri or os.environ.get("MLFLOW_TRACKING_URI")).get_run(run_id).info.experiment_id
+        return mlflow.MlflowClient(uri or os.environ.get("MLFLOW_TRACKING_URI")).get_run(run_id)
     except Exception:  # noqa: BLE001  (a summary without links is still a summary)
-        return "?"
+        return None
 
 
 def summary_rows(table1: Optional[str] = None, sst: Optional[str] = None, tox21: Optional[str] = None,
@@ -198,6 +232,26 @@ def summary_rows(table1: Optional[str] = None, sst: Optional[str] = None, tox21:
     return rows
 
 
+#: the SST presets by config ``name``: how the summary names them, and what they are compared with
+SST_PRESETS = {"sst-treelstm": "paper preset", "sst-tai2015": "Tai et al. preset"}
+#: the vectors ``sst.embeddings: null`` stands for (the installed package), and the paper's
+DEFAULT_VECTORS, PAPER_VECTORS = "GloVe 6B 50d", "840B 300d"
+
+
+def sst_label(result: Dict) -> str:
+    """The summary's experiment column for an SST result: the paper's Table 2 for the paper preset
+    (named with its vectors beside the paper's), Tai et al. for their preset (their figures only;
+    their binary figure comes from a separately trained binary model), else the config's name."""
+    name = result.get("config_name")
+    vectors = result.get("embeddings")
+    vectors = DEFAULT_VECTORS if not vectors else os.path.basename(str(vectors))
+    preset = SST_PRESETS.get(name) or (f"config {name}" if name else None)
+    what = ", ".join(x for x in (preset, vectors) if x)
+    if name == "sst-tai2015":
+        return f"Tai et al. 2015 (SST; {what}; Tai: {PAPER_VECTORS}, binary from a binary model)"
+    return f"Table 2 (SST; {what}; paper: {PAPER_VECTORS})"
+
+
 def sst_rows(result: Dict) -> List[Row]:
     """Table 2 rows from the result JSON of ``pipelines.sst.train`` (one run) or of
     ``pipelines.sweep --seeds N`` (``n_finished`` runs: ``best/test/*`` are means, ``sd/best/test/*``
@@ -207,21 +261,25 @@ def sst_rows(result: Dict) -> List[Row]:
     / ``majority_binary``, a mean over the seeds' slices for a sweep; ``ensemble/test/majority_*``
     for the ensemble)."""
     n = result.get("n_finished")
-    over = f", mean (sd) over {n} seeds (paper: sd {{}} over 30)" if n else ""
-    rows = training_rows("Table 2 (SST)", "sst", result, [
+    label = sst_label(result)
+    tai = result.get("config_name") == "sst-tai2015"      # compared with Tai et al. only
+    paper = {k: None if tai else PAPER_SST[k] for k in PAPER_SST}
+    over = (f", mean (sd) over {n} seeds" + ("" if tai else " (paper: sd {} over 30)")) if n else ""
+    rows = training_rows(label, "sst", result, [
         ("sst.test_fine", "test fine-grained accuracy %" + over.format(PAPER_SST_SD["fine"]), "best/test/fine",
-         100.0, PAPER_SST["fine"], TAI_SST["fine"], 1, "best/test/majority_fine"),
+         100.0, paper["fine"], TAI_SST["fine"], 1, "best/test/majority_fine"),
         ("sst.test_binary", "test binary accuracy %" + over.format(PAPER_SST_SD["binary"]), "best/test/binary",
-         100.0, PAPER_SST["binary"], TAI_SST["binary"], 1, "best/test/majority_binary")], "trees")
+         100.0, paper["binary"], TAI_SST["binary"], 1, "best/test/majority_binary")], "trees")
     for r, k in zip(rows, ("fine", "binary")):
         if result.get(f"sd/best/test/{k}") is not None:
             r.sd = 100.0 * result[f"sd/best/test/{k}"]
     for k, figure in (("fine", "test fine-grained accuracy %"), ("binary", "test binary accuracy %")):
         if result.get(f"ensemble/test/{k}") is not None:
             base = result.get(f"ensemble/test/majority_{k}")
-            rows.insert(2 + (k == "binary"), Row(f"sst.ensemble_{k}", "Table 2 (SST)",
-                                                 f"{figure}, ensemble of {n} (paper: of 30)",
-                                                 100.0 * result[f"ensemble/test/{k}"], 1, PAPER_SST_ENSEMBLE[k],
+            rows.insert(2 + (k == "binary"), Row(f"sst.ensemble_{k}", label,
+                                                 f"{figure}, ensemble of {n}" + ("" if tai else " (paper: of 30)"),
+                                                 100.0 * result[f"ensemble/test/{k}"], 1,
+                                                 None if tai else PAPER_SST_ENSEMBLE[k],
                                                  run=result.get("mlflow_run"),
                                                  baseline=None if base is None else 100.0 * base))
     return rows

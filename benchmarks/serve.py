@@ -165,7 +165,7 @@ def _ray_serve(model: str, replicas: int) -> Dict[str, tuple]:
     import ray
     from ray import serve
 
-    from pipelines.predict.batch import load_package_bytes
+    from pipelines.model.stored import download_package
     from pipelines.cluster import WORKER_POOL_CONFIG, headless_kwargs
     from pipelines.predict.serve import ServeSettings, direct_ingress_env, replica_urls, start
 
@@ -174,7 +174,7 @@ def _ray_serve(model: str, replicas: int) -> Dict[str, tuple]:
         ray.shutdown()
     os.environ.update(direct_ingress_env(port, 2 * replicas))
     ray.init(log_to_driver=False, _system_config=WORKER_POOL_CONFIG, **headless_kwargs())
-    start(load_package_bytes(model), ServeSettings(max_batch_size=64, batch_wait_s=0.002), port=port,
+    start(download_package(model), ServeSettings(max_batch_size=64, batch_wait_s=0.002), port=port,
           replicas=replicas, cpus_per_replica=0.5, ingress="direct", proxy_port=proxy_port)
     proxy = f"http://127.0.0.1:{proxy_port}"
     _wait(proxy)

@@ -34,7 +34,7 @@ PUBLIC = {
     "Tracker": "pipelines.tracking.tracker",
     "Predictor": "pipelines.model.prediction", "load_predictor": "pipelines.model.package",
     "log_model": "pipelines.model.mlflow_model",
-    "plan_sweep": "pipelines.sweep.run", "run_sweep": "pipelines.sweep.run",
+    "plan_sweep": "pipelines.sweep.plan", "run_sweep": "pipelines.sweep.run",
 }
 
 __all__ = sorted(PUBLIC)

@@ -101,115 +101,116 @@ def check_path_name(value: str, key: str, source: Optional[str] = None) -> str:
     return value
 
 
-F = Field
 #: how many skipped records a run names one by one (``data.skip_report_max``; the rest are counted)
 DEFAULT_MAX_NAMED = 10000
 #: Keys read by :func:`pipelines.training.run.run`.  Experiments add theirs via ``config_schema``.
 BASE_SCHEMA: dict[str, Field] = {
-    "experiment": F(str, None, nullable=True, doc="the experiment this config is for: sst, molecules or "
-                    "package.module.Class (pipelines.sweep and scripts read it; a train entry point checks it)"),
-    "name": F(str, "experiment", doc="run / MLflow experiment name", path_name=True),
-    "seed": F(int, 0, min=0),
-    "epochs": F(int, 10, min=1),
-    "executor": F(str, "auto", choices=("auto", "tables", "chunks"),
-                  doc="foldengine executor (Compiler(executor=...)): auto = tables for small calls, chunks for large"),
-    "batch_size": F(int, 25, min=1, doc="GLOBAL records per optimizer step, split over workers"),
-    "eval_batch_size": F(int, None, min=1, nullable=True, doc="default: batch_size"),
-    "precision": F(str, "32", choices=("32", "bf16-mixed"),
-                   doc="32: float32; bf16-mixed: the forward under torch.autocast in bfloat16 (CPU or CUDA), "
-                       "parameters and optimizer state in float32"),
-    "loss_reduction": F(str, "mean", choices=("mean", "sum"),
-                        doc="mean: divide summed loss by records in the global step; sum: don't"),
-    "grad_clip": F(float, 0.0, min=0.0, doc="max global grad norm, 0 = off"),
-    "max_steps_per_epoch": F(int, None, min=1, nullable=True, doc="cap (smoke runs)"),
-    "log_every": F(int, 50, min=0, doc="log training progress every N steps (0 = epoch only)"),
-    "verbose": F(bool, False, doc="show everything Ray, Ray Data, Ray Train, MLflow and the workers print "
-                                  "(default: one line per epoch, progress, warnings)"),
-    "progress_every_s": F(float, 30.0, min=0.0, doc="seconds between step-progress lines when the output is "
-                                                     "not a terminal (a terminal gets a progress bar); 0 = none"),
-    "resume_from": F(str, None, nullable=True, doc="a Ray Train checkpoint directory"),
-    "optimizer.name": F(str, "adam", choices=("adagrad", "adam", "adamw", "sgd", "rmsprop")),
-    "optimizer.lr": F(float, 1e-3, min=0.0),
-    "optimizer.weight_decay": F(float, 0.0, min=0.0),
-    "optimizer.momentum": F(float, 0.0, min=0.0, max=1.0, doc="sgd/rmsprop only"),
-    "optimizer.kwargs": F(dict, {}, doc="extra keyword arguments for the torch optimizer"),
-    "data.skip_bad": F(bool, False, doc="skip unparsable records (counted as skipped/*, named in the run's "
-                                        "data/skipped.csv) instead of raising"),
-    "data.skip_report_max": F(int, DEFAULT_MAX_NAMED, min=0,
-                              doc="skipped records named per kind (skipped/<key>) in the run's data/skipped.csv; "
-                                  "the rest are counted there in one row"),
-    "data.cache_eval": F(bool, True, doc="build dev/test batches once (materialize) not per epoch"),
-    "data.cache_traces": F(bool, True, doc="trace each record once per Ray Data worker process and build "
-                                          "later batches from the cached traces (same batches)"),
-    "data.progress_bars": F(bool, False, nullable=True,
-                            doc="Ray Data's own progress bars (off: between the run's log lines on a terminal they "
-                                "leave rows of blank lines; the run says what it waits for and shows its own "
-                                "training bar)"),
-    "data.prefetch_next_epoch": F(bool, True, doc="each worker starts reading the next epoch's steps half way "
-                                  "through an epoch (its sort and first builds overlap this epoch's training)"),
-    "data.head_rows": F(int, 1024, min=0, doc="epoch 1's first steps, about this many rows per rank, "
-                        "are gathered by position and built while Ray Train starts, so the first step does not "
-                        "wait for the epoch's dataset to start (0 = off)"),
-    "data.head_actors": F(int, 0, min=0, doc="actors building epoch 1's first steps (they run on the driver's "
-                          "node): at most one per rank; 0 = as many as that node has CPU cores"),
-    "data.step_assembly": F(str, "auto", choices=("auto", "gather", "sort"),
-                            doc="how an epoch's steps get their records: gather (each step reads its "
-                                "records by position from the blocks holding them; no shuffle) or sort (a "
-                                "range-partitioning sort by step, streaming every block once per epoch and rank; "
-                                "for splits larger than the object store); auto: gather when the training split, "
-                                "traces included, takes at most a quarter of the smallest node's object store"),
-    "ray.address": F(str, None, nullable=True, doc="default: $RAY_ADDRESS or a local Ray"),
-    "ray.num_workers": F(int, 2, min=1),
-    "ray.use_gpu": F(bool, False),
-    "ray.wait_for_resources": F(bool, False, doc="skip the preflight check of the workers' CPUs/GPUs against "
-                                                 "the cluster: wait for an autoscaling cluster to grow"),
-    "ray.cpus_per_worker": F(float, None, min=0.01, nullable=True,
-                             doc="default: sized so Ray Data keeps >= 1 CPU"),
-    "ray.placement_strategy": F(str, "PACK", choices=("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
-                                doc="placement group of the training workers: PACK (default) packs "
-                                    "them onto few nodes; STRICT_SPREAD puts each on its own node"),
-    "ray.worker_resources": F(dict, {}, doc="extra Ray resources each training worker reserves, "
-                                            "e.g. {node_slot: 1} for a custom resource the nodes "
-                                            "offer (numbers; CPU/GPU come from cpus_per_worker/use_gpu)"),
-    "ray.max_failures": F(int, 0, min=-1, doc="worker-group restarts (-1 = unlimited)"),
-    "ray.no_progress_timeout_s": F(float, 600.0, min=1.0, doc="Ray Data stall -> error"),
-    "ray.poll_interval_s": F(float, 0.5, min=0.05,
-                             doc="how often Ray Train's controller polls the training workers for their reports, "
-                                 "their end or their failure (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, which wins when set; "
-                                 "Ray's own default, 2 s, adds up to 2 s to each epoch's report and to the run's end)"),
-    "ray.storage_path": F(str, None, nullable=True,
-                          doc="checkpoints; default ./ray_results. On a multi-node cluster every node "
-                              "must reach it: a shared filesystem path or a URI such as s3://..."),
-    "ray.run_name": F(str, None, nullable=True, path_name=True),
-    "ray.num_to_keep": F(int, 2, min=1, doc="checkpoints kept (each holds the best model)"),
-    "tracking.mode": F(str, "required", choices=("required", "optional", "off"),
-                       doc="required: fail fast when MLflow is unreachable"),
-    "tracking.uri": F(str, None, nullable=True, doc="default: $MLFLOW_TRACKING_URI or sqlite"),
-    "tracking.experiment": F(str, None, nullable=True, doc="default: name"),
-    "tracking.run_name": F(str, None, nullable=True),
-    "tracking.check_timeout_s": F(float, 5.0, min=0.1),
-    "tracking.log_model": F(bool, True, doc="log the best model: an MLflow Model 'model' (pyfunc: predicts raw "
-                                          "inputs) and its state dict under 'weights/'"),
-    "tracking.register_model": F(str, None, nullable=True,
-                                 doc="register the logged model under this name (a new version per run, tagged "
-                                     "with its best dev metric)"),
-    "tracking.tags": F(dict, {}),
-    "tracking.system_metrics_s": F(float, 10.0, min=0.0, doc="log the driver machine's CPU, memory, disk and "
-                                   "network use (MLflow system metrics) every this many seconds; 0 = off"),
-    "tracking.outage_timeout_s": F(float, 300.0, min=0.0,
-                                   doc="when the tracking server stops answering mid-run, training goes on and "
-                                       "what cannot be logged is buffered on local disk; at the end the run waits "
-                                       "this long for the server, then fails (required) or warns (optional) naming "
-                                       "the buffer and `python -m pipelines.tracking replay <dir>`"),
-    "tracking.buffer_dir": F(str, None, nullable=True,
-                             doc="local directory of the outbox; default <ray.storage_path>/mlflow-outbox/<run id> "
-                                 "(a temporary directory when the storage is a URI)"),
-    "tracking.http_retries": F(int, 1, min=0, doc="MLflow HTTP retries per call (MLFLOW_HTTP_REQUEST_MAX_RETRIES "
-                                                  "unless set), so that an outage never blocks an epoch for minutes"),
-    "tracking.http_timeout_s": F(int, 10, min=1, doc="MLflow HTTP timeout per request (MLFLOW_HTTP_REQUEST_TIMEOUT "
-                                                     "unless set)"),
+    "experiment": Field(str, None, nullable=True, doc="the experiment this config is for: sst, molecules or "
+                        "package.module.Class (pipelines.sweep and scripts read it; a train entry point checks it)"),
+    "name": Field(str, "experiment", doc="run / MLflow experiment name", path_name=True),
+    "seed": Field(int, 0, min=0),
+    "epochs": Field(int, 10, min=1),
+    "executor": Field(str, "auto", choices=("auto", "tables", "chunks"),
+                      doc="foldengine executor (Compiler(executor=...)): auto = tables for small calls, chunks for large"),
+    "batch_size": Field(int, 25, min=1, doc="GLOBAL records per optimizer step, split over workers"),
+    "eval_batch_size": Field(int, None, min=1, nullable=True, doc="default: batch_size"),
+    "precision": Field(str, "32", choices=("32", "bf16-mixed"),
+                       doc="32: float32; bf16-mixed: the forward under torch.autocast in bfloat16 (CPU or CUDA), "
+                           "parameters and optimizer state in float32"),
+    "loss_reduction": Field(str, "mean", choices=("mean", "sum"),
+                            doc="mean: divide summed loss by records in the global step; sum: don't"),
+    "grad_clip": Field(float, 0.0, min=0.0, doc="max global grad norm, 0 = off"),
+    "max_steps_per_epoch": Field(int, None, min=1, nullable=True, doc="cap (smoke runs)"),
+    "log_every": Field(int, 50, min=0, doc="log training progress every N steps (0 = epoch only)"),
+    "verbose": Field(bool, False, doc="show everything Ray, Ray Data, Ray Train, MLflow and the workers print "
+                                      "(default: one line per epoch, progress, warnings)"),
+    "progress_every_s": Field(float, 30.0, min=0.0, doc="seconds between step-progress lines when the output is "
+                                                         "not a terminal (a terminal gets a progress bar); 0 = none"),
+    "resume_from": Field(str, None, nullable=True, doc="a Ray Train checkpoint directory"),
+    "optimizer.name": Field(str, "adam", choices=("adagrad", "adam", "adamw", "sgd", "rmsprop")),
+    "optimizer.lr": Field(float, 1e-3, min=0.0),
+    "optimizer.weight_decay": Field(float, 0.0, min=0.0),
+    "optimizer.momentum": Field(float, 0.0, min=0.0, max=1.0, doc="sgd/rmsprop only"),
+    "optimizer.kwargs": Field(dict, {}, doc="extra keyword arguments for the torch optimizer"),
+    "data.skip_bad": Field(bool, False, doc="skip unparsable records (counted as skipped/*, named in the run's "
+                                            "data/skipped.csv) instead of raising"),
+    "data.skip_report_max": Field(int, DEFAULT_MAX_NAMED, min=0,
+                                  doc="skipped records named per kind (skipped/<key>) in the run's data/skipped.csv; "
+                                      "the rest are counted there in one row"),
+    "data.sample_seed": Field(int, 0, min=0, doc="seed of the seeded random samples a limit keeps (sst.limit_*, "
+                                                 "molecules.limit): not the run's seed, so every seed of a sweep "
+                                                 "trains and is evaluated on the same records"),
+    "data.cache_eval": Field(bool, True, doc="build dev/test batches once (materialize) not per epoch"),
+    "data.cache_traces": Field(bool, True, doc="trace each record once per Ray Data worker process and build "
+                                              "later batches from the cached traces (same batches)"),
+    "data.progress_bars": Field(bool, False, nullable=True,
+                                doc="Ray Data's own progress bars (off: between the run's log lines on a terminal they "
+                                    "leave rows of blank lines; the run says what it waits for and shows its own "
+                                    "training bar)"),
+    "data.prefetch_next_epoch": Field(bool, True, doc="each worker starts reading the next epoch's steps half way "
+                                      "through an epoch (its sort and first builds overlap this epoch's training)"),
+    "data.head_rows": Field(int, 1024, min=0, doc="epoch 1's first steps, about this many rows per rank, "
+                            "are gathered by position and built while Ray Train starts, so the first step does not "
+                            "wait for the epoch's dataset to start (0 = off)"),
+    "data.head_actors": Field(int, 0, min=0, doc="actors building epoch 1's first steps (they run on the driver's "
+                              "node): at most one per rank; 0 = as many as that node has CPU cores"),
+    "data.step_assembly": Field(str, "auto", choices=("auto", "gather", "sort"),
+                                doc="how an epoch's steps get their records: gather (each step reads its "
+                                    "records by position from the blocks holding them; no shuffle) or sort (a "
+                                    "range-partitioning sort by step, streaming every block once per epoch and rank; "
+                                    "for splits larger than the object store); auto: gather when the training split, "
+                                    "traces included, takes at most a quarter of the smallest node's object store"),
+    "ray.address": Field(str, None, nullable=True, doc="default: $RAY_ADDRESS or a local Ray"),
+    "ray.num_workers": Field(int, 2, min=1),
+    "ray.use_gpu": Field(bool, False),
+    "ray.wait_for_resources": Field(bool, False, doc="skip the preflight check of the workers' CPUs/GPUs against "
+                                                     "the cluster: wait for an autoscaling cluster to grow"),
+    "ray.cpus_per_worker": Field(float, None, min=0.01, nullable=True,
+                                 doc="default: sized so Ray Data keeps >= 1 CPU"),
+    "ray.placement_strategy": Field(str, "PACK", choices=("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+                                    doc="placement group of the training workers: PACK (default) packs "
+                                        "them onto few nodes; STRICT_SPREAD puts each on its own node"),
+    "ray.worker_resources": Field(dict, {}, doc="extra Ray resources each training worker reserves, "
+                                                "e.g. {node_slot: 1} for a custom resource the nodes "
+                                                "offer (numbers; CPU/GPU come from cpus_per_worker/use_gpu)"),
+    "ray.max_failures": Field(int, 0, min=-1, doc="worker-group restarts (-1 = unlimited)"),
+    "ray.no_progress_timeout_s": Field(float, 600.0, min=1.0, doc="Ray Data stall -> error"),
+    "ray.poll_interval_s": Field(float, 0.5, min=0.05,
+                                 doc="how often Ray Train's controller polls the training workers for their reports, "
+                                     "their end or their failure (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, which wins when set; "
+                                     "Ray's own default, 2 s, adds up to 2 s to each epoch's report and to the run's end)"),
+    "ray.storage_path": Field(str, None, nullable=True,
+                              doc="checkpoints; default ./ray_results. On a multi-node cluster every node "
+                                  "must reach it: a shared filesystem path or a URI such as s3://..."),
+    "ray.run_name": Field(str, None, nullable=True, path_name=True),
+    "ray.num_to_keep": Field(int, 2, min=1, doc="checkpoints kept (each holds the best model)"),
+    "tracking.mode": Field(str, "required", choices=("required", "optional", "off"),
+                           doc="required: fail fast when MLflow is unreachable"),
+    "tracking.uri": Field(str, None, nullable=True, doc="default: $MLFLOW_TRACKING_URI or sqlite"),
+    "tracking.experiment": Field(str, None, nullable=True, doc="default: name"),
+    "tracking.run_name": Field(str, None, nullable=True),
+    "tracking.check_timeout_s": Field(float, 5.0, min=0.1),
+    "tracking.log_model": Field(bool, True, doc="log the best model: an MLflow Model 'model' (pyfunc: predicts raw "
+                                              "inputs; its package holds the weights, which ensembles read)"),
+    "tracking.register_model": Field(str, None, nullable=True,
+                                     doc="register the logged model under this name (a new version per run, tagged "
+                                         "with its best dev metric)"),
+    "tracking.tags": Field(dict, {}),
+    "tracking.system_metrics_s": Field(float, 10.0, min=0.0, doc="log the driver machine's CPU, memory, disk and "
+                                       "network use (MLflow system metrics) every this many seconds; 0 = off"),
+    "tracking.outage_timeout_s": Field(float, 300.0, min=0.0,
+                                       doc="when the tracking server stops answering mid-run, training goes on and "
+                                           "what cannot be logged is buffered on local disk; at the end the run waits "
+                                           "this long for the server, then fails (required) or warns (optional) naming "
+                                           "the buffer and `python -m pipelines.tracking replay <dir>`"),
+    "tracking.buffer_dir": Field(str, None, nullable=True,
+                                 doc="local directory of the outbox; default <ray.storage_path>/mlflow-outbox/<run id> "
+                                     "(a temporary directory when the storage is a URI)"),
+    "tracking.http_retries": Field(int, 1, min=0, doc="MLflow HTTP retries per call (MLFLOW_HTTP_REQUEST_MAX_RETRIES "
+                                                      "unless set), so that an outage never blocks an epoch for minutes"),
+    "tracking.http_timeout_s": Field(int, 10, min=1, doc="MLflow HTTP timeout per request (MLFLOW_HTTP_REQUEST_TIMEOUT "
+                                                         "unless set)"),
 }
-del F
 
 
 def merged_schema(*extra: Mapping[str, Field]) -> dict[str, Field]:

@@ -134,11 +134,16 @@ class FinishedRun:
 class TableLayout:
     """A paper-style results table of a sweep (:meth:`Experiment.sweep_layout`): ``columns`` maps
     a ``best/*`` metric to its column name, values are multiplied by ``scale`` (100: percent);
-    ``reference`` rows are ``(name, value per column ...)`` as published."""
+    ``reference`` rows are ``(name, value per column ...)`` as published.  ``baselines`` maps a
+    column's metric to its trivial baseline (higher is better): the metric holding it (e.g.
+    ``best/test/majority_fine``) or a number (chance AUC 0.5), shown as the row ``baseline_name``;
+    a figure not above its baseline is flagged."""
 
     columns: Mapping[str, str]
     scale: float = 1.0
     reference: tuple = ()
+    baselines: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    baseline_name: str = "trivial baseline"
 
 
 class Experiment(abc.ABC):

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The main job: reproduce the paper's experiments end to end on the local defaults.
 #
-#   bash scripts/reproduce.sh            # full: Table 1 CPU sweep, SST (Tai et al. preset), Tox21
+#   bash scripts/reproduce.sh            # full: Table 1 CPU sweep, SST (the paper preset), Tox21
 #   bash scripts/reproduce.sh --quick    # the same pipeline on slices, in minutes
 #   --verbose                            # everything Ray, MLflow and the workers log
 #
 # Installs what is missing (see scripts/_venv.sh), then runs, each as its own MLflow run:
 #   1. paper Table 1 (dynamic vs manual batching): benchmarks.table1, conf/bench_table1.yaml
-#   2. paper Table 2 (SST Tree-LSTM):              pipelines.sweep --seeds $SST_SEEDS, conf/sst_tai2015.yaml
+#   2. paper Table 2 (SST Tree-LSTM):              pipelines.sweep --seeds $SST_SEEDS, conf/sst_treelstm.yaml
 #      (Ray Tune: SST_SEEDS seeds, default 8, 2 with --quick, nested MLflow runs under one parent
 #      run holding mean (sd) over the seeds and the ensemble of their best models)
 #   3. paper appendix B (weave on Tox21):           pipelines.training, conf/molecules_tox21.yaml
@@ -66,8 +66,8 @@ say "1/3 paper Table 1: dynamic vs manual batching (full report: $OUT/table1.jso
 
 sst_table2() {  # paper Table 2: SST_SEEDS seeds of the preset on Ray Tune, mean (sd) and their ensemble
   local seeds="${SST_SEEDS:-$([ "$QUICK" = 1 ] && echo 2 || echo 8)}"
-  say "2/3 paper Table 2: SST Tree-LSTM (conf/sst_tai2015.yaml), $seeds seeds and their ensemble"
-  "$PY" -m pipelines.sweep --config conf/sst_tai2015.yaml --seeds "$seeds" --name "sst-table2-$(date +%Y%m%d-%H%M%S)" \
+  say "2/3 paper Table 2: SST Tree-LSTM, the paper preset (conf/sst_treelstm.yaml), $seeds seeds and their ensemble"
+  "$PY" -m pipelines.sweep --config conf/sst_treelstm.yaml --seeds "$seeds" --name "sst-table2-$(date +%Y%m%d-%H%M%S)" \
     "${SST_ARGS[@]}" "$@" "${VERBOSE[@]}" "${BRIEF[@]}" --result-json "$OUT/sst.json" 2>&1 | tee "$OUT/sst.log"
 }
 sst_table2 "$@"
@@ -77,6 +77,6 @@ say "3/3 paper appendix B: weave graph convolutions on Tox21 (conf/molecules_tox
   --result-json "$OUT/tox21.json" 2>&1 | tee "$OUT/tox21.log"
 
 say "summary"
-"$PY" scripts/summarize_reproduction.py --table1 "$OUT/table1.json" --sst "$OUT/sst.json" \
+"$PY" -m benchmarks.summarize_reproduction --table1 "$OUT/table1.json" --sst "$OUT/sst.json" \
   --tox21 "$OUT/tox21.json" --out "$OUT/summary.md" $([ "$QUICK" = 1 ] && echo --quick)
 say "done in $((SECONDS - t0))s; results in $OUT. Browse the runs: bash scripts/ui.sh (then http://127.0.0.1:5000)"

@@ -75,14 +75,6 @@ def _read_steps(trace: Trace, steps: np.ndarray, reader: np.ndarray, read: np.nd
     return first_read, last_read, n_steps_total
 
 
-def _read_groups(trace: Trace, steps: np.ndarray, reader: np.ndarray, read: np.ndarray) -> np.ndarray:
-    """Per node, ``(first, last)`` step that reads its outputs as one int64 key (sinks get a
-    sentinel).  Rows read at the same steps share a chunk, so a reader's gather (and its
-    backward, which costs the size of the chunk) touches little else."""
-    first_read, last_read, n_steps_total = _read_steps(trace, steps, reader, read)
-    return first_read * (n_steps_total + 1) + last_read
-
-
 _SLOTS = np.arange(16, dtype=np.int64)
 
 

@@ -39,15 +39,12 @@ import mlflow
 import pandas as pd
 import torch
 
-from pipelines.tracking import outbox
-from pipelines.model.package import PACKAGE_ARTIFACT, load_predictor, predictor_experiment, write_package
+from pipelines.model.package import MODEL_NAME, PACKAGE_ARTIFACT, load_predictor, predictor_experiment, write_package
 from pipelines.model.prediction import DEFAULT_CHUNK_SIZE
 
 __all__ = ["MODEL_NAME", "FoldModel", "LoggedModel", "log_model", "log_package", "logged_model_ready",
            "quiet_model_logging", "replay_model"]
 
-#: the name the model is logged under in a run (``runs:/<run_id>/model``)
-MODEL_NAME = "model"
 #: the environment variable that caps the rows of one ``predict`` call (one served request)
 MAX_ROWS_ENV = "FOLDENGINE_MAX_REQUEST_ROWS"
 DEFAULT_MAX_ROWS = 100_000
@@ -186,10 +183,9 @@ def log_package(tracking_uri: str, run_id: str, package: str, register_as: Optio
 
 
 def replay_model(client, run_id: str, files_dir: str, op: dict) -> None:
-    """The outbox's ``model`` operation (:func:`pipelines.tracking.outbox.register_kind`): the package
+    """The outbox's ``model`` operation (the ``foldengine.outbox_operations`` entry point ``model``,
+    loaded by :func:`pipelines.tracking.outbox.known_kinds` when first needed): the package
     buffered in ``files_dir`` logged as run ``run_id``'s MLflow Model (:func:`log_package`)."""
     log_package(client.tracking_uri, run_id, files_dir, op.get("register_as"), op.get("version_tags"))
 
-
-outbox.register_kind("model", replay_model)
 

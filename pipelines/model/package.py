@@ -17,6 +17,7 @@ alone (importing neither MLflow nor Ray).
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import os
 from typing import Any, Mapping
@@ -27,10 +28,12 @@ from pipelines import bounded_json
 from pipelines.experiment import ENTRY_POINT_GROUP, experiment_names
 from pipelines.model.prediction import Predictor
 
-__all__ = ["PACKAGE_ARTIFACT", "PACKAGE_FILE", "WEIGHTS_FILE", "ENTRY_POINT_GROUP", "EXPERIMENTS_ENV",
+__all__ = ["MODEL_NAME", "PACKAGE_ARTIFACT", "PACKAGE_FILE", "WEIGHTS_FILE", "ENTRY_POINT_GROUP", "EXPERIMENTS_ENV",
            "BUILTIN_EXPERIMENTS", "registered_experiments", "write_package", "find_package", "load_predictor",
-           "predictor_experiment"]
+           "read_description", "read_weights", "build_predictor", "predictor_experiment"]
 
+#: the name a training run logs its MLflow Model under (``runs:/<run_id>/model``)
+MODEL_NAME = "model"
 PACKAGE_FILE = "package.json"
 WEIGHTS_FILE = "weights.pt"
 #: the folder of the package inside a logged MLflow Model: ``<model>/artifacts/package``
@@ -72,15 +75,46 @@ def find_package(model_dir: str) -> str:
 
 
 def load_predictor(directory: str) -> Predictor:
-    """The :class:`~pipelines.model.prediction.Predictor` of a package written by :func:`write_package`.
-    Loads weights with ``weights_only=True`` (no code runs from the file); raises ``ValueError``
-    naming the file when it holds anything but tensors."""
-    pkg = _read(directory)
+    """The :class:`~pipelines.model.prediction.Predictor` of a package written by :func:`write_package`
+    (:func:`build_predictor` of its two files)."""
+    with open(os.path.join(directory, PACKAGE_FILE), "rb") as f:
+        pkg = read_description(f.read(), os.path.join(directory, PACKAGE_FILE))
     weights = os.path.join(directory, WEIGHTS_FILE)
+    with open(weights, "rb") as f:
+        state = read_weights(f.read(), weights)
+    return build_predictor(pkg, state)
+
+
+def read_description(data: bytes, where: str) -> dict:
+    """The package description ``package.json`` (its bytes ``data``) as a dict holding
+    ``experiment``, ``config`` and ``model_context``; ``ValueError`` naming ``where`` (a path or
+    model URI) when it is not one (bad JSON, nested too deep, fields missing)."""
     try:
-        state = torch.load(weights, map_location="cpu", weights_only=True)
+        pkg = bounded_json.loads(data)
+    except bounded_json.JSONTooDeep as err:
+        raise ValueError(f"{where}: not a package description ({err})") from None
+    except (json.JSONDecodeError, RecursionError, UnicodeDecodeError) as err:
+        raise ValueError(f"{where}: not a package description (JSON: {type(err).__name__})") from None
+    if not (isinstance(pkg, dict) and isinstance(pkg.get("experiment"), str) and isinstance(pkg.get("config"), dict)):
+        raise ValueError(f"{where}: not a package description (needs 'experiment' and 'config')")
+    pkg["_path"] = where
+    return pkg
+
+
+def read_weights(data: bytes, where: str) -> dict:
+    """The state dict in ``weights.pt``'s bytes ``data``, read with ``weights_only=True`` (no code
+    runs from the file, which an artifact store may let others write); ``ValueError`` naming
+    ``where`` when it holds anything but tensors."""
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - unpickling refused: name the file
-        raise ValueError(f"{weights}: not a plain state dict of tensors ({err})") from None
+        raise ValueError(f"{where}: not a plain state dict of tensors ({err})") from None
+
+
+def build_predictor(pkg: Mapping[str, Any], state: Mapping[str, torch.Tensor]) -> Predictor:
+    """The predictor of a package description ``pkg`` (:func:`read_description`) and its weights:
+    the experiment class must be registered (:func:`registered_experiments`) and the weights must fit
+    the model its config describes (checked on the meta device before anything is allocated)."""
     experiment = _experiment(pkg)
     _check_shapes(experiment, pkg, state)
     return experiment.predictor(pkg["config"], pkg["model_context"], state)
@@ -125,17 +159,8 @@ def registered_experiments() -> set[str]:
 
 def _read(directory: str) -> dict:
     path = os.path.join(directory, PACKAGE_FILE)
-    try:
-        with open(path, "rb") as f:
-            pkg = bounded_json.loads(f.read())
-    except bounded_json.JSONTooDeep as err:
-        raise ValueError(f"{path}: not a package description ({err})") from None
-    except (json.JSONDecodeError, RecursionError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not a package description (JSON: {type(err).__name__})") from None
-    if not (isinstance(pkg, dict) and isinstance(pkg.get("experiment"), str) and isinstance(pkg.get("config"), dict)):
-        raise ValueError(f"{path}: not a package description (needs 'experiment' and 'config')")
-    pkg["_path"] = path
-    return pkg
+    with open(path, "rb") as f:
+        return read_description(f.read(), path)
 
 
 def _experiment(pkg: Mapping[str, Any]):

@@ -31,11 +31,10 @@ import glob
 import json
 import os
 import sys
-import tempfile
 import time
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -44,12 +43,12 @@ from pipelines.console import configure, private_local_token
 from pipelines.datadir import probe_writable
 from pipelines.metrics import logged_value
 from pipelines.model.mapping import map_model
-from pipelines.model.package import PACKAGE_FILE, WEIGHTS_FILE, find_package
+from pipelines.model.stored import download_package, predictor_of
 from pipelines.model.prediction import DEFAULT_CHUNK_SIZE
 
 __all__ = ["PredictResult", "predict_rows", "SUCCESS_FILE", "resolve_inputs", "output_files", "check_output",
-           "load_package_bytes", "LOCK_FILE", "lock_output", "BlankLines", "PartNames", "written_counts",
-           "predictor_from_package", "input_rows", "actor_pool_size", "run", "main"]
+           "LOCK_FILE", "lock_output", "BlankLines", "PartNames", "written_counts",
+           "input_rows", "actor_pool_size", "run", "main"]
 
 #: CPUs kept free of actors for the read tasks (a Ray Data read task reserves one CPU)
 READ_CPUS = 1.0
@@ -159,47 +158,6 @@ def lock_output(output: str):
     f.write(f"pid {os.getpid()}\n")
     f.flush()
     return f
-
-
-def load_package_bytes(model_uri: str) -> dict[str, bytes]:
-    """The model's package files (``package.json``, ``weights.pt``) as bytes, downloaded from
-    MLflow (``runs:/…``, ``models:/…``, a local model directory)."""
-    import mlflow
-
-    from pipelines.model.mlflow_model import quiet_model_logging
-
-    from mlflow.exceptions import MlflowException
-
-    with tempfile.TemporaryDirectory(prefix="fold-predict-") as tmp:
-        try:
-            with quiet_model_logging():     # no download bar: a log line per update where stderr is a file
-                local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp)
-        except (MlflowException, OSError) as err:
-            why = (str(getattr(err, "message", err)).strip().splitlines() or [type(err).__name__])[0][:300]
-            raise ValueError(f"{model_uri}: no such model in {mlflow.get_tracking_uri()} ({why}); give the "
-                             f"runs:/<run_id>/model a training run printed, models:/<name>/<version>, or a "
-                             f"model directory") from None
-        try:
-            pkg = find_package(local)
-        except ValueError as err:
-            raise ValueError(f"{model_uri}: {str(err).split(': ', 1)[1]}") from None
-        out = {}
-        for name in (PACKAGE_FILE, WEIGHTS_FILE):
-            with open(os.path.join(pkg, name), "rb") as f:
-                out[name] = f.read()
-        return out
-
-
-def predictor_from_package(files: Mapping[str, bytes]):
-    """The :class:`~pipelines.model.prediction.Predictor` of package files (``package.json``,
-    ``weights.pt`` as bytes, from :func:`load_package_bytes`)."""
-    from pipelines.model.package import load_predictor
-
-    with tempfile.TemporaryDirectory(prefix="fold-predictor-") as tmp:   # read once, then removed
-        for name, data in files.items():
-            with open(os.path.join(tmp, name), "wb") as f:
-                f.write(data)
-        return load_predictor(tmp)
 
 
 #: the rows every input file is read into (:func:`input_rows`)
@@ -410,11 +368,11 @@ def _run_locked(model_uri: str, files: list, output: str, *, chunk_size: int, ac
     from pipelines.data.sources import csv_header, is_csv
 
     check_output(output, overwrite)   # again under the lock: a run that finished meanwhile left its files
-    package = load_package_bytes(model_uri)
+    package = download_package(model_uri)
     for f in output_files(output):    # --overwrite: the earlier run's files go
         os.remove(f)
     if any(is_csv(f) for f in files):
-        column = column or predictor_from_package(package).input_column
+        column = column or package.predictor().input_column
         for f in filter(is_csv, files):   # before Ray starts: a file without the column is named at once
             header = csv_header(f)
             if column not in header:
@@ -432,8 +390,8 @@ def _run_locked(model_uri: str, files: list, output: str, *, chunk_size: int, ac
         t0_wall = time.time()
         parts = [input_rows(path, column, blanks) for path in files]
         ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
-        preds = map_model(ds, load=predictor_from_package, apply=functools.partial(predict_rows, chunk_size=chunk_size, clock=clock),
-                          shared={"files": package}, actors=actors, num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
+        preds = map_model(ds, load=predictor_of, apply=functools.partial(predict_rows, chunk_size=chunk_size, clock=clock),
+                          shared={"package": package}, actors=actors, num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
                           batch_size=4 * chunk_size, batch_format="numpy")
         preds.write_parquet(output, filename_provider=PartNames())
         rows, bad = written_counts(output)
@@ -453,7 +411,7 @@ def _run_locked(model_uri: str, files: list, output: str, *, chunk_size: int, ac
     log(f"predicted {rows} rows ({bad} bad, {blank} blank lines skipped) from {len(files)} file(s) in "
         f"{seconds:.1f}s: {speed} -> {result.output}")
     if tracking:
-        from pipelines.tracking.tracker import ensure_experiment
+        from pipelines.tracking.run_metadata import ensure_experiment
 
         client = mlflow.MlflowClient()
         run_id = client.create_run(ensure_experiment(client, "predict"),

@@ -29,7 +29,7 @@ works unchanged):
   after its headers with 408; a connection idle ``idle_timeout_s`` is closed.  Each input is
   capped by the model's size limit (a row error).  Nothing a request holds stops the replica.
 
-Each replica loads the model's package once (:func:`pipelines.predict.batch.load_package_bytes`, the
+Each replica loads the model's package once (:func:`pipelines.model.stored.download_package`, the
 package the batch-inference actors load) from bytes the driver put in the object store.  The
 endpoint listens on 127.0.0.1 unless ``--host`` says otherwise.
 """
@@ -45,13 +45,14 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from ray import serve
 
 from pipelines import bounded_json
 from pipelines.cluster import connect_ray
 from pipelines.model.prediction import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
+from pipelines.model.stored import PackageFiles, download_package
 
 __all__ = ["ServeSettings", "parse_request", "RequestError", "read_body", "records_json", "split_records_json", "FoldServer",
            "build_app", "direct_ingress_env", "replica_urls", "start", "main"]
@@ -178,11 +179,9 @@ class FoldServer:
     """The Ray Serve deployment (see the module docstring): one predictor per replica, requests
     batched by :meth:`predict_batch`."""
 
-    def __init__(self, package: Mapping[str, bytes], settings: ServeSettings):
-        from pipelines.predict.batch import predictor_from_package
-
-        self.predictor = predictor_from_package(package)
-        self.heavy_predictor = predictor_from_package(package)   # its own model: no state shared across threads
+    def __init__(self, package: PackageFiles, settings: ServeSettings):
+        self.predictor = package.predictor()
+        self.heavy_predictor = package.predictor()   # its own model: no state shared across threads
         self.settings = settings
         self.batches = self.requests = self.rows = 0
         self.in_flight = 0                      # requests parsed and not yet answered (the event loop's)
@@ -271,7 +270,7 @@ async def read_body(request, limit: int, timeout_s: float) -> bytes:
     return b"".join(chunks)
 
 
-def build_app(package: Mapping[str, bytes], settings: ServeSettings, replicas: int = 1,
+def build_app(package: PackageFiles, settings: ServeSettings, replicas: int = 1,
               max_replicas: Optional[int] = None, cpus_per_replica: float = 1.0):
     """The bound Serve application: ``replicas`` replicas of :class:`FoldServer` (autoscaling
     between ``replicas`` and ``max_replicas`` when that is given), each reserving
@@ -325,7 +324,7 @@ def replica_urls(host: str, port: int, count: int, timeout_s: float = 60.0, path
         time.sleep(0.5)
 
 
-def start(package: Mapping[str, bytes], settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
+def start(package: PackageFiles, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
           replicas: int = 1, max_replicas: Optional[int] = None, cpus_per_replica: float = 1.0,
           ingress: str = "proxy", proxy_port: Optional[int] = None) -> str:
     """Run the application on the connected Ray (``ray.init`` first); returns its base URL once
@@ -412,12 +411,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             ap.error(str(err))
         import mlflow
 
-        from pipelines.predict.batch import load_package_bytes
-
         private_local_token()
         configure(a.verbose)
         mlflow.set_tracking_uri(a.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db")
-        package = load_package_bytes(a.model)
+        package = download_package(a.model)
         import ray
 
         ingress = a.ingress

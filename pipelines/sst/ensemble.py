@@ -2,16 +2,15 @@
 
     python -m pipelines.sst.ensemble RUN_ID RUN_ID ... [--split test] [--batch-size 250] [--no-tracking]
 
-Each ``RUN_ID`` is an MLflow run of ``pipelines.sst.train`` that logged its best model
-(``weights/state_dict.pt`` and ``weights/meta.json`` with the run's config; ``tracking.log_model``,
-on by default).  The members' class probabilities are averaged at every node, and the average
+Each ``RUN_ID`` is an MLflow run of ``pipelines.training`` (an SST config) that logged its best model
+(its MLflow Model ``model``, whose package holds the run's config and weights: ``tracking.log_model``,
+on by default; :func:`pipelines.model.stored.run_package`).  The members' class probabilities are averaged at every node, and the average
 is scored like one model's softmax output (fine-grained = argmax, binary = p(3)+p(4) against
 p(0)+p(1) on non-neutral nodes), on the root nodes for the paper's metrics.  Members must agree
 on what defines the data and vocabulary (``sst.vocab_splits``, ``sst.embeddings``, ``sst.limit_*``,
 ``data.skip_bad``); the data directory comes from ``FOLD_DATA_DIR`` (or each run's ``sst.data_dir``).
-With ``sst.limit_<split>`` set the evaluated trees are the sample the first member's ``seed`` picks
-(:meth:`SSTExperiment.read_splits`); members of other seeds trained on other samples of the
-training trees.
+With ``sst.limit_<split>`` set the evaluated trees are the members' common sample
+(``data.sample_seed``, :meth:`SSTExperiment.read_splits`).
 The split is read, parsed and evaluated in Ray Data tasks
 (:func:`pipelines.sst.ensemble_eval.evaluate_ensemble_streaming`:
 count sums per block reach the driver, not the trees; Ray is started locally or reached at
@@ -38,18 +37,21 @@ __all__ = ["load_member", "results_table", "main"]
 #: on them (seeds may differ: the logged state holds the trained embedding rows, and the vocabulary
 #: is counted over the whole files, whatever sample of them ``sst.limit_*`` keeps).
 DATA_KEYS = ("sst.vocab_splits", "sst.embeddings", "sst.limit_train", "sst.limit_dev", "sst.limit_test",
-             "data.skip_bad")
+             "data.skip_bad", "data.sample_seed")
 
 
 def load_member(client, run_id: str) -> tuple[dict, dict]:
     """``(config, state_dict)`` of the best model a training run logged (clear errors naming the
     run when it does not exist or logged no model)."""
-    from pipelines.tracking.tracker import load_logged_state_dict
+    from pipelines.model.stored import run_package
 
-    state, meta = load_logged_state_dict(client, run_id)
-    if "config" not in meta:
-        raise ValueError(f"run {run_id}: weights/meta.json has no config")
-    return meta["config"], state
+    try:
+        client.get_run(run_id)
+    except Exception as err:  # noqa: BLE001 - MLflow raises several types here
+        raise LookupError(f"run {run_id!r} not found in the MLflow store {client.tracking_uri} "
+                          f"({type(err).__name__}); give the full run id") from None
+    package = run_package(run_id, client.tracking_uri)
+    return package.config, package.state_dict()
 
 
 def results_table(run_ids: Sequence[str], ensemble: Mapping[str, float], members: Sequence[Mapping[str, float]]):
@@ -75,7 +77,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
     from mlflow.tracking import MlflowClient
 
-    from pipelines.tracking.tracker import Tracker, resolve_uri
+    from pipelines.tracking.store import resolve_uri
+    from pipelines.tracking.tracker import Tracker
 
     uri = resolve_uri(args.tracking_uri)
     client = MlflowClient(uri)

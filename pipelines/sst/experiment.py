@@ -48,52 +48,51 @@ PAPER_TABLE2 = [
     ("anchor: Constituency Tree-LSTM (Tai et al. 2015)", 51.0, 88.0),
 ]
 
-F_ = Field
 SCHEMA: dict[str, Field] = {
-    "scheduler": F_(str, "depth", choices=tuple(sorted(SCHEDULERS)),
-                    doc="foldengine scheduler (schedulers.SCHEDULERS: depth, agenda, coalesce)"),
-    "sst.data_dir": F_(str, None, nullable=True, doc="default: $FOLD_DATA_DIR / cache"),
-    "sst.train_file": F_(str, None, nullable=True,
-                         doc="your own training trees: a PTB-format file, one tree per line, a label "
-                             "0..4 on every node; null = the canonical SST train split"),
-    "sst.dev_file": F_(str, None, nullable=True,
-                       doc="your own dev trees (model selection); null = SST dev; '' = no dev split"),
-    "sst.test_file": F_(str, None, nullable=True,
-                        doc="your own test trees; null = SST test; '' = no test split"),
-    "sst.vocab_splits": F_(list, ["train", "dev", "test"], doc="splits whose words form the vocabulary"),
-    "sst.embeddings": F_(str, None, nullable=True,
-                         doc="GloVe text file (e.g. glove.840B.300d.txt); null = GloVe 6B 50d package"),
-    "sst.oov_scale": F_(float, 0.05, min=0.0, doc="OOV rows ~ U(-s, s)"),
-    "sst.frontend": F_(str, "blocks", choices=("blocks", "per_example"),
-                       doc="how the model is written: TF Fold blocks (pipelines.sst.model) or one tree in plain "
-                           "PyTorch batched by foldengine.batched (pipelines.sst.per_example); the same "
-                           "parameters, plan and results"),
-    "sst.state_size": F_(int, 300, min=1),
-    "sst.input_dropout": F_(float, 0.0, min=0.0, max=0.99, doc="drop prob on word embeddings"),
-    "sst.output_dropout": F_(float, 0.0, min=0.0, max=0.99, doc="drop prob on h before the classifier"),
-    "sst.recurrent_dropout": F_(float, 0.0, min=0.0, max=0.99, doc="drop prob on the cell update u"),
-    "sst.embedding_lr_scale": F_(float, 1.0, min=0.0, doc="embedding LR = optimizer.lr * this (0 freezes)"),
-    "sst.embedding_grad_scale": F_(float, 1.0, min=0.0,
-                                   doc="embedding gradients x this (TF Fold's EMBEDDING_LEARNING_RATE_FACTOR "
-                                       "scales the gradient; under Adagrad that is not an LR scale)"),
-    "sst.forget_bias": F_(float, 0.0, doc="added to the forget gates (TF Fold's cell: 1.0)"),
-    "sst.sparse_embedding": F_(bool, False,
-                               doc="sparse embedding gradients (only the rows a batch used; Adagrad / SGD "
-                                   "update only those rows: the same result, less work per step); needs an "
-                                   "optimizer taking sparse gradients and grad_clip 0"),
-    "sst.init": F_(str, "torch", choices=("torch", "glorot"),
-                   doc="cell and classifier init: nn.Linear default or Glorot uniform, zero bias (TF)"),
-    "sst.max_nodes": F_(int, 1023, min=1, doc="prediction refuses a tree of more nodes (a row error; the largest "
-                                              "SST tree has 111)"),
-    "sst.limit_train": F_(int, None, min=1, nullable=True,
-                          doc="a seeded random sample of N trees, not the file's head (the run's seed picks "
-                              "them; tests, smoke runs)"),
-    "sst.limit_dev": F_(int, None, min=1, nullable=True,
-                        doc="a seeded random sample of N dev trees, not the file's head (the run's seed)"),
-    "sst.limit_test": F_(int, None, min=1, nullable=True,
-                         doc="a seeded random sample of N test trees, not the file's head (the run's seed)"),
+    "scheduler": Field(str, "depth", choices=tuple(sorted(SCHEDULERS)),
+                       doc="foldengine scheduler (schedulers.SCHEDULERS: depth, agenda, coalesce)"),
+    "sst.data_dir": Field(str, None, nullable=True, doc="default: $FOLD_DATA_DIR / cache"),
+    "sst.train_file": Field(str, None, nullable=True,
+                            doc="your own training trees: a PTB-format file, one tree per line, a label "
+                                "0..4 on every node; null = the canonical SST train split"),
+    "sst.dev_file": Field(str, None, nullable=True,
+                          doc="your own dev trees (model selection); null = SST dev; '' = no dev split"),
+    "sst.test_file": Field(str, None, nullable=True,
+                           doc="your own test trees; null = SST test; '' = no test split"),
+    "sst.vocab_splits": Field(list, ["train", "dev", "test"], doc="splits whose words form the vocabulary"),
+    "sst.embeddings": Field(str, None, nullable=True,
+                            doc="GloVe text file (e.g. glove.840B.300d.txt); null = GloVe 6B 50d package; 'random' = "
+                                "random vectors with GloVe 6B 50d's per-dimension mean and sd (an ablation)"),
+    "sst.oov_scale": Field(float, 0.05, min=0.0, doc="OOV rows ~ U(-s, s)"),
+    "sst.frontend": Field(str, "blocks", choices=("blocks", "per_example"),
+                          doc="how the model is written: TF Fold blocks (pipelines.sst.model) or one tree in plain "
+                              "PyTorch batched by foldengine.batched (pipelines.sst.per_example); the same "
+                              "parameters, plan and results"),
+    "sst.state_size": Field(int, 300, min=1),
+    "sst.input_dropout": Field(float, 0.0, min=0.0, max=0.99, doc="drop prob on word embeddings"),
+    "sst.output_dropout": Field(float, 0.0, min=0.0, max=0.99, doc="drop prob on h before the classifier"),
+    "sst.recurrent_dropout": Field(float, 0.0, min=0.0, max=0.99, doc="drop prob on the cell update u"),
+    "sst.embedding_lr_scale": Field(float, 1.0, min=0.0, doc="embedding LR = optimizer.lr * this (0 freezes)"),
+    "sst.embedding_grad_scale": Field(float, 1.0, min=0.0,
+                                      doc="embedding gradients x this (TF Fold's EMBEDDING_LEARNING_RATE_FACTOR "
+                                          "scales the gradient; under Adagrad that is not an LR scale)"),
+    "sst.forget_bias": Field(float, 0.0, doc="added to the forget gates (TF Fold's cell: 1.0)"),
+    "sst.sparse_embedding": Field(bool, False,
+                                  doc="sparse embedding gradients (only the rows a batch used; Adagrad / SGD "
+                                      "update only those rows: the same result, less work per step); needs an "
+                                      "optimizer taking sparse gradients and grad_clip 0"),
+    "sst.init": Field(str, "torch", choices=("torch", "glorot"),
+                      doc="cell and classifier init: nn.Linear default or Glorot uniform, zero bias (TF)"),
+    "sst.max_nodes": Field(int, 1023, min=1, doc="prediction refuses a tree of more nodes (a row error; the largest "
+                                                 "SST tree has 111)"),
+    "sst.limit_train": Field(int, None, min=1, nullable=True,
+                             doc="a seeded random sample of N trees, not the file's head (data.sample_seed picks "
+                                 "them; tests, smoke runs)"),
+    "sst.limit_dev": Field(int, None, min=1, nullable=True,
+                           doc="a seeded random sample of N dev trees, not the file's head (data.sample_seed)"),
+    "sst.limit_test": Field(int, None, min=1, nullable=True,
+                            doc="a seeded random sample of N test trees, not the file's head (data.sample_seed)"),
 }
-del F_
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +138,7 @@ class SSTExperiment(Experiment):
         parsed in Ray Data tasks (:func:`pipelines.sst.reading.read_sst_file`; trees as Ray Data
         blocks, never on the driver); with ``sst.limit_<split>`` a seeded random sample of that many
         of the split's good trees (:func:`pipelines.data.splits.sample_positions` ``(n, limit,
-        seed, split)``, ``seed`` the config's), kept in file order; the vocabulary
+        seed, split)``, ``seed`` the config's ``data.sample_seed``), kept in file order; the vocabulary
         (``sst.vocab_splits``, of the whole files) counted in the parse tasks
         (:func:`pipelines.sst.reading.vocab_from_counts`), the embeddings, the skip report
         (``<split>/malformed``, each line named ``file:line`` with its reason) and params
@@ -193,7 +192,8 @@ class SSTExperiment(Experiment):
         matrix, stats = _load_embeddings(config, vocab)
         context = SSTContext(vocab=vocab, emb_dim=int(matrix.shape[1]), embeddings=ray.put(matrix),
                              embedding_stats=stats)
-        seed = int(config["seed"])
+        # the same records for every model seed (configs of runs before data.sample_seed sampled by seed)
+        seed = int(config["data"].get("sample_seed", config["seed"]))
         sources = {split: with_positions(data, sc[f"limit_{split}"], seed=seed, stream=split)
                    for split, data in parsed.items()}
         return StreamSplits(sources, skipped, context, params)
@@ -324,7 +324,10 @@ class SSTExperiment(Experiment):
         (fold, _, _), (ens, ef, eb), (tai, tf, tb) = PAPER_TABLE2   # single model, ensemble, anchor
         return TableLayout({"best/test/fine": "test fine", "best/test/binary": "test binary"}, scale=100.0,
                            reference=((fold + ", mean (sd) over 30 runs", "52.3 (0.7)", "89.4 (0.4)"),
-                                      (ens + " of 30", ef, eb), (tai, tf, tb)))
+                                      (ens + " of 30", ef, eb), (tai, tf, tb)),
+                           baselines={"best/test/fine": "best/test/majority_fine",
+                                      "best/test/binary": "best/test/majority_binary"},
+                           baseline_name="majority class of the evaluated test trees")
 
     supports_ensemble = True
 
@@ -372,10 +375,12 @@ def _builder(config: dict):
 
 def _load_embeddings(config: dict, vocab: Vocab):
     """``(matrix, EmbeddingStats)`` for ``vocab``: ``sst.embeddings`` or GloVe 6B 50d."""
-    from pipelines.sst.embeddings import load_glove_6b_50d, load_glove_text
+    from pipelines.sst.embeddings import RANDOM_EMBEDDINGS, load_glove_6b_50d, load_glove_text, random_like
 
     sc = config["sst"]
     seed = int(config["seed"])
+    if sc["embeddings"] == RANDOM_EMBEDDINGS:
+        return random_like(load_glove_6b_50d(vocab, seed=seed, oov_scale=sc["oov_scale"]), seed)
     if sc["embeddings"]:
         return load_glove_text(sc["embeddings"], vocab, seed=seed, oov_scale=sc["oov_scale"])
     return load_glove_6b_50d(vocab, seed=seed, oov_scale=sc["oov_scale"])

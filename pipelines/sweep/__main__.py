@@ -1,6 +1,6 @@
-"""``python -m pipelines.sweep``: :func:`pipelines.sweep.run.main`."""
+"""``python -m pipelines.sweep``: :func:`pipelines.sweep.cli.main`."""
 import sys
 
-from pipelines.sweep.run import main
+from pipelines.sweep.cli import main
 
 main(sys.argv[1:])

@@ -146,22 +146,37 @@ def paper_table(summary: SweepSummary, layout: TableLayout, what: str,
                 ensemble: Optional[Mapping[str, float]] = None, n_members: int = 0):
     """Our mean (sd) over the finished trials (strings ``"52.30 (0.70)"``), the ensemble of
     ``n_members`` (``ensemble``: ``<split>/<metric>`` -> value, e.g. ``test/fine``, matched to the
-    columns' ``best/<split>/<metric>``) and the reference rows, in one ``pandas.DataFrame``
-    (``what`` names our model)."""
+    columns' ``best/<split>/<metric>``), the trivial baseline of each column (``layout.baselines``:
+    a figure not above it is marked ``NOT ABOVE BASELINE``) and the reference rows, in one
+    ``pandas.DataFrame`` (``what`` names our model)."""
     import pandas as pd
+
+    def baseline(k):
+        b = layout.baselines.get(k)
+        if isinstance(b, str):
+            b = summary.mean.get(b)
+        return None if b is None or not math.isfinite(float(b)) else float(b)
+
+    def flag(k, v):
+        b = baseline(k)
+        return "" if b is None or v > b else " NOT ABOVE BASELINE"
 
     def cell(k):
         if k not in summary.mean:
             return ""
         m, s = summary.mean[k] * layout.scale, summary.sd.get(k, float("nan")) * layout.scale
-        return f"{m:.2f} ({s:.2f})" if math.isfinite(s) else f"{m:.2f}"
+        return (f"{m:.2f} ({s:.2f})" if math.isfinite(s) else f"{m:.2f}") + flag(k, summary.mean[k])
 
     rows = [{"model": f"{what} (ours), mean (sd) over {summary.n_finished} runs",
              **{col: cell(k) for k, col in layout.columns.items()}}]
     if ensemble:
         ens = {f"best/{k}": v for k, v in ensemble.items()}
         rows.append({"model": f"{what} (ours), ensemble of {n_members}",
-                     **{col: f"{ens[k] * layout.scale:.2f}" if k in ens else ""
+                     **{col: f"{ens[k] * layout.scale:.2f}{flag(k, ens[k])}" if k in ens else ""
+                        for k, col in layout.columns.items()}})
+    if any(baseline(k) is not None for k in layout.columns):
+        rows.append({"model": layout.baseline_name,
+                     **{col: "" if baseline(k) is None else f"{baseline(k) * layout.scale:.2f}"
                         for k, col in layout.columns.items()}})
     for ref in layout.reference:
         rows.append({"model": ref[0], **{col: f"{v:.2f}" if isinstance(v, float) else str(v)

@@ -1,6 +1,6 @@
-"""``python -m pipelines.tracking replay DIR``: :func:`pipelines.tracking.tracker.replay_main`."""
+"""``python -m pipelines.tracking replay DIR``: :func:`pipelines.tracking.replay.replay_main`."""
 import sys
 
-from pipelines.tracking.tracker import replay_main
+from pipelines.tracking.replay import replay_main
 
 sys.exit(replay_main())

@@ -44,8 +44,9 @@ import numpy as np
 from pipelines import checkpoint
 from pipelines import console
 from pipelines.cluster import configure_ray_data, connect_ray, worker_resources
-from pipelines.model import mlflow_model  # noqa: F401  (registers the outbox's "model" operation: outbox.register_kind)
 from pipelines.tracking import tracker as trk
+from pipelines.tracking.run_metadata import flatten_params, system_info
+from pipelines.tracking.store import TrackingUnavailable
 from pipelines.checkpoint import BEST_FILE, STATE_FILE
 from pipelines.config import merged_schema, validate
 from pipelines.tracking.dataset_inputs import dataset_inputs, log_dataset_inputs
@@ -289,9 +290,6 @@ def _log_results(experiment: Experiment, cfg: dict, tracker: trk.Tracker, state:
     tracker.table(table, "results.json")
     tracker.figures(experiment.plots(history))
     if cfg["tracking"]["log_model"] and best_model is not None:
-        tracker.state_dict(best_model, {"experiment": experiment.name,
-                                        "class": f"{type(experiment).__module__}.{type(experiment).__qualname__}",
-                                        "best": state.best or {}, "config": cfg})
         model_context = experiment.model_context(cfg, context)
         if model_context is not None and tracker.enabled:
             from pipelines.model.package import PACKAGE_ARTIFACT, write_package
@@ -322,7 +320,7 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
 
     Raises :class:`pipelines.datadir.DataNotFoundError` before any Ray work and before the MLflow
     run when a file of ``experiment.data_files(config)`` is neither on disk nor downloadable
-    (:func:`check_run`); :class:`pipelines.tracking.tracker.TrackingUnavailable` before any Ray/training
+    (:func:`check_run`); :class:`pipelines.tracking.store.TrackingUnavailable` before any Ray/training
     work when the tracking store is unreachable and ``tracking.mode`` is ``required``;
     ``ConfigError`` for a bad
     config, including a ``resume_from`` checkpoint that is not plain data (read with
@@ -357,9 +355,9 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
         resources = worker_resources(cfg["ray"])
         configure_ray_data(cfg)
         world = cfg["ray"]["num_workers"]
-        tracker.params({**trk.system_info(world, cfg["ray"]["use_gpu"]),
+        tracker.params({**system_info(world, cfg["ray"]["use_gpu"]),
                         "sys.cpus_per_worker": str(resources["CPU"])})
-        params = trk.flatten_params(cfg)
+        params = flatten_params(cfg)
         save_training_view(tracker, experiment, params)
 
         data = _read_data(experiment, cfg, world, tracker)
@@ -388,7 +386,7 @@ def run(experiment: Experiment, config: Mapping[str, Any], callbacks: Sequence[A
         if not tracker.drain(None if drained else 0.0):
             msg = f"{tracker.outage_message()}; the checkpoint is {result.checkpoint.path}"
             if cfg["tracking"]["mode"] == "required":
-                raise trk.TrackingUnavailable(msg)
+                raise TrackingUnavailable(msg)
             logger.warning("%s (tracking.mode=optional: the run's result stands)", msg)
         return RunResult(run_id=tracker.run_id if tracker.enabled else None, metrics=final,
                          history=state.history, checkpoint_path=result.checkpoint.path,

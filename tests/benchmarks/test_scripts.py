@@ -13,7 +13,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
-NAMES = ["ab_build_vs_commit", "summarize_reproduction"]
+NAMES = ["ab_build_vs_commit"]
+#: The scripts/<name>.py that put the checkout on sys.path to import it: now ``python -m benchmarks.<name>``.
+MOVED_SCRIPTS = ["summarize_reproduction", "ui_screenshots"]
 #: The benchmarks that had a scripts/bench_<name>.py wrapper (issue 47): each has a command line.
 BENCHMARKS = ["build", "engine", "gpu_utilization", "input_scale", "peers", "predict", "row_blocking", "row_layout",
               "schedulers", "sst_device", "table1", "tox21_peers", "tox21_prepare"]
@@ -32,9 +34,16 @@ def test_script_help_runs_from_elsewhere(name, tmp_path):
 
 
 def test_every_benchmark_has_a_command_line_and_no_wrapper_script():
-    assert set(BENCHMARKS) <= set(CLI_MODULES)
+    assert set(BENCHMARKS + MOVED_SCRIPTS) <= set(CLI_MODULES)
     assert sorted(p.name for p in SCRIPTS.glob("bench_*.py")) == []
     assert not (SCRIPTS / "repo_path.py").exists()
+    assert [n for n in MOVED_SCRIPTS if (SCRIPTS / f"{n}.py").exists()] == []
+
+
+def test_no_script_edits_sys_path():
+    """The project is installed (editable) and benchmarks/ runs from the root: no script puts the
+    checkout on ``sys.path``."""
+    assert [p.name for p in sorted(SCRIPTS.glob("*.py")) if "sys.path" in p.read_text()] == []
 
 
 @pytest.mark.parametrize("name", CLI_MODULES)
@@ -45,7 +54,7 @@ def test_benchmark_module_help_from_the_repository_root(name):
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "usage:" in res.stdout
-    if name in BENCHMARKS:
+    if name in BENCHMARKS + MOVED_SCRIPTS:
         assert f"usage: python -m benchmarks.{name} " in res.stdout
 
 
@@ -83,7 +92,8 @@ def test_reproduction_summary(tmp_path):
     assert "| experiment | figure | ours | baseline | expected | paper | anchor | run |" in text
     assert ("| Table 1 (speed) | inference cost ratio dynamic/manual, batch 256 | **1.26** |  | 0.70 to 1.30 | 1.26 |"
             in text)
-    assert "| Table 2 (SST) | test fine-grained accuracy % | **50.0** | 29.0 | 45.0 to 54.0 | 52.3 | 51.0 |" in text
+    assert ("| Table 2 (SST; GloVe 6B 50d; paper: 840B 300d) | test fine-grained accuracy % | **50.0** | 29.0 | "
+            "45.0 to 54.0 | 52.3 | 51.0 |") in text
     assert "| test binary accuracy % | **99.9 (outside)** | 52.0 | 84.0 to 91.0 |" in text
     assert "| seconds per epoch (mean) | **20.0** |  |" in text
     assert "| trees per second, training (mean) | **427** |" in text
@@ -116,19 +126,41 @@ def test_reproduction_summary_of_a_seed_sweep(tmp_path):
              "sd/best/test/fine": 0.0071, "sd/best/test/binary": 0.0043,
              "ensemble/test/fine": 0.5213, "ensemble/test/binary": 0.8894, "time/mean_epoch_s": 20.0,
              "best/test/majority_fine": 0.2864, "best/test/majority_binary": 0.5008,
-             "ensemble/test/majority_binary": 0.5008}
+             "ensemble/test/majority_binary": 0.5008, "config_name": "sst-treelstm", "embeddings": None}
     (tmp_path / "sst.json").write_text(json.dumps(sweep))
     (tmp_path / "ranges.yaml").write_text("full:\n  sst.test_fine: [45, 54]\n")
     rows = reproduction.summary_rows(sst=str(tmp_path / "sst.json"), ranges_path=str(tmp_path / "ranges.yaml"))
     assert [r.key for r in rows[:4]] == ["sst.test_fine", "sst.test_binary", "sst.ensemble_fine",
                                          "sst.ensemble_binary"]
     text = reproduction.markdown(rows)
-    assert ("| Table 2 (SST) | test fine-grained accuracy %, mean (sd) over 8 seeds (paper: sd 0.7 over 30) | "
-            "**50.1 (0.7)** | 28.6 | 45.0 to 54.0 | 52.3 | 51.0 |") in text
+    assert ("| Table 2 (SST; paper preset, GloVe 6B 50d; paper: 840B 300d) | test fine-grained accuracy %, mean (sd) "
+            "over 8 seeds (paper: sd 0.7 over 30) | **50.1 (0.7)** | 28.6 | 45.0 to 54.0 | 52.3 | 51.0 |") in text
     assert "| test binary accuracy %, ensemble of 8 (paper: of 30) | **88.9** | 50.1 |  | 90.2 |  |" in text
     assert "| test fine-grained accuracy %, ensemble of 8 (paper: of 30) | **52.1** |  |  | 53.6 |  |" in text
     assert rows[0].record()["sd"] == 0.7
     assert "50.1 (0.7)" in reproduction.terminal_table(rows)
+
+
+def test_the_tai_preset_is_compared_with_tai_et_al_only(tmp_path):
+    """A run of ``conf/sst_tai2015.yaml`` is not the paper's model: its rows name Tai et al. and
+    their protocol, and carry no paper (Looks et al.) figure to be compared with."""
+    import json
+
+    from benchmarks import reproduction
+
+    (tmp_path / "sst.json").write_text(json.dumps({
+        "n_finished": 8, "best/test/fine": 0.477, "best/test/binary": 0.858, "ensemble/test/fine": 0.488,
+        "ensemble/test/binary": 0.872, "best/test/majority_fine": 0.286, "best/test/majority_binary": 0.501,
+        "config_name": "sst-tai2015", "embeddings": None}))
+    (tmp_path / "ranges.yaml").write_text("full: {}\n")
+    rows = reproduction.summary_rows(sst=str(tmp_path / "sst.json"), ranges_path=str(tmp_path / "ranges.yaml"))
+    sst = [r for r in rows if r.key.startswith("sst.") and r.key[4:] in
+           ("test_fine", "test_binary", "ensemble_fine", "ensemble_binary")]
+    assert len(sst) == 4 and all(r.paper is None for r in sst)
+    assert [r.anchor for r in sst[:2]] == [51.0, 88.0]
+    assert all(r.experiment == "Tai et al. 2015 (SST; Tai et al. preset, GloVe 6B 50d; Tai: 840B 300d, binary "
+                               "from a binary model)" for r in rows)
+    assert "paper" not in sst[0].figure and "paper" not in sst[2].figure
 
 
 def test_a_figure_not_above_its_trivial_baseline_is_flagged(tmp_path):

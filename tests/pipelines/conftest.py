@@ -1,7 +1,14 @@
 """Fixtures shared by the pipeline tests."""
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# the tests' toy experiment exports its models (tests/pipelines/toy_experiment.py): trusted as a
+# package's experiment the documented way (pipelines.model.package.EXPERIMENTS_ENV), so every toy
+# run logs and reloads its model as a registered domain's does
+os.environ.setdefault("FOLDENGINE_EXPERIMENTS", "tests.pipelines.toy_experiment.ToyExperiment")
 
 from tests.shared_ray import SharedRay
 

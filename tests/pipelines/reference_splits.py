@@ -54,7 +54,7 @@ def sst_splits(config: dict) -> Loaded:
     except ImportError:  # pragma: no cover
         pass
     for split in list(trees):   # limited: a seeded sample of the good trees, in file order
-        keep = sample_positions(len(trees[split]), sc[f"limit_{split}"], int(config["seed"]), split)
+        keep = sample_positions(len(trees[split]), sc[f"limit_{split}"], int(config["data"]["sample_seed"]), split)
         trees[split] = [trees[split][int(i)] for i in keep]
     context = SSTContext(vocab=vocab, emb_dim=int(matrix.shape[1]), embeddings=emb,
                          embedding_stats=stats)
@@ -90,7 +90,7 @@ def molecule_splits(exp, config: dict) -> Loaded:
     skip_bad = config["data"]["skip_bad"]
     rows, report, params = _read_rows(exp, config, skip_bad)
     skipped = {"all/bad_rows": len(report.skipped)}
-    rows = [rows[int(i)] for i in sample_positions(len(rows), mc["limit"], int(config["seed"]), "molecules")]
+    rows = [rows[int(i)] for i in sample_positions(len(rows), mc["limit"], int(config["data"]["sample_seed"]), "molecules")]
     kept, bad = [], 0
     for r in rows:
         try:

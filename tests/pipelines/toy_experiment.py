@@ -20,6 +20,7 @@ import torch
 
 from pipelines.config import Field
 from pipelines.experiment import Experiment
+from pipelines.model.prediction import Predictor
 
 DIM, CLASSES = 8, 3
 
@@ -212,3 +213,45 @@ class ToyExperiment(Experiment):
         ax.plot([h["epoch"] for h in run.history], [h.get("dev/accuracy", 0.0) for h in run.history])
         tracker.figures([("after_run_dev_accuracy", fig)])
         return {"toy/after_run_epochs": float(len(run.history))}
+
+    # ------------------------------------------------------------------ the exported model
+
+    def model_context(self, config, context):
+        """Nothing besides the weights and the config: the input is the point itself."""
+        return {"dim": DIM}
+
+    def predictor(self, config, model_context, state_dict):
+        net = ToyNet(config["toy"]["hidden"])
+        net.load_state_dict(state_dict)
+        return ToyPredictor(net.eval())
+
+    def example_inputs(self):
+        return [",".join(["0.5"] * DIM), ",".join(["-1.0"] * DIM)]
+
+
+class ToyPredictor(Predictor):
+    """Raw input: ``DIM`` comma-separated floats (a kind-0 point); output: the class and its
+    probabilities."""
+
+    input_column = "point"
+    output_columns = ("label",) + tuple(f"prob_{c}" for c in range(CLASSES))
+    int_columns = ("label",)
+    max_size = DIM
+    size_unit = "values"
+
+    def __init__(self, net: ToyNet):
+        self.net = net
+
+    def parse(self, raw):
+        values = [float(v) for v in str(raw).split(",")]
+        if len(values) > self.max_size:
+            raise self.too_large(len(values), "the toy model's input size")
+        if len(values) != DIM:
+            raise ValueError(f"a toy point has {DIM} values, got {len(values)}")
+        return values
+
+    def run(self, parsed, **options):
+        batch = {"x": np.asarray(parsed, np.float32), "kind": np.zeros(len(parsed), np.int64)}
+        with torch.no_grad():
+            probs = torch.softmax(self.net(batch), -1).numpy()
+        return [{"label": int(p.argmax()), **{f"prob_{c}": float(p[c]) for c in range(CLASSES)}} for p in probs]

@@ -37,9 +37,9 @@ def test_a_model_logged_before_the_wings_loads_with_pyfunc_in_a_fresh_process(tm
 
 def test_a_model_logged_before_the_wings_feeds_batch_inference(tmp_path):
     """``pipelines.predict`` reads the package out of the old model (by its file, not its folder)."""
-    from pipelines.predict.batch import load_package_bytes, predictor_from_package
+    from pipelines.model.stored import download_package
 
     model = tmp_path / "model"
     shutil.copytree(FIXTURE, model)
-    out = predictor_from_package(load_package_bytes(str(model))).predict(["CCO", "c1ccccc1"])
+    out = download_package(str(model)).predictor().predict(["CCO", "c1ccccc1"])
     assert out["error"].isna().all() and len(out) == 2

@@ -87,7 +87,7 @@ def test_sst_model_predicts_raw_trees_in_a_fresh_process(logged, tmp_path):
     assert good["label"].tolist() == want.argmax(1).tolist()
     np.testing.assert_allclose(good["positive"], (want[:, 3:].sum(1)) / (want[:, 3:].sum(1) + want[:, :2].sum(1)),
                                rtol=1e-5)
-    from pipelines.sst.data import iter_nodes
+    from tests.pipelines.sst.trees import iter_nodes
     assert [len(x) for x in good["node_labels"]] == [sum(1 for _ in iter_nodes(t)) for t in trees]
     assert [x[-1] for x in good["node_labels"]] == want.argmax(1).tolist()
 
@@ -186,7 +186,7 @@ def test_a_model_logged_with_its_package_in_a_temp_named_folder_still_loads(logg
     (``artifacts/fold-model-XXXX/`` in the model); batch inference finds the package by its file."""
     from pipelines.model.mlflow_model import FoldModel
     from pipelines.model.package import write_package
-    from pipelines.predict.batch import load_package_bytes, predictor_from_package
+    from pipelines.model.stored import download_package
 
     exp, cfg, mc, model, lines = untrained_sst(data_dir)
     legacy = tmp_path / "fold-model-k3x9q2"
@@ -197,8 +197,7 @@ def test_a_model_logged_with_its_package_in_a_temp_named_folder_still_loads(logg
     with mlflow.start_run(run_id=run_id):
         mlflow.pyfunc.log_model(name="model", python_model=FoldModel(), artifacts={"package": str(legacy)},
                                 pip_requirements=["torch"])
-    files = load_package_bytes(f"runs:/{run_id}/model")
-    out = predictor_from_package(files).predict(lines[:3])
+    out = download_package(f"runs:/{run_id}/model").predictor().predict(lines[:3])
     assert out["error"].isna().all() and len(out) == 3
 
 

@@ -17,16 +17,17 @@ from tests.pipelines.helpers import REPO  # noqa: E402
 
 
 def test_a_package_predicts_in_a_process_that_imports_neither_mlflow_nor_ray(tmp_path, data_dir):
-    """What a batch-inference actor does (``pipelines.predict.batch.predictor_from_package``): the
+    """What a batch-inference actor does (``pipelines.model.stored.predictor_of``): the
     predictor is rebuilt and predicts, and neither MLflow nor Ray was imported for it (an
     actor's start would pay for both)."""
     exp, cfg, mc, model = untrained_esol()
     pkg = tmp_path / "pkg"
     write_package(str(pkg), exp, cfg, mc, model.state_dict())
     smiles = esol_smiles(data_dir, 3) + ["C1CC"]
-    code = ("import json, os, sys; from pipelines.predict.batch import predictor_from_package; "
-            "d = sys.argv[1]; files = {n: open(os.path.join(d, n), 'rb').read() for n in os.listdir(d)}; "
-            "p = predictor_from_package(files); out = p.predict(json.loads(sys.argv[2])); "
+    code = ("import json, os, sys; from pipelines.model.stored import PackageFiles, predictor_of; "
+            "d = sys.argv[1]; read = lambda n: open(os.path.join(d, n), 'rb').read(); "
+            "p = predictor_of(PackageFiles(read('package.json'), read('weights.pt'), d)); "
+            "out = p.predict(json.loads(sys.argv[2])); "
             "print(json.dumps({'mods': sorted(m for m in ('mlflow', 'ray') if m in sys.modules), "
             "'errors': out['error'].isna().tolist(), 'col': p.input_column}))")
     res = subprocess.run([sys.executable, "-c", code, str(pkg), json.dumps(smiles)], capture_output=True, text=True,

@@ -21,7 +21,7 @@ def _ray(ray_data_ordered):
 
 
 def _read(seed: int, limit: int = 150) -> list:
-    cfg = load_config(None, ["molecules.dataset=esol", f"molecules.limit={limit}", f"seed={seed}"],
+    cfg = load_config(None, ["molecules.dataset=esol", f"molecules.limit={limit}", f"data.sample_seed={seed}"],
                       merged_schema(SCHEMA))
     splits = MoleculeExperiment.from_config(cfg).read_splits(cfg)
     assert splits.skipped.counts["all/unparsable_smiles"] == 0

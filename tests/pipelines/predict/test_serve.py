@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import urllib.error
 import urllib.request
 
@@ -15,7 +14,7 @@ import pandas as pd
 import pytest
 
 from pipelines.model.package import write_package
-from pipelines.predict.batch import predictor_from_package
+from pipelines.model.stored import PackageFiles
 from tests.pipelines.helpers import sst_lines, untrained_sst
 from tests.pipelines.mlflow_server import unused_port
 
@@ -47,10 +46,10 @@ def served(ray_cluster, data_dir, tmp_path_factory):
     exp, cfg, mc, model, lines = untrained_sst(data_dir)
     pkg = tmp_path_factory.mktemp("serve") / "package"
     write_package(str(pkg), exp, cfg, mc, model.state_dict())
-    files = {name: (pkg / name).read_bytes() for name in os.listdir(pkg)}
+    files = PackageFiles((pkg / "package.json").read_bytes(), (pkg / "weights.pt").read_bytes(), str(pkg))
     settings = ServeSettings(max_batch_size=16, batch_wait_s=0.05, max_request_bytes=20_000, max_rows=50)
     url = start(files, settings, port=unused_port(), cpus_per_replica=0.5)
-    yield url, predictor_from_package(files), sst_lines(data_dir, 40)
+    yield url, files.predictor(), sst_lines(data_dir, 40)
     serve.shutdown()
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from pipelines.model.package import write_package
-from pipelines.predict.batch import predictor_from_package
+from pipelines.model.stored import download_package
 from tests.pipelines.helpers import sst_lines, untrained_sst
 from tests.pipelines.mlflow_server import unused_port
 
@@ -41,7 +41,7 @@ def test_the_serve_command_answers_on_its_port_with_direct_ingress(data_dir, tmp
     exp, cfg, mc, model, _ = untrained_sst(data_dir)
     pkg = tmp_path / "model" / "artifacts" / "package"      # a model directory, as MLflow stores it
     write_package(str(pkg), exp, cfg, mc, model.state_dict())
-    predictor = predictor_from_package({name: (pkg / name).read_bytes() for name in os.listdir(pkg)})
+    predictor = download_package(str(tmp_path / "model")).predictor()
     lines = sst_lines(data_dir, 30)
     port = unused_port()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

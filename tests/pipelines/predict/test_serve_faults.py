@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from pipelines.model.package import write_package
-from pipelines.predict.batch import predictor_from_package
+from pipelines.model.stored import download_package
 from tests.pipelines.helpers import sst_lines, untrained_sst
 from tests.pipelines.mlflow_server import unused_port
 
@@ -62,7 +62,7 @@ def start_server(data_dir, tmp_path, *extra: str) -> Server:
     exp, cfg, mc, model, _ = untrained_sst(data_dir)
     pkg = tmp_path / "model" / "artifacts" / "package"
     write_package(str(pkg), exp, cfg, mc, model.state_dict())
-    predictor = predictor_from_package({name: (pkg / name).read_bytes() for name in os.listdir(pkg)})
+    predictor = download_package(str(tmp_path / "model")).predictor()
     port = unused_port()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.predict.serve", "--model", str(tmp_path / "model"),

@@ -6,6 +6,7 @@ import pytest
 
 from pipelines.datadir import DataNotFoundError
 from pipelines.sst import data as D
+import tests.pipelines.sst.trees as T
 from pipelines.sst.vocab import UNK, UNK_INDEX, Vocab, build_vocab
 
 # data/README.md section 1
@@ -31,21 +32,21 @@ def test_split_counts_match_readme(splits, split):
     assert report.n_read == len(trees) == exp["n"]
     assert report.n_skipped == 0 and report.skipped_lines == []
     assert report.sha256 == D.SST_SHA256[split]
-    st = D.tree_stats(trees)
+    st = T.tree_stats(trees)
     assert (st.n_sentences, st.n_tokens, st.n_nodes) == (exp["n"], exp["tokens"], exp["nodes"])
     assert (st.max_length, st.max_depth) == (exp["max_len"], exp["depth"])
     assert st.root_label_counts == exp["roots"]
-    assert len(D.binary_trees(trees)) == exp["binary"]
+    assert len(T.binary_trees(trees)) == exp["binary"]
 
 
 def test_tuple_encoding_and_roundtrip(splits):
     trees, report = splits["train"]
     with open(report.path, encoding="utf-8") as f:
         lines = f.read().split("\n")[:-1]
-    assert [D.to_string(t) for t in trees] == lines  # nothing lost or altered
-    for node in D.iter_nodes(trees[0]):
+    assert [T.to_string(t) for t in trees] == lines  # nothing lost or altered
+    for node in T.iter_nodes(trees[0]):
         assert type(node[0]) is int and 0 <= node[0] <= 4
-        if D.is_leaf(node):
+        if T.is_leaf(node):
             assert len(node) == 2 and isinstance(node[1], str)
         else:
             assert len(node) == 3
@@ -219,17 +220,17 @@ def test_missing_data_fails_clearly(tmp_path, monkeypatch):
 
 
 def test_binary_label():
-    assert [D.binary_label(i) for i in range(5)] == [0, 0, None, 1, 1]
+    assert [T.binary_label(i) for i in range(5)] == [0, 0, None, 1, 1]
     with pytest.raises(ValueError):
-        D.binary_label(5)
+        T.binary_label(5)
 
 
 def test_tree_helpers():
     t = D.parse_line("(1 (2 a) (0 (2 b) (3 c)))")
     assert t == (1, (2, "a"), (0, (2, "b"), (3, "c")))
-    assert D.leaves(t) == ["a", "b", "c"] and D.tree_depth(t) == 3
-    assert [n[0] for n in D.iter_nodes(t)] == [1, 2, 0, 2, 3]
-    st = D.tree_stats([t])
+    assert D.leaves(t) == ["a", "b", "c"] and T.tree_depth(t) == 3
+    assert [n[0] for n in T.iter_nodes(t)] == [1, 2, 0, 2, 3]
+    st = T.tree_stats([t])
     assert (st.n_tokens, st.n_nodes, st.max_depth) == (3, 5, 3)
     assert st.node_label_counts == (1, 1, 2, 1, 0)
 

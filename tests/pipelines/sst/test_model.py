@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from pipelines.sst import data as D
+import tests.pipelines.sst.trees as T
 from pipelines.sst.experiment import SSTContext, SSTExperiment
 from pipelines.sst.model import SentimentModules, build_compiler, count_stats, node_outputs, summarize_counts
 from pipelines.sst.vocab import build_vocab
@@ -58,7 +59,7 @@ def test_batched_outputs_and_gradients_equal_naive_recursion(sst_sample, mode):
     h, c = compiler(compiler.build_batch(trees))
     logits, labels, is_root = node_outputs(compiler)
     assert is_root.sum() == len(trees) and bool(is_root[:len(trees)].all())
-    assert len(labels) == sum(sum(1 for _ in D.iter_nodes(t)) for t in trees)
+    assert len(labels) == sum(sum(1 for _ in T.iter_nodes(t)) for t in trees)
     loss = F.cross_entropy(logits, labels, reduction="sum")
     params = [p for p in compiler.parameters()]
     grads = torch.autograd.grad(loss, params)

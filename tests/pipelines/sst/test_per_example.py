@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from pipelines.sst import data as D
+import tests.pipelines.sst.trees as T
 from pipelines.sst.model import SentimentModules, build_compiler
 from pipelines.sst.per_example import build_batched
 from pipelines.sst.vocab import build_vocab
@@ -73,6 +74,6 @@ def test_per_example_model_metric_lengths_count_each_trees_nodes(sst_sample):
     trees, vocab = sst_sample
     per_example = build_batched(SentimentModules(len(vocab), 4, 5), vocab.stoi)
     result = per_example.run(per_example.build_batch(trees))
-    n_nodes = [sum(1 for _ in D.iter_nodes(t)) for t in trees]
+    n_nodes = [sum(1 for _ in T.iter_nodes(t)) for t in trees]
     assert result.metric_lengths["label"].tolist() == [n - 1 for n in n_nodes]
     assert result.metric_lengths["root_label"].tolist() == [1] * len(trees)

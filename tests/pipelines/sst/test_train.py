@@ -73,7 +73,7 @@ def test_mlflow_run_is_complete_and_loss_goes_down(baseline, data_dir):
             assert 0.0 <= m[f"best/{split}/{k}"] <= 1.0
     # the majority-class baselines of the evaluated test trees (the seeded sample), in the result
     every = (data_dir / "sst" / "test.txt").read_text(encoding="utf-8").splitlines()
-    seed = int(_config(tmp)["seed"])
+    seed = int(_config(tmp)["data"]["sample_seed"])
     gold = np.array([int(every[int(i)][1]) for i in sample_positions(len(every), 50, seed, "test")])
     pos, polar = int((gold > 2).sum()), int((gold != 2).sum())
     assert res.metrics["best/test/majority_fine"] == pytest.approx(np.bincount(gold).max() / 50)
@@ -82,7 +82,7 @@ def test_mlflow_run_is_complete_and_loss_goes_down(baseline, data_dir):
     assert h[-1]["train/objective"] < h[0]["train/objective"]
     assert all(x["params/consistent"] == 1.0 for x in h)
     top = {a.path for a in client.list_artifacts(res.run_id)}
-    assert {"results.json", "plots", "weights", "config.json"} <= top
+    assert {"results.json", "plots", "config.json"} <= top and "weights" not in top   # one copy: the model package
     table = client.load_table(r.info.experiment_id, "results.json", run_ids=[res.run_id])
     # ours first, then the paper's single model and ensemble, then the anchor
     assert table["model"].iloc[0].startswith("ours:")
@@ -105,7 +105,7 @@ def test_logged_model_predicts_the_test_split_as_evaluated(baseline, data_dir):
     mlflow.set_tracking_uri(f"sqlite:///{tmp}/mlflow.db")
     model = mlflow.pyfunc.load_model(f"runs:/{res.run_id}/model")
     every = (data_dir / "sst" / "test.txt").read_text(encoding="utf-8").splitlines()
-    lines = [every[int(i)] for i in sample_positions(len(every), 50, int(_config(tmp)["seed"]), "test")]
+    lines = [every[int(i)] for i in sample_positions(len(every), 50, int(_config(tmp)["data"]["sample_seed"]), "test")]
     out = model.predict(pd.DataFrame({"tree": lines}), params={"chunk_size": 16})
     assert out["error"].isna().all() and len(out) == 50
     gold = [parse_line(x)[0] for x in lines]
@@ -198,7 +198,7 @@ def test_the_per_example_model_trains_predicts_and_serves_as_the_blocks_model(ba
     from ray import serve
 
     from pipelines.predict import batch as predict
-    from pipelines.predict.batch import load_package_bytes
+    from pipelines.model.stored import download_package
     from pipelines.predict.serve import ServeSettings, start
     from tests.pipelines.mlflow_server import unused_port
 
@@ -209,7 +209,7 @@ def test_the_per_example_model_trains_predicts_and_serves_as_the_blocks_model(ba
     assert finished_run(uri, "sst-test", per.run_id).data.params["sst.frontend"] == "per_example"
 
     every = (data_dir / "sst" / "test.txt").read_text(encoding="utf-8").splitlines()
-    lines = [every[int(i)] for i in sample_positions(len(every), 50, int(_config(tmp)["seed"]), "test")]
+    lines = [every[int(i)] for i in sample_positions(len(every), 50, int(_config(tmp)["data"]["sample_seed"]), "test")]
     frame = pd.DataFrame({"tree": lines})
     mlflow.set_tracking_uri(f"sqlite:///{tmp}/mlflow.db")
     blocks = mlflow.pyfunc.load_model(f"runs:/{res.run_id}/model").predict(frame)
@@ -226,7 +226,7 @@ def test_the_per_example_model_trains_predicts_and_serves_as_the_blocks_model(ba
     rows = pd.concat([pd.read_parquet(f) for f in sorted(glob.glob(str(tmp_path / "out" / "*.parquet")))])
     assert rows.sort_values("line")["label"].tolist() == blocks["label"].tolist()[:20]
 
-    files = load_package_bytes(model_uri)
+    files = download_package(model_uri)
     url = start(files, ServeSettings(max_batch_size=8, batch_wait_s=0.05), port=unused_port(), cpus_per_replica=0.5)
     try:
         import json

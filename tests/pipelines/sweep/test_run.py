@@ -62,13 +62,13 @@ def test_bad_search_specs_name_the_key_and_value(spec, words):
 def test_trial_lines_show_whole_figures_never_a_cut_value():
     """The per-epoch and per-trial lines show the first few metrics whole and say how many more
     there are (a fixed character cut once printed 'majority_fine 0.2' for 0.286)."""
-    from pipelines.sweep.run import _figures
+    from pipelines.sweep.trials import figures_line
 
     result = {f"best/test/m{i}": 0.28571 for i in range(7)} | {"best/test/loss": 3.0, "best/dev/x": 1.0,
                                                                "best/test/flag": True}
-    line = _figures(result, "best/test/")
+    line = figures_line(result, "best/test/")
     assert line == "m0 0.286  m1 0.286  m2 0.286  m3 0.286  (+3 more in MLflow)"
-    assert _figures({"dev/accuracy": 0.5}, "dev/") == "accuracy 0.500"
+    assert figures_line({"dev/accuracy": 0.5}, "dev/") == "accuracy 0.500"
 
 
 def test_search_specs_parse_to_typed_values():
@@ -303,6 +303,25 @@ def test_summary_and_paper_table_from_trial_outcomes():
                                         {"model": "paper", "fine": "52.3 (0.7)"}]
     rows = trial_table(trials).to_dict("records")
     assert [r["status"] for r in rows] == [FINISHED, FINISHED, STOPPED, ERROR] and rows[3]["error"] == "boom"
+
+
+def test_the_sweep_table_shows_each_figure_beside_its_trivial_baseline():
+    """A column with a baseline (a metric of the trials, or a number) gets a baseline row, and a
+    figure not above it is marked: a model at the majority class learned nothing measurable."""
+    from pipelines.sweep.report import TableLayout, TrialOutcome, paper_table, summarize
+
+    trials = [TrialOutcome(f"t{i}", {"seed": i}, FINISHED, 1,
+                           {"best/dev/fine": 0.3, "best/test/fine": f, "best/test/majority_fine": 0.286,
+                            "best/test/auc": 0.5}, [(1, 0.3)]) for i, f in enumerate((0.28, 0.29))]
+    s = summarize(trials, "fine", "max")
+    layout = TableLayout({"best/test/fine": "fine", "best/test/auc": "auc"}, 100.0,
+                         baselines={"best/test/fine": "best/test/majority_fine", "best/test/auc": 0.5},
+                         baseline_name="majority class / chance")
+    rows = paper_table(s, layout, "m", {"test/fine": 0.40}, 2).to_dict("records")
+    assert rows[0] == {"model": "m (ours), mean (sd) over 2 runs", "fine": "28.50 (0.71) NOT ABOVE BASELINE",
+                       "auc": "50.00 (0.00) NOT ABOVE BASELINE"}
+    assert rows[1] == {"model": "m (ours), ensemble of 2", "fine": "40.00", "auc": ""}
+    assert rows[2] == {"model": "majority class / chance", "fine": "28.60", "auc": "50.00"}
 
 
 def test_the_sweep_runs_the_experiment_its_config_names(tmp_path):

@@ -183,14 +183,18 @@ def test_two_concurrent_replays_send_everything_once_without_a_failure(store, tm
     assert not box.exists()
 
 
-def test_the_training_and_sweep_entry_points_register_the_model_operation():
-    """A training run logs its model through the outbox's ``model`` kind, registered by
-    :mod:`pipelines.model.mlflow_model`: importing the entry point's modules registers it, in a fresh
-    process, without the installed entry points (a checkout on ``PYTHONPATH``)."""
+def test_the_model_operation_is_registered_by_its_entry_point_only():
+    """A training run logs its model through the outbox's ``model`` kind, which the installed
+    distribution registers in the ``foldengine.outbox_operations`` entry-point group: importing the
+    training or sweep driver registers nothing by side effect, and the outbox finds the kind (and
+    its handler, :func:`pipelines.model.mlflow_model.replay_model`) when it first needs it."""
     import subprocess
     import sys
 
     for module in ("pipelines.training.run", "pipelines.sweep.run"):
-        code = f"import {module}, pipelines.tracking.outbox as o; print(o.registered_kinds())"
+        code = (f"import {module}, pipelines.tracking.outbox as o; before = o.registered_kinds(); "
+                "print(before, o.known_kinds(), o.registered_kinds())")
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        assert res.returncode == 0 and "'model'" in res.stdout, (module, res.stdout, res.stderr[-2000:])
+        assert res.returncode == 0, (module, res.stderr[-2000:])
+        assert res.stdout.split(") (")[0] == "(", (module, res.stdout)        # nothing registered by import
+        assert "'model'" in res.stdout.split(") (")[1], (module, res.stdout)  # found through the entry point

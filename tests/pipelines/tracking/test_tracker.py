@@ -63,7 +63,6 @@ def test_tracker_logs_everything(tmp_path):
     fig, ax = plt.subplots()
     ax.plot([1, 2], [3, 4])
     assert t.figures([("curve", fig)]) == ["plots/curve.png"]
-    t.state_dict({"w": __import__("torch").zeros(2)}, {"class": "X"})
     t.end()
 
     mlflow.set_tracking_uri(uri)
@@ -75,7 +74,7 @@ def test_tracker_logs_everything(tmp_path):
     # values as the UI shows them: 4 significant digits; counts unchanged
     assert run.data.metrics["dev/auc"] == 0.9209 and run.data.metrics["count"] == 123456
     arts = {a.path for a in client.list_artifacts(t.run_id)}
-    assert {"results.json", "plots", "weights", "tables"} <= arts
+    assert {"results.json", "plots", "tables"} <= arts
     png = client.download_artifacts(t.run_id, "plots/curve.png", str(tmp_path))
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     df = client.load_table(run.info.experiment_id, "results.json", run_ids=[t.run_id])
@@ -166,42 +165,6 @@ def test_run_tags_name_the_preset_the_model_and_the_source():
     assert len(tags["mlflow.source.git.commit"]) == 40          # the repository is a git checkout
     assert tags["mlflow.note.content"] == ("sst-tai2015: sst-treelstm trained with foldengine on Ray Train "
                                            "(2 workers); scheduler coalesce, seed 3, epochs 10, batch 25")
-
-
-class _RunsCommand:
-    def __init__(self, command):
-        self.command = command
-
-    def __reduce__(self):
-        return (os.system, (self.command,))
-
-
-def test_logged_model_is_read_as_plain_data_only(mlflow_sqlite_uri, tmp_path):
-    """``load_logged_state_dict`` reads ``state_dict.pt`` with ``weights_only=True``: an artifact
-    store may be shared, and a planted file whose unpickling runs a command is refused."""
-    import json
-
-    import torch
-
-    from pipelines.checkpoint import CheckpointError
-
-    client = MlflowClient(mlflow_sqlite_uri)
-    exp = client.create_experiment("models", artifact_location=(tmp_path / "artifacts").as_uri())
-    good = client.create_run(exp).info.run_id
-    trk.log_state_dict(client, good, {"w": torch.ones(2)}, {"experiment": "toy"})
-    state, meta = trk.load_logged_state_dict(client, good)
-    assert torch.equal(state["w"], torch.ones(2)) and meta == {"experiment": "toy"}
-
-    bad = client.create_run(exp).info.run_id
-    marker = tmp_path / "ran"
-    planted = tmp_path / "planted"
-    planted.mkdir()
-    torch.save({"w": _RunsCommand(f"touch {marker}")}, planted / "state_dict.pt")
-    (planted / "meta.json").write_text(json.dumps({"experiment": "toy"}))
-    client.log_artifacts(bad, str(planted), artifact_path="weights")
-    with pytest.raises(CheckpointError, match="refused to load"):
-        trk.load_logged_state_dict(client, bad)
-    assert not marker.exists()
 
 
 _START_RUN = """

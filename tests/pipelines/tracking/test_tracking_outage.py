@@ -242,7 +242,7 @@ def _assert_every_epoch_once(uri, run_id):
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     arts = {a.path for a in client.list_artifacts(run_id)}
-    assert {"results.json", "plots", "weights", "tables", "config.json"} <= arts
+    assert {"results.json", "plots", "tables", "config.json"} <= arts
     return run
 
 
@@ -377,7 +377,7 @@ def test_a_run_whose_server_dies_at_once_loses_nothing(ray_cluster, server, data
 def test_a_sweep_marks_its_stale_trials_through_the_outbox(server, tmp_path, monkeypatch):
     """The sweep's writes on its trials' runs (``sweep.ended`` and KILLED for a trial left
     RUNNING) wait in the parent's outbox while the server is down and land once on replay."""
-    from pipelines.sweep import run as sweep
+    from pipelines.sweep import parent as sweep
 
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
@@ -385,12 +385,12 @@ def test_a_sweep_marks_its_stale_trials_through_the_outbox(server, tmp_path, mon
     box = tmp_path / "outbox"
     parent = trk.Tracker.start(server.uri, "sweep-outage").with_outbox(str(box), policy)
     child = trk.Tracker.start(server.uri, "sweep-outage", tags={"mlflow.parentRunId": parent.run_id})
-    found = sweep._children(parent)           # read while the server answers
+    found = sweep.child_runs(parent)           # read while the server answers
     assert [r.info.run_id for r in found] == [child.run_id]
-    monkeypatch.setattr(sweep, "_children", lambda tracker: found)
+    monkeypatch.setattr(sweep, "child_runs", lambda tracker: found)
     server.kill()
     t0 = time.perf_counter()
-    assert sweep._close_stale_children(parent, "the sweep was interrupted") == 1
+    assert sweep.close_stale_children(parent, "the sweep was interrupted") == 1
     parent.end("FINISHED")
     assert not parent.drain(0.0) and time.perf_counter() - t0 < 120  # a hang would wait for the server
     assert {(p.op["op"], p.op["run_id"]) for p in outbox.Outbox(str(box)).pending()} == {

@@ -1,25 +1,24 @@
-#!/usr/bin/env python
-"""Summarise a reproduction (scripts/reproduce.sh): one table of our figures beside the
-paper's and the anchors', written as Markdown and logged as an MLflow run linking the runs.
+"""The command line of a reproduction's summary (scripts/reproduce.sh): one table of our figures
+beside the paper's and the anchors', written as Markdown and logged as an MLflow run linking the runs.
 
-    python scripts/summarize_reproduction.py --table1 results/table1.json \
+    python -m benchmarks.summarize_reproduction --table1 results/table1.json \
         --sst results/sst.json --tox21 results/tox21.json --out results/summary.md [--quick]
 
-The summary lives in ``benchmarks/reproduction.py``.
+Contract: ``main(argv)`` parses the flags and makes one call into
+:func:`benchmarks.reproduction.run` (where the summary lives); run from the repository root.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-# benchmarks/ of this checkout (it is not installed), whatever the working directory
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import reproduction  # noqa: E402
+from . import reproduction
+
+__all__ = ["main"]
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.summarize_reproduction",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--table1")
     ap.add_argument("--sst", help="result JSON of pipelines.training --result-json (an sst config)")
     ap.add_argument("--tox21", help="result JSON of pipelines.training --result-json (a Tox21 config)")

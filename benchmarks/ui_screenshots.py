@@ -1,10 +1,9 @@
-#!/usr/bin/env python
 """Screenshots of the MLflow UI over a store, taken with headless Chromium, to check what a user
 sees: the experiment list, the runs table (the saved view: key metrics and params as columns),
 the chart view of the same saved view (learning curves first), a run page, the compare view of
 two runs and the reproduction summary run.
 
-    python scripts/ui_screenshots.py [--store sqlite:///mlflow.db] [--experiment sst-tai2015] [--out results/ui]
+    python -m benchmarks.ui_screenshots [--store sqlite:///mlflow.db] [--experiment sst-tai2015] [--out results/ui]
 
 Starts a lean ``mlflow server`` on 127.0.0.1 (a free port) over the store, waits for it, writes
 one PNG per view into ``--out`` and prints their paths; stops the server.  Needs ``chromium``
@@ -23,6 +22,9 @@ import time
 import urllib.parse
 import urllib.request
 
+__all__ = ["free_port", "start_server", "screenshot", "views", "main"]
+
+#: the checkout (``benchmarks/`` lives at its top): the default store and output folder are in it
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -92,7 +94,8 @@ def views(client, base: str, experiment: str) -> list[tuple[str, str]]:
 
 
 def main(argv=None) -> list[str]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.ui_screenshots",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--store", default=os.environ.get("MLFLOW_TRACKING_URI", f"sqlite:///{ROOT}/mlflow.db"))
     ap.add_argument("--experiment", default="sst-tai2015")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "ui"))
@@ -100,7 +103,6 @@ def main(argv=None) -> list[str]:
     chromium = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:
         raise SystemExit("no chromium: apt-get install chromium (or set $CHROMIUM)")
-    sys.path.insert(0, ROOT)
     from mlflow import MlflowClient
 
     os.makedirs(args.out, exist_ok=True)
