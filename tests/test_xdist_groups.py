@@ -53,6 +53,6 @@ def test_the_controller_finds_the_fault_files_the_markers_name(request):
     among those collected (``-m`` may have deselected a file's fault tests and kept the others)."""
     marked = {t.nodeid.split("::")[0] for t in request.session.items if t.get_closest_marker("fault")}
     assert marked <= fault_files()
-    assert {"tests/pipelines/training/test_run.py", "tests/pipelines/test_two_node.py",
+    assert {"tests/pipelines/training/test_run.py", "tests/pipelines/training/test_two_node.py",
             "tests/pipelines/tracking/test_tracking_outage.py"} <= fault_files()
     assert "tests/pipelines/sst/test_train.py" not in fault_files()

@@ -30,7 +30,7 @@ from tests.pipelines.toy_experiment import ToyExperiment
 
 pytestmark = [pytest.mark.integration]
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def test_preflight_rules():

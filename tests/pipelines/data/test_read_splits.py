@@ -20,7 +20,7 @@ from .toy_experiment import ToyExperiment
 
 pytestmark = [pytest.mark.integration]
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @pytest.fixture(scope="module", autouse=True)
