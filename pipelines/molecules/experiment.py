@@ -42,7 +42,7 @@ import torch
 from pipelines.experiment import Experiment, TableLayout
 
 from pipelines.molecules.model import MolBatch, build_compiler, masked_bce_sum
-from pipelines.molecules.results import (MOLECULENET_ESOL, MOLECULENET_TOX21, per_task_bar_plot, results_table,
+from pipelines.molecules.results import (CHANCE_AUC, MOLECULENET_ESOL, MOLECULENET_TOX21, per_task_bar_plot, results_table,
                                          task_aucs)
 from pipelines.molecules.scaling import TargetScaling
 from pipelines.molecules.schema import SCHEMA
@@ -295,7 +295,7 @@ class MoleculeExperiment(Experiment):
         (Tox21), or the test RMSE beside the anchors (ESOL)."""
         if self.classification:
             return TableLayout({"best/test/auc": "test mean ROC-AUC"}, reference=tuple(
-                MOLECULENET_TOX21 if self.dataset == "tox21" else ()), baselines={"best/test/auc": 0.5},
+                MOLECULENET_TOX21 if self.dataset == "tox21" else ()), baselines={"best/test/auc": CHANCE_AUC},
                 baseline_name="chance (a random ranking)")
         return TableLayout({"best/test/rmse": "test RMSE"},
                            reference=tuple(MOLECULENET_ESOL if self.dataset == "esol" else ()))

@@ -12,11 +12,13 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["MOLECULENET_TOX21", "MOLECULENET_ESOL", "task_aucs", "results_table", "per_task_bar_plot"]
+__all__ = ["CHANCE_AUC", "MOLECULENET_TOX21", "MOLECULENET_ESOL", "task_aucs", "results_table", "per_task_bar_plot"]
 
 # MoleculeNet paper (Wu et al., Chem. Sci. 2018), random split, test set, as quoted in the brief.
 MOLECULENET_TOX21 = [("anchor: Weave (MoleculeNet)", 0.820), ("anchor: GraphConv (MoleculeNet)", 0.829)]
 # MoleculeNet paper, ESOL random split test RMSE (log mol/L); quoted from memory, not re-checked.
+#: the ROC-AUC of a random ranking: the trivial baseline of every AUC
+CHANCE_AUC = 0.5
 MOLECULENET_ESOL = [("anchor: Weave (MoleculeNet)", 0.61), ("anchor: GraphConv (MoleculeNet)", 0.97),
                     ("anchor: MPNN (MoleculeNet)", 0.58)]
 
@@ -47,7 +49,8 @@ def task_aucs(sums: Mapping[str, float], n_tasks: int):
 
 def results_table(best: Mapping[str, float], dataset: str, classification: bool, tasks: Sequence[str]):
     """Our best run (``best``: the run's best-epoch metrics) as a table row, followed by the MoleculeNet
-    anchors of ``dataset`` (Tox21 ROC-AUC, ESOL RMSE; none for a CSV of your own); rounded to 4 places."""
+    anchors of ``dataset`` (Tox21 ROC-AUC, ESOL RMSE; none for a CSV of your own) and, for ROC-AUC,
+    the trivial baseline (chance, 0.5: our row is marked when not above it); rounded to 4 places."""
     import pandas as pd
 
     if classification:
@@ -57,6 +60,10 @@ def results_table(best: Mapping[str, float], dataset: str, classification: bool,
             ours[f"test {t}"] = best.get(f"test/auc/{t}")
         rows = [ours] + [{"model": m, "test mean ROC-AUC": v, "dev mean ROC-AUC": None,
                           "best epoch": None} for m, v in (MOLECULENET_TOX21 if dataset == "tox21" else ())]
+        rows.append({"model": "trivial baseline: chance (a random ranking)", "test mean ROC-AUC": CHANCE_AUC,
+                     "dev mean ROC-AUC": CHANCE_AUC, "best epoch": None})
+        if ours["test mean ROC-AUC"] is not None and ours["test mean ROC-AUC"] <= CHANCE_AUC:
+            ours["model"] += " (NOT ABOVE the trivial baseline)"
     else:
         ours = {"model": "ours: Weave, foldengine", "test RMSE": best.get("test/rmse"),
                 "dev RMSE": best.get("dev/rmse"), "test R2": best.get("test/r2"),

@@ -191,7 +191,9 @@ def test_custom_classification_csv(tmp_path, smiles, ray_data_ordered):
     m = exp.summarize(stats)
     assert set(k for k in m if k.startswith("auc/")) == {"auc/active", "auc/toxic"}
     table = exp.results_table({"test/auc": 0.5})
-    assert list(table["model"]) == ["ours: Weave, foldengine"]   # no Tox21 paper rows
+    # no Tox21 paper rows; the trivial baseline, and our chance-level figure marked as not above it
+    assert list(table["model"]) == ["ours: Weave, foldengine (NOT ABOVE the trivial baseline)",
+                                    "trivial baseline: chance (a random ranking)"]
 
 
 def test_esol_scaling_and_loss_unchanged_without_missing_labels(smiles):
