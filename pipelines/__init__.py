@@ -1,21 +1,11 @@
 """foldengine's pipelines: Ray Data reads and batches, Ray Train trains, MLflow tracks, Ray Tune
 sweeps, Ray Data and Ray Serve use the trained model.
 
-The lobby (this folder) holds what every wing uses: :mod:`.config` (configs and their schema),
-:mod:`.experiment` (the :class:`~pipelines.experiment.Experiment` interface a domain implements),
-:mod:`.checkpoint`, :mod:`.seeding`, :mod:`.errors` (one line per known error), :mod:`.console`,
-:mod:`.datadir` (where the data is) and :mod:`.metrics`.  The wings, one concern each, lower ones
-never importing higher ones:
-
-* :mod:`.data`: files -> Ray Data rows -> traced records -> the steps' batches;
-* :mod:`.tracking`: MLflow (the tracker, the outbox that waits out a server outage, UI views);
-* :mod:`.model`: a trained model as a package, its predictor and its MLflow Model;
-* :mod:`.training`: one run on Ray Train (``run``, the workers, the optimizer);
-* :mod:`.predict`: batch inference on Ray Data and serving on Ray Serve;
-* :mod:`.sweep`: seeds and searches on Ray Tune.
-
-The domains plug in as :class:`~pipelines.experiment.Experiment` s: :mod:`.sst` (the Tree-LSTM of
-the paper's Table 2) and :mod:`.molecules` (weave graph convolutions, appendix B).
+The lobby (this folder) holds what every wing uses: :mod:`.config`, :mod:`.experiment`,
+:mod:`.checkpoint`, :mod:`.seeding`, :mod:`.errors`, :mod:`.console`, :mod:`.datadir`,
+:mod:`.metrics`.  The wings, lower ones never importing higher ones: :mod:`.data`,
+:mod:`.tracking`, :mod:`.model`, :mod:`.training`, :mod:`.predict`, :mod:`.sweep`.  The domains
+plug in as :class:`~pipelines.experiment.Experiment` s: :mod:`.sst` and :mod:`.molecules`.
 
 The names below are importable from here (``from pipelines import run, Experiment``); each is
 imported on first use, so ``import pipelines`` starts neither torch nor Ray.

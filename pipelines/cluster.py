@@ -2,16 +2,10 @@
 ensemble connect (or start a local Ray) the same way, so one rule says where a command runs.
 
 Where: ``address`` (a config's ``ray.address``), else ``$RAY_ADDRESS``, else a local Ray started
-by this process.  Quiet unless ``verbose``: :func:`pipelines.console.ray_init_kwargs`.
-
-A Ray started here keeps its idle worker processes (:data:`WORKER_POOL_CONFIG`): Ray's default
-kills every idle worker beyond one per CPU after one second, and each new one imports torch,
-pandas and Ray Data again (docs/cluster.md, "Worker processes", has the measurement).
-
-A local Ray started without its dashboard gets one free port to record as its dashboard
-(:func:`headless_kwargs`), never another Ray's: Ray Train asks that address whether a run's
-controller is alive, and a second Ray's dashboard on the default port 8265 answers "no such
-actor", whereupon Ray Train removes the run's placement group and its workers die.
+by this process.  Quiet unless ``verbose``: :func:`pipelines.console.ray_init_kwargs`.  A Ray
+started here keeps its idle worker processes (:data:`WORKER_POOL_CONFIG`) and, started without
+its dashboard, records a free port of its own as dashboard (:func:`headless_kwargs`), never
+another Ray's (why: ``docs/pipeline-notes.md``).
 
 Once connected: :func:`worker_resources` sizes a training worker from the cluster (checked by
 :func:`preflight`), and :func:`configure_ray_data` sets this process's Ray Data context.

@@ -1,21 +1,14 @@
 """What a run shows on the terminal: quiet logs, one line per epoch, progress.
 
-* :func:`configure` (driver, once, before Ray starts): ``pipelines.*`` log at INFO; Ray, Ray
-  Data, Ray Train and MLflow at WARNING; the warnings in :data:`HARMLESS_WARNINGS` filtered;
-  MLflow's artifact progress bars off.  With ``verbose=True`` everything is left as the libraries
-  set it.
-* :func:`private_local_token` (called by :func:`configure`): a local Ray started by ``ray.init()``
-  authenticates with a token held in this process's environment, not written to ``~/.ray``.
-* :func:`ray_init_kwargs`: keyword arguments for ``ray.init``: workers' output is not forwarded
-  to the driver unless ``verbose`` (the epoch lines come from the driver; a worker's failure
-  reaches it as Ray Train's error, with the worker's traceback).
+* :func:`configure` (driver, once, before Ray starts): ``pipelines.*`` at INFO, Ray / Ray Data /
+  Ray Train / MLflow at WARNING, :data:`HARMLESS_WARNINGS` filtered, MLflow's artifact bars off
+  (``verbose=True`` leaves all as the libraries set it); with :func:`private_local_token` a local
+  Ray's token stays in this process's environment, not in ``~/.ray``.
+* :func:`ray_init_kwargs`: ``ray.init`` arguments; workers' output not forwarded unless ``verbose``.
 * :func:`epoch_line`: one line per epoch from the reported metrics (``dict[str, float]``).
-* :class:`Heartbeat`: a context manager for a phase without steps to count (e.g. reading the
-  splits): where the output is no terminal, one line ``<what> (45s)`` every ``interval_s``
-  seconds while the phase runs (on a terminal Ray Data's own bars show it).
-* :class:`ProgressBoard` (a Ray actor) and :class:`ProgressPrinter` (a driver thread): rank 0
-  posts ``(epoch, step, steps)``; the driver shows it as a bar on a terminal, otherwise as one
-  line every ``interval_s`` seconds per epoch that runs longer than that.
+* :class:`Heartbeat`: a phase without steps; off a terminal, ``<what> (45s)`` every ``interval_s``.
+* :class:`ProgressBoard` (Ray actor) and :class:`ProgressPrinter` (driver thread): rank 0 posts
+  ``(epoch, step, steps)``: a bar on a terminal, else a line every ``interval_s`` per long epoch.
 """
 from __future__ import annotations
 

@@ -1,26 +1,14 @@
 """Locating dataset files: the data directory, a user cache, or a verified download.
 
-The data directory (:func:`default_data_dir`): ``$FOLD_DATA_DIR`` when set, else
-``../shared/data`` beside the checkout (relative to the repository root) when that directory
-exists, else none.  The shell scripts take theirs from ``python -m pipelines.datadir``, which
-prints it (an empty line for none), so Python and the scripts follow one rule.
-
-Contract: :func:`resolve_data_file` returns a local ``pathlib.Path`` to an existing file.
-It looks, in order, in an explicit ``data_dir`` argument, in the data directory, and in the
-user cache (``$FOLD_CACHE_DIR`` or ``~/.cache/foldengine``).  If the file is in none of them
-and a download URL is known, the file is downloaded into the cache, its SHA-256 checked, and
-(for archives) the wanted member extracted.  Offline, with no local copy, or when the download
-fails, it raises :class:`DataNotFoundError` with a one-line message
-``<file>: missing; set FOLD_DATA_DIR=<a directory holding it> or put the file there (...)``
-(``<file>``: where it was looked for first), naming ``$FOLD_DATA_DIR``, every place looked in
-and why the download failed.
-
-Preflight: an experiment declares the files a config makes it read
-(:meth:`pipelines.experiment.Experiment.data_files`) as :class:`DatasetFile` (a published
-dataset's file, found or downloaded as above) and :class:`OwnFile` (the user's own file, named
-by a config key) records; :func:`check_files` resolves them all, so that a run fails in seconds,
-before Ray starts and before any MLflow run, when one is missing.  :func:`probe_writable` checks
-that a local directory takes a file.
+:func:`default_data_dir`: ``$FOLD_DATA_DIR``, else ``../shared/data`` beside the checkout when it
+exists, else none (``python -m pipelines.datadir`` prints it, an empty line for none).
+:func:`resolve_data_file` returns a ``pathlib.Path`` to an existing file: from ``data_dir``, the
+data directory or the user cache (``$FOLD_CACHE_DIR`` or ``~/.cache/foldengine``), in that order,
+else downloaded into the cache and SHA-256 checked (archive member extracted); failing that it
+raises :class:`DataNotFoundError`: ``<file>: missing; set FOLD_DATA_DIR=<a directory holding it>
+or put the file there (...)``, naming every place looked in and why the download failed.
+:func:`check_files` resolves an experiment's :class:`DatasetFile` / :class:`OwnFile` records
+before Ray and MLflow start; :func:`probe_writable` checks that a local directory takes a file.
 """
 from __future__ import annotations
 

@@ -1,27 +1,14 @@
 """The interface an experiment (SST Tree-LSTM, Tox21 weave, a test toy) implements for
-:func:`pipelines.training.run.run`.
+:func:`pipelines.training.run.run`: the glue owns Ray Data, Ray Train (DDP), checkpoints and
+MLflow; the experiment its data, model, batch building and metrics.
 
-The glue owns Ray Data, Ray Train (DDP), checkpoints and MLflow; an experiment owns its data,
-model, batch building and metrics.  Where things run:
-
-* driver:            ``read_splits`` (declares Ray Data reads), ``results_table``, ``plots``
-* Ray Data tasks:    ``batch_builder`` (cached per worker process) and ``make_batch``
-* Ray Train workers: ``build_model``, ``param_groups``, ``loss``, ``eval_stats``, ``summarize``
-
-So an ``Experiment`` instance must be picklable and its class importable on every Ray worker.
-"Records" are what ``read_splits``' datasets hold (pickled in their ``rec`` column); "a batch" is
-whatever ``make_batch`` returns (picklable, e.g. a ``foldengine`` ``Batch``): the glue never looks inside.
-
-Loaded context: what ``read_splits`` derives from the data for the model (a vocabulary, an
-embedding matrix, target statistics) travels in ``StreamSplits.context``, never on the instance,
-and is handed to ``build_model(config, context)`` / ``batch_builder(config, context)``: an
-experiment holds configuration only, and what ``loss`` / ``eval_stats`` need of the context must
-come with the model ``build_model`` returns.
-
-Metric conventions: ``loss`` and ``eval_stats`` return *sums* over the records of the batch
-(e.g. ``{"correct": 17.0, "count": 25.0, "loss_sum": 31.2}``); the glue adds them up over batches
-and workers and calls ``summarize`` on the totals to get the metrics
-(e.g. ``{"accuracy": 0.68, "loss": 1.25}``), which it prefixes with the split: ``dev/accuracy``.
+Calls: driver ``read_splits``, ``results_table``, ``plots``; Ray Data tasks ``batch_builder``,
+``make_batch``; Ray Train workers ``build_model``, ``param_groups``, ``loss``, ``eval_stats``,
+``summarize``.  So an instance must be picklable, its class importable on every worker, and it
+holds config only: the loaded context travels in ``StreamSplits.context`` to ``build_model`` and
+``batch_builder``; what ``loss`` / ``eval_stats`` need of it comes with the model.  The glue never
+looks inside records or batches; it adds up the sums ``loss`` and ``eval_stats`` return over
+batches and workers, and ``summarize`` turns them into metrics (prefixed: ``dev/accuracy``).
 """
 from __future__ import annotations
 

@@ -1,20 +1,14 @@
-"""Data work that runs beside training instead of before it, in :class:`BackgroundWorker`
-actors pinned to the driver's node that reserve no logical CPU.
+"""Data work run beside training, not before it, in :class:`BackgroundWorker` actors pinned to the
+driver's node that reserve no logical CPU.  Results are object refs that datasets can be declared
+on before they exist (a task reading one waits for it); the actors own what they made: keep the
+records (``DeclaredData.background``) for the run.
 
-* :func:`start_background_worker`: the run's one actor at the lowest CPU priority
-  (:data:`BACKGROUND_NICENESS`) for the two jobs that follow, in the order submitted;
-* :func:`trace_in_background` -> :class:`TracedBlocks`: every block of the training split with a
-  ``trace`` column, for the epochs from the second on;
-* :func:`build_head_in_background` -> :class:`EpochHead`: epoch 1's first steps of every rank,
-  gathered from the parsed blocks by position and built while Ray Train starts (normal
-  priority: the trainer waits for them); :func:`read_head` reads them;
+* :func:`start_background_worker`: the run's one actor, at :data:`BACKGROUND_NICENESS` (lowest);
+* :func:`trace_in_background` -> :class:`TracedBlocks`: training blocks + ``trace``, epochs 2 on;
+* :func:`build_head_in_background` -> :class:`EpochHead` (:func:`read_head`): epoch 1's first
+  steps of every rank, built at normal priority while Ray Train starts;
 * :func:`build_eval_in_background` -> :class:`CachedEval`: one eval split's step rows per rank,
-  built once and read by every epoch's evaluation (:func:`read_cached_eval`); submitted before
-  the traces (epoch 1's evaluation needs it first).
-
-Results are object refs that datasets can be declared on before they exist (a task reading one
-waits for it).  The actors own what they made: keep the records
-(``DeclaredData.background``) for the run.  Why these priorities: ``docs/data-path.md``.
+  read by every epoch (:func:`read_cached_eval`); it runs before the traces (submitted first).
 """
 from __future__ import annotations
 

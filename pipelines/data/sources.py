@@ -1,21 +1,14 @@
-"""Generic file sources read in Ray Data tasks, in blocks; no process holds a whole file.
+"""Generic file sources read in Ray Data tasks, in blocks; no process holds a whole file.  The
+formats live in :mod:`pipelines.sst.reading` and :mod:`pipelines.molecules.reading`; this module
+imports neither.  ``idx`` counts every line or data row, bad ones included.
 
-* :class:`LineSource` / :func:`read_lines`: a text file's lines as rows ``idx`` (0-based line
-  index), ``line`` (1-based line number), ``text`` (bytes), ``error`` (a line over the length
-  limit: empty text and the reason); plain files are read in byte ranges in parallel (the
-  ranges' line numbers from one newline count of the file), ``.gz`` files streamed by one task.
-* :class:`CsvSource` / :func:`read_csv_columns`: a CSV file's data rows (plain or ``.gz``, with a
-  header row; :func:`csv_header`) as rows ``idx`` (0-based data row), ``line`` (the reader's line
-  number), ``fields`` (the named columns' values), ``error``; streamed by one task, since a
-  quoted field may span lines.
-* :func:`finish_parsed`: a parsed dataset (rows ``idx``, ``line``, ``rec``, ``error``) ->
-  :class:`ParsedData`: the good records kept as blocks; counts, the malformed records (line and
-  reason; the first ``max_named`` by line: the driver's memory does not grow with them) and the
-  good records' indices brought to the driver (:class:`ReadSummary`).
-
-Which record is which is a pure function of the file (``idx`` counts every line or data row,
-bad ones included), never of task scheduling.  The formats live with their domains
-(:mod:`pipelines.sst.reading`, :mod:`pipelines.molecules.reading`); this module imports neither.
+* :class:`LineSource` / :func:`read_lines`: a text file's lines (plain or ``.gz``) as rows ``idx``
+  (0-based), ``line`` (1-based), ``text`` (bytes), ``error`` (over the length limit: no text).
+* :class:`CsvSource` / :func:`read_csv_columns`: a CSV file's data rows (plain or ``.gz``, header:
+  :func:`csv_header`) as rows ``idx`` (0-based), ``line``, ``fields`` (named columns), ``error``.
+* :func:`finish_parsed`: rows ``idx``, ``line``, ``rec``, ``error`` -> :class:`ParsedData` (good
+  records as blocks; a bounded :class:`ReadSummary` on the driver: counts, the first ``max_named``
+  malformed records, the good indices).
 """
 from __future__ import annotations
 

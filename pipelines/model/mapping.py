@@ -1,24 +1,14 @@
 """A trained model mapped over a Ray Data dataset: the one way the pipelines predict in bulk.
 
-Batch inference (:mod:`pipelines.predict.batch`: a package's predictor over input files), the
-molecules test split's ROC (:mod:`pipelines.molecules.train`: the best state's predictor over the
-test split) and the SST ensemble (:mod:`pipelines.sst.ensemble_eval`: several states over a split)
-all call :func:`map_model`.  It splits the work the same way each time:
-
-* ``load(**shared)`` builds the model in the worker process: a
-  :class:`~pipelines.model.prediction.Predictor`, the members of an ensemble, ...  The ``shared``
-  values (state dicts, package bytes) are put in Ray's object store once and fetched by each
-  worker process, never pickled into every task.
-* ``apply(model, batch)`` maps one batch of the dataset to one batch of output.
-
-With ``actors=None`` the batches run as Ray Data tasks and each worker process builds the model
-once (:func:`pipelines.data.cache.cached`, keyed by this call); with ``actors=N`` a pool of ``N``
-actors each builds it once in its constructor (what batch inference uses: one model per reserved
-CPU or GPU).  ``load`` and ``apply`` must be picklable (module-level functions, or
-``functools.partial`` of them).
-
-    preds = map_model(split.dataset, load=functools.partial(build_predictor, experiment, cfg),
-                      apply=predict_records, shared={"state_dict": best_state})
+:func:`map_model` (batch inference, the molecules test split's ROC, the SST ensemble) takes
+``load(**shared)``, which builds the model in the worker process (a
+:class:`~pipelines.model.prediction.Predictor`, an ensemble's members, ...), and
+``apply(model, batch)``, which maps one batch to one batch of output.  The ``shared`` values
+(state dicts, package bytes) go into Ray's object store once, never pickled into every task.
+``actors=None``: Ray Data tasks, the model built once per worker process
+(:func:`pipelines.data.cache.cached`); ``actors=N``: a pool of ``N`` actors, each building it
+once (batch inference: one model per reserved CPU or GPU).  ``load`` and ``apply`` must be
+picklable (module-level functions, or ``functools.partial`` of them).
 """
 from __future__ import annotations
 

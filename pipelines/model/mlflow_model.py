@@ -1,29 +1,14 @@
 """A trained model as an MLflow Model (``pyfunc`` flavour) that predicts raw inputs anywhere.
 
-The model directory holds a *package* (artifact ``package``, :mod:`pipelines.model.package`:
-the experiment's class, the resolved config, the model context and the weights), plus the code of
-``foldengine``, ``schedulers`` and ``pipelines`` (``code_paths``).  It loads and predicts in a
-fresh process with neither the training data nor ``FOLD_DATA_DIR``:
-
-    model = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
-    model.predict(pd.DataFrame({"tree": ["(3 (2 a) (3 good))", "(oops"]}))
-    #    label  prob_0 ... prob_4  positive  error      (one row per input, in order)
-
-Input: a DataFrame with the experiment's input column (``tree``, ``smiles``; a one-column frame
-of another name is taken as it), a list of strings, or a dict of that column.  ``params``:
-``chunk_size`` (inputs per engine batch, default 256, at most 1024) and the predictor's own
-options (SST: ``nodes``).  Output: the :class:`pipelines.model.prediction.Predictor` frame, its number
-columns nullable (``Float64``, ``Int64``): a bad row's numbers are ``<NA>``, which a served model
-answers as JSON ``null`` (never ``NaN``, which strict JSON parsers reject).
-
-Limits (what a served model accepts from one request): each input within the predictor's size
-cap (``molecules.max_atoms`` atoms, ``sst.max_nodes`` nodes: a row error above it) and at most
-``$FOLDENGINE_MAX_REQUEST_ROWS`` rows (default 100,000; the server's environment sets it, a
-request cannot): a request with more is refused whole, naming the limit.
-
-:func:`log_model` logs it into a training run (name ``model``), with a signature and an input
-example, and registers a new version when asked (tagged with the run's best dev metric);
-:func:`log_package` logs a package already written (what a run's outbox replays).
+Its directory holds a package (:mod:`pipelines.model.package`: class, config, context, weights)
+and the code of ``foldengine``, ``schedulers``, ``pipelines``: it loads and predicts in a fresh
+process without the training data or ``FOLD_DATA_DIR``.  ``predict`` takes a DataFrame with the
+input column (``tree``, ``smiles``; or any one-column frame), a list of strings or a dict;
+``params``: ``chunk_size`` (default 256, at most 1024) and the predictor's options.  It returns
+the :class:`pipelines.model.prediction.Predictor` frame, a bad row's numbers ``<NA>`` (JSON
+``null``).  Inputs over the predictor's size cap are row errors; a request over
+``$FOLDENGINE_MAX_REQUEST_ROWS`` rows (default 100,000) is refused whole.  :func:`log_model` logs
+it into a run (and registers a version when asked); :func:`log_package` logs a written package.
 """
 from __future__ import annotations
 

@@ -1,28 +1,14 @@
-"""Loading the Tox21 and ESOL (Delaney) CSV files into molecule records.
+"""Loading the Tox21 and ESOL (Delaney) CSV files into molecule records (``csv`` module, no RDKit).
 
-Contract
---------
-``load_tox21(data_dir=None) -> (records, report)`` and ``load_esol(data_dir=None)`` locate the
-file with :func:`pipelines.datadir.resolve_data_file` (``data_dir``, ``$FOLD_DATA_DIR``, the
-user cache, else a download from the canonical DeepChem URL), check its content checksum
-(``verify=True``), and parse it with the ``csv`` module (no RDKit here: SMILES validity is
-checked by :func:`pipelines.molecules.featurize.featurize_dataset`).
-
-* ``records``: ``list[MoleculeRecord]``, one per kept data row, in file order.
-  ``record.labels`` is ``np.float32 [n_tasks]`` (12 for Tox21 in ``TOX21_TASKS`` order, 1 for
-  ESOL) with ``NaN`` for a missing (empty) label; ``record.smiles`` is stripped.
-* ``report``: :class:`LoadReport` with ``rows_read``, ``rows_kept`` and ``skipped`` rows
-  (``file:line`` and reason).
-
-``read_custom_csv(path, smiles_column=, task_columns=, task_type=)`` reads the user's own
-CSV (``molecules.csv``): any label columns, classification (0/1) or regression, empty = missing.
-
-Errors (all :class:`DataFormatError`, a ``ValueError``): an empty file or a header missing a
-required column (message names the file and the missing columns); with the default
-``on_bad_row="raise"`` a malformed row (wrong field count, empty SMILES, a label that is not
-0/1/empty for Tox21 or not a finite number/empty for ESOL) names ``file:line``.  With
-``on_bad_row="skip"`` such rows are left out and listed in the report instead.  A checksum
-mismatch raises :class:`DataIntegrityError` (pass ``verify=False`` to accept another copy).
+``load_tox21(data_dir=None)`` / ``load_esol(data_dir=None)`` -> ``(records, report)``: the file
+found by :func:`pipelines.datadir.resolve_data_file` (else downloaded from DeepChem), checksum
+verified (``verify=True``; a mismatch raises :class:`DataIntegrityError`).  ``records``:
+``list[MoleculeRecord]`` in file order, ``labels`` ``np.float32 [n_tasks]`` (12 for Tox21 in
+``TOX21_TASKS`` order, 1 for ESOL; ``NaN`` = missing), ``smiles`` stripped; ``report``:
+:class:`LoadReport` (``rows_read``, ``rows_kept``, ``skipped``).  ``read_custom_csv(path,
+smiles_column=, task_columns=, task_type=)`` reads the user's own CSV.  An empty file, a missing
+column or (``on_bad_row="raise"``) a malformed row raises :class:`DataFormatError` naming
+``file:line``; ``on_bad_row="skip"`` lists bad rows in the report.  SMILES are checked later.
 """
 from __future__ import annotations
 

@@ -1,32 +1,14 @@
-"""Tox21 (12-task classification, ROC-AUC) and ESOL (regression, RMSE) with the weave model,
-as :class:`pipelines.experiment.Experiment` s for :func:`pipelines.training.run.run`.
+"""Tox21 (12-task classification, ROC-AUC) and ESOL (regression, RMSE) with the weave model, as
+:class:`pipelines.experiment.Experiment` s for :func:`pipelines.training.run.run`; a user's own
+CSV with ``molecules.dataset: csv`` (``molecules.csv``, ``.smiles_column``, ``.task_columns``,
+``.task_type``; logged as MLflow params ``data.csv.*``).
 
-Where things run (see ``pipelines/experiment.py``):
-
-* driver (``read_splits``, reads in Ray Data tasks): read the CSV (Tox21, ESOL, or the user's own: ``molecules.dataset:
-  csv`` with ``molecules.csv``, ``.smiles_column``, ``.task_columns``, ``.task_type``; the file,
-  its SHA-256 and whether it is a known release are logged as MLflow params ``data.csv.*``), parse every SMILES with RDKit (unparsable ones are
-  skipped, counted and named in the skip report with ``data.skip_bad``, else raise), split (random with a fixed seed, or
-  scaffold).  Records are :class:`MolRecord` ``(id, smiles, labels)``: small to ship.  The
-  loaded context is the regression target standardisation (:class:`TargetScaling`, from the
-  training split; identity for Tox21).
-* Ray Data tasks (``make_batch``): RDKit featurisation (cached per worker process, so each
-  molecule is featurised once per process, not once per epoch) and ``compiler.build_batch``
-  (trace + schedule); the result is a :class:`~pipelines.molecules.model.MolBatch` holding the
-  foldengine ``Batch`` and the label array.
-* Ray Train workers: the compiled weave model, masked BCE (Tox21) or MSE (ESOL) on standardised
-  targets; ``build_model`` attaches the :class:`TargetScaling` to the model
-  (``model.target_scaling``, a plain attribute: not in the ``state_dict``) for ``loss``.
-
-Exact ROC-AUC through the glue's "sums" protocol: ``eval_stats`` returns one key per labelled
-prediction, ``p/<id>/<task>`` (the probability) and ``y/<id>/<task>`` (the 0/1 label), with
-``id`` the molecule's index in its split.  Ids are unique within a split, so adding the dicts
-of all batches and workers just collects them, and ``summarize`` computes sklearn's
-``roc_auc_score`` per task on all non-missing labels.
-
-The pieces live beside it: the ``molecules.*`` config keys in :mod:`pipelines.molecules.schema`,
-the splits' reading in :mod:`pipelines.molecules.split_reading`, the scores, results table and
-plots in :mod:`pipelines.molecules.results`; their public names are importable from here too.
+Records are :class:`MolRecord` ``(id, smiles, labels)``; unparsable SMILES are skipped and named
+in the skip report with ``data.skip_bad``, else raise; splits are random (fixed seed) or scaffold.
+The context is :class:`TargetScaling` (from the training split; identity for Tox21), attached as
+``model.target_scaling`` (not in the ``state_dict``); losses: masked BCE, MSE on standardised
+targets; batches: :class:`~pipelines.molecules.model.MolBatch`; ROC-AUC is exact.  Config keys,
+split reading, results: ``.schema``, ``.split_reading``, ``.results`` (names importable here too).
 """
 from __future__ import annotations
 

@@ -1,47 +1,14 @@
-"""RDKit featurisation of molecules for the weave graph-convolution model.
+"""RDKit featurisation of molecules for the weave graph-convolution model (Kearnes et al. 2016,
+in DeepChem's ``WeaveFeaturizer`` form, plus degree, ring and hydrogen-count one-hots).
 
-Follows Kearnes et al. 2016 ("Molecular graph convolutions: moving beyond fingerprints"),
-Tables 1 and 2, in the form DeepChem's ``WeaveFeaturizer`` uses, with the additions the
-project asked for (degree, ring membership and hydrogen-count one-hots).
-
-Contract
---------
-``featurize(smiles) -> MolGraph`` for one molecule, heavy atoms only (hydrogens implicit,
-as ``Chem.MolFromSmiles`` leaves them), ``N = mol.GetNumAtoms() >= 1``:
-
-* ``atoms``: ``np.float32 [N, N_ATOM_FEATURES]``, columns named by ``ATOM_FEATURE_NAMES``.
-* ``pairs``: ``np.float32 [N, N, N_PAIR_FEATURES]``, columns named by ``PAIR_FEATURE_NAMES``.
-  Symmetric in its first two axes (``pairs[i, j] == pairs[j, i]``) and zero on the diagonal
-  (Kearnes et al.: p_ii = 0). Every pair feature is 0/1.
-
-Atom features (41 columns, in this order):
-
-=====================  ====  ==============================================================
-group                  cols  meaning
-=====================  ====  ==============================================================
-element=...              11  one-hot H, C, N, O, F, P, S, Cl, Br, I, other (metals etc.)
-degree=...                7  one-hot number of heavy-atom neighbours 0..5, 6+
-formal_charge             1  integer formal charge (as float)
-hybridization=...         4  one-hot sp, sp2, sp3, other (s, sp3d, unspecified, ...)
-aromatic                  1  atom is aromatic
-in_ring                   1  atom is in any ring
-ring_size=3..8            6  number of SSSR rings of that size containing the atom
-chirality=R/S             2  CIP label R or S (both 0 when not a labelled stereocentre)
-hbond_donor/acceptor      2  RDKit BaseFeatures.fdef "Donor"/"Acceptor" families
-num_hs=...                5  one-hot total attached hydrogens 0..3, 4+
-gasteiger_charge          1  Gasteiger partial charge; NaN/inf (or failure) -> 0
-=====================  ====  ==============================================================
-
-Pair features (13 columns): ``bond=single|double|triple|aromatic|none`` (one-hot; ``none`` for
-non-bonded pairs, all zero for a bond of any other RDKit type and on the diagonal),
-``same_ring`` (the two atoms share an SSSR ring) and ``distance=1..7`` (one-hot shortest-path
-length in bonds, DeepChem ``max_pair_distance=7`` style; all zero for distance > 7 and for
-atoms in different fragments, i.e. "no distance").  Note: Kearnes et al. use cumulative
-"distance <= d" bits; this module uses DeepChem's exact-distance one-hot as the brief asked.
-
-Failures: an unparsable SMILES raises :class:`SmilesError` naming the SMILES (and mol_id /
-file:line when given).  :func:`featurize_dataset` skips such molecules, records each one in
-its result's ``skipped`` list and logs a warning: never silently.
+``featurize(smiles) -> MolGraph`` for one molecule, heavy atoms only (hydrogens implicit),
+``N = mol.GetNumAtoms() >= 1``: ``atoms`` ``np.float32 [N, N_ATOM_FEATURES]`` (41 columns, named
+by ``ATOM_FEATURE_NAMES``) and ``pairs`` ``np.float32 [N, N, N_PAIR_FEATURES]`` (13 columns, named
+by ``PAIR_FEATURE_NAMES``: bond-type one-hot, ``same_ring``, exact shortest-path ``distance=1..7``
+one-hot), all 0/1, symmetric in its first two axes and zero on the diagonal.  An unparsable
+SMILES raises :class:`SmilesError` naming it (and mol_id / ``file:line`` when given);
+:func:`featurize_dataset` skips such molecules, lists them in its result's ``skipped`` and logs
+a warning: never silently.  What each column means: docs/pipeline-notes.md.
 """
 from __future__ import annotations
 

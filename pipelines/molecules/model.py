@@ -4,17 +4,11 @@ Fold paper's appendix B.
 Input of the model block: one featurised molecule ``(atoms [N, F], pairs [N, N, P])`` (numpy,
 e.g. ``MolGraph.model_input()``), read as ``Map(Tensor(F))`` over atoms and
 ``Map(Map(Tensor(P)))`` over pairs.  Output: one row of ``n_out`` logits (or regression values)
-per molecule.
-
-    a_i^y   = f_A(f_A->A(a_i^x), sum_j f_P->A(p_ij^x))                                (4)
-    p_ij^y  = f_P(f_A->P(a_i^x, a_j^x) + f_A->P(a_j^x, a_i^x), f_P->P(p_ij^x))        (5)
-
-with the six functions fully connected ReLU layers.  :func:`weave_module` computes the appendix-B
-code's function, with ``f_A->P`` applied by atom (:class:`PairDense`) and ``f_A``, ``f_P`` taking
-their two inputs as arguments (:class:`ConcatDense`); :func:`weave_model` stacks ``n_weave`` of them (each layer reads the
-previous layer's ``(a_y, p_y)``), then gathers atoms into a molecule vector (sum over atoms,
-or Kearnes et al.'s Gaussian-histogram membership summed over atoms, followed by a dense
-layer) and applies a linear head.
+per molecule.  :func:`weave_module` is one weave layer, the appendix-B code's function (the
+paper's equations (4) and (5); ``f_A->P`` applied by atom: :class:`PairDense`; ``f_A``, ``f_P``
+on two inputs: :class:`ConcatDense`); :func:`weave_model` stacks ``n_weave`` of them, gathers
+atoms into a molecule vector (sum, or Gaussian-histogram membership, then a dense layer) and
+applies a linear head.
 """
 from __future__ import annotations
 

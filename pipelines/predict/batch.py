@@ -1,26 +1,14 @@
-"""Batch inference on Ray Data: a logged model (:mod:`pipelines.model.mlflow_model`) over files of raw
-inputs, written as Parquet.
+"""Batch inference on Ray Data: a logged model (:mod:`pipelines.model.mlflow_model`) over files of
+raw inputs, written as Parquet: ``python -m pipelines.predict --model runs:/<run_id>/model
+--input 'data/*.txt' 'more/*.csv.gz' --output preds/``.
 
-    python -m pipelines.predict --model runs:/<run_id>/model --input 'data/*.txt' 'more/*.csv.gz' --output preds/
-
-Inputs: text files, one input per line (PTB trees for SST, SMILES for molecules), and CSV files
-(``.csv``, ``.csv.gz``; a header row) whose column of the model's input name (``tree``,
-``smiles``; another with ``column``) holds the inputs, a row per input.  Data flow: the files are
-read in Ray Data tasks by the training pipeline's readers
-(:func:`pipelines.data.sources.read_lines`, :func:`pipelines.data.sources.read_csv_columns`) into
-rows ``path``, ``line``, ``text``, ``error`` (a CSV row that cannot be read), blank lines left
-out and counted (:class:`BlankLines`); an actor pool (:func:`pipelines.model.mapping.map_model` with :func:`predict_rows`, each actor holding one
-:class:`~pipelines.model.prediction.Predictor` built from the model's package, shipped once through
-the object store) parses, batches with the engine and predicts, and the rows stream to Parquet in
-``--output``.  Output columns: ``path``, ``line``
-(the input's ``file:line``; for CSV the reader's line number, the header being line 1),
-``input``, the predictor's columns and ``error`` (null for a good row; for a bad row the reason:
-the predictor's, or the CSV reader's, with null predictions; a bad row is kept and counted, never
-fatal).  Blank lines are skipped and counted.  The rows are written by ``Dataset.write_parquet`` on
-the workers as they stream (bounded memory), ``part-<task>-<block>.parquet`` in input order; the
-counts (rows, bad rows, blank lines) and the
-throughput are printed and logged as an MLflow run in experiment ``predict`` (``--no-tracking``:
-none).
+Inputs: text files (an input a line: PTB trees, SMILES) and CSV files (``.csv``, ``.csv.gz``; a
+header; the model's input column, or ``column``).  Output: ``part-<task>-<block>.parquet`` in
+``--output``, in input order, streamed (bounded memory); columns ``path``, ``line`` (``file:line``;
+a CSV's header is line 1), ``input``, the predictor's and ``error`` (null, or the reason with null
+predictions: a bad row is kept and counted, never fatal).  Blank lines are skipped and counted
+(:class:`BlankLines`).  The counts and the throughput are printed and logged as an MLflow run in
+experiment ``predict`` (``--no-tracking``: none).
 """
 from __future__ import annotations
 

@@ -1,37 +1,14 @@
-"""A trained model served on Ray Serve, with the engine's dynamic batching across requests.
+"""A trained model served on Ray Serve, with the engine's dynamic batching across requests:
+``python -m pipelines.predict.serve --model runs:/<run_id>/model [--port 8000] [--replicas 2]``.
 
-    python -m pipelines.predict.serve --model runs:/<run_id>/model [--port 8000] [--replicas 2]
-
-Requests that arrive together carry inputs of different shapes (trees, molecules); a replica
-collects the requests of a short window (``@serve.batch``: at most ``max_batch_size`` requests,
-waiting at most ``batch_wait_s``) and runs all their inputs as engine batches (one per
-``chunk_size`` inputs), then gives each request its own rows back.  A bad row (a tree that does
-not parse, an unknown SMILES, an input over the size cap) gets its ``error`` and null numbers in
-its own request only.
-
-HTTP (the request bodies of MLflow's ``/invocations``, so a client of ``mlflow models serve``
-works unchanged):
-
-* ``POST /invocations`` with JSON ``{"dataframe_records": [{"tree": ...}, ...]}``,
-  ``{"dataframe_split": {"columns": [...], "data": [[...], ...]}}``, ``{"inputs": [...]}`` or
-  ``{"inputs": {"tree": [...]}}``, or ``{"instances": [...]}``; the input column is the model's
-  (``tree``, ``smiles``; a one-column frame of another name is taken as it).  Answer:
-  ``{"predictions": [{column: value, ..., "error": null}, ...]}``, one record per input, in
-  order; strict JSON (missing numbers are ``null``, never ``NaN``).
-* ``GET /ping`` and ``GET /health``: 200 once the replica holds its model; ``GET /stats``: the
-  answering replica's ``{"requests": n, "batches": m, "rows": r, "in_flight": k}`` (``m < n``
-  when requests were batched together; ``k`` requests waiting for or in an engine batch now).
-  The engine batches run off the replica's event loop (requests over ``heavy_request_bytes``
-  in a second thread of their own), so ``/ping`` and small requests are answered while heavy
-  ones run.
-* Limits: a body over ``max_request_bytes`` is refused with 413, more than ``max_rows`` rows
-  with 400, invalid JSON or no input column with 400, a body not all there ``body_timeout_s``
-  after its headers with 408; a connection idle ``idle_timeout_s`` is closed.  Each input is
-  capped by the model's size limit (a row error).  Nothing a request holds stops the replica.
-
-Each replica loads the model's package once (:func:`pipelines.model.stored.download_package`, the
-package the batch-inference actors load) from bytes the driver put in the object store.  The
-endpoint listens on 127.0.0.1 unless ``--host`` says otherwise.
+A replica gathers a short window's requests (``@serve.batch``: ``max_batch_size``,
+``batch_wait_s``), runs their inputs as engine batches of ``chunk_size`` and gives each request its
+own rows; a bad row gets its ``error`` and null numbers in its own request only.  HTTP is MLflow's:
+``POST /invocations`` (any body ``mlflow models serve`` takes) answers strict JSON
+``{"predictions": [{..., "error": null}, ...]}``, a record per input, in order; ``GET /ping``,
+``/health`` (200 once loaded), ``/stats``.  Limits: 413 over ``max_request_bytes``; 400 over
+``max_rows``, bad JSON, no input column; 408 past ``body_timeout_s``; idle connections close after
+``idle_timeout_s``; nothing a request holds stops the replica.  Binds 127.0.0.1 unless ``--host``.
 """
 from __future__ import annotations
 
@@ -282,7 +259,7 @@ def build_app(package: PackageFiles, settings: ServeSettings, replicas: int = 1,
                                          "target_ongoing_requests": settings.max_batch_size}
     else:
         options["num_replicas"] = replicas
-    return serve.deployment(name="foldengine")(FoldServer).options(**options).bind(dict(package), settings)
+    return serve.deployment(name="foldengine")(FoldServer).options(**options).bind(package, settings)
 
 
 #: the environment of a Ray whose Serve ingress replicas listen for HTTP themselves (Ray's

@@ -1,26 +1,14 @@
 """Stanford Sentiment Treebank (SST): parsing PTB-format trees into compact tuples.
 
-Tree encoding (the contract every consumer relies on)
------------------------------------------------------
-A tree is nested plain tuples, cheap to pickle (Ray Data) and fast to walk:
-
-* leaf:       ``(label, word)``         -- ``len(node) == 2``
-* inner node: ``(label, left, right)``  -- ``len(node) == 3``
-
-``label`` is a Python ``int`` in ``0..4`` (0 very negative .. 4 very positive).  ``word`` is
-the token exactly as written in the file (``str``, interned), e.g. ``-LRB-``, ``co-writer\\/director``,
-``8\\u00a01\\/2``; nothing is unescaped (tokens split only on ASCII whitespace and parentheses,
-so U+00A0 stays inside a token).  :func:`normalize_token` maps a token to its plain form
-(``-LRB-`` -> ``(``, ``\\/`` -> ``/``) for embedding look-up only.  After
-:func:`pipelines.sst.vocab.Vocab.index_tree` the leaf's second field is an ``int`` word id.
-
-Loading
--------
-:func:`parse_line_checked` is the per-line rule of every reader.  :func:`load_split` finds
-``sst/<split>.txt`` (:func:`pipelines.datadir.resolve_data_file`), verifies its SHA-256 and
-parses it; a malformed line raises :class:`SSTFormatError` naming ``path:line``, or is skipped and
-counted with ``skip_bad=True`` (:class:`LoadReport`).  Parsed trees of verified, clean files are
-cached in the user cache keyed by the file's SHA-256.
+A tree is nested plain tuples: a leaf ``(label, word)`` (``len == 2``), an inner node
+``(label, left, right)`` (``len == 3``); ``label`` an ``int`` in ``0..4`` (very negative .. very
+positive), ``word`` the token exactly as in the file (``str``, interned, nothing unescaped; split
+on ASCII whitespace and parentheses only), an ``int`` id after
+:func:`pipelines.sst.vocab.Vocab.index_tree`.  :func:`normalize_token` gives a token's plain form
+for embedding look-up.  :func:`parse_line_checked` is every reader's per-line rule;
+:func:`load_split` finds ``sst/<split>.txt`` (:func:`pipelines.datadir.resolve_data_file`),
+verifies its SHA-256 and parses it (cached by that hash): a malformed line raises
+:class:`SSTFormatError` naming ``path:line``, or is skipped and counted with ``skip_bad=True``.
 """
 from __future__ import annotations
 

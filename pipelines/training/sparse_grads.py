@@ -1,23 +1,13 @@
 """Sparse embedding gradients averaged over DDP ranks with dense collectives only.
 
-``nn.Embedding(sparse=True)`` gives a COO gradient holding only the rows a batch used.  Left to
-``DistributedDataParallel``, it goes through the process group's *sparse* all-reduce: on gloo
-(CPU) that exchanges tensors whose sizes differ per rank and step, which crashed workers natively
-(``docs/data-path.md``, "Sparse gradients").
-
-:class:`SparseGradSync` takes those parameters away from DDP
-(``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model``) and averages their
-gradients itself after ``backward``, with fixed-size dense collectives:
-
-1. each rank coalesces its gradient: ``n_r`` rows ``idx_r: [n_r]`` (int64), ``val_r: [n_r, *row]``;
-2. ``all_gather`` of the counts ``n_r``; ``m = max_r n_r``;
-3. ``all_gather`` of ``idx_r`` and ``val_r`` zero-padded to ``m`` rows (same shapes on every rank);
-4. every rank builds the same COO tensor from the real rows, in rank order, coalesces it (sums
-   rows used on several ranks) and divides by the world size, as DDP's average.
-
-The result is identical on every rank (same inputs, same order), so parameters stay equal (the
-workers' per-epoch parameter-hash check).  A rank that did not use the parameter contributes
-no rows.  Cost per step: three small collectives (counts, indices, values) on the main thread.
+:class:`SparseGradSync` takes the ``nn.Embedding(sparse=True)`` parameters away from DDP (why:
+``docs/data-path.md``, "Sparse gradients") and averages their COO gradients itself after
+``backward``: each rank coalesces its ``n_r`` rows (``idx_r: [n_r]`` int64, ``val_r: [n_r, *row]``);
+``all_gather`` of the counts, then of ``idx_r`` and ``val_r`` zero-padded to ``m = max_r n_r``
+rows; every rank builds the same COO tensor from the real rows in rank order, coalesces it (sums
+rows used on several ranks) and divides by the world size, as DDP's average.  The result is
+identical on every rank, so parameters stay equal; a rank that did not use the parameter
+contributes no rows.  Cost per step: three small collectives on the main thread.
 """
 from __future__ import annotations
 

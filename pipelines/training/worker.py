@@ -1,20 +1,14 @@
 """Ray Train side of the glue: what every DDP worker runs (``TorchTrainer``'s training loop).
 
-:func:`train_loop` runs on each rank with the :class:`TrainPlan` the driver hands over:
+:func:`train_loop` runs on each rank with the driver's :class:`TrainPlan`; every rank makes the
+same collective calls in the same order:
 
-1. :func:`setup`: seed from ``seed``, ``experiment.build_model`` (identical on every rank), wrap it
-   for DDP (``find_unused_parameters=True``: dynamic batches need not touch every parameter; sparse
-   gradients are averaged by :class:`pipelines.training.sparse_grads.SparseGradSync` instead), make the
-   optimizer, then switch to this rank's own RNG stream (dropout etc.);
-2. :func:`restore`: continue from this run's latest checkpoint (after a worker-group restart) or
-   else from ``resume_from``: model, optimizer, history, best-so-far and this rank's RNG states;
-3. per epoch, :func:`run_epoch` (:func:`train_epoch` over ``plan.feed.train(epoch, rank)``,
-   :func:`evaluate`, timing, best-model selection, the parameter-consistency check), then
-   :func:`report_epoch`: rank 0 logs, writes the checkpoint and reports the metrics with it.
-
-Every rank makes the same collective calls in the same order (per step: DDP's all-reduces and
-the sparse gradients' three gathers; per epoch: the gathers of totals, eval sums, parameter
-hashes and RNG states).
+1. :func:`setup`: seed, ``experiment.build_model`` (identical on every rank), DDP (sparse gradients:
+   :class:`~pipelines.training.sparse_grads.SparseGradSync`), optimizer, then its rank's RNG stream;
+2. :func:`restore`: from this run's latest checkpoint, else ``resume_from`` (model, optimizer,
+   history, best-so-far, this rank's RNG states);
+3. per epoch :func:`run_epoch` (:func:`train_epoch`, :func:`evaluate`, best model, parameter
+   check), then :func:`report_epoch`: rank 0 logs, writes the checkpoint, reports the metrics.
 """
 from __future__ import annotations
 

@@ -101,3 +101,18 @@ def parsed_records(data, positions=None) -> list:
             out.append((int(row["idx"]), pickle.loads(row["rec"])))
     out.sort(key=lambda x: x[0])
     return [r for _, r in out]
+
+
+def read_until(proc, marker: str, timeout_s: float = 300.0) -> str:
+    """The output of the text-mode ``subprocess.Popen`` ``proc`` (stdout, stderr merged into it)
+    up to and including the line holding ``marker`` (a serving command's banner); fails when the
+    process ends or ``timeout_s`` passes first, showing what it printed."""
+    import time
+
+    deadline, out = time.monotonic() + timeout_s, ""
+    while marker not in out:
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, out
+        out += line
+        assert time.monotonic() < deadline, out
+    return out

@@ -12,13 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.pipelines.helpers import REPO
+from tests.pipelines.helpers import REPO, read_until
 from tests.pipelines.mlflow_server import unused_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -91,12 +90,7 @@ def test_a_registered_third_domain_trains_and_sweeps_with_the_generic_commands(p
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp,
                              start_new_session=True)
     try:
-        deadline, banner = time.monotonic() + 300, ""
-        while "stops it" not in banner:
-            line = serve.stdout.readline()
-            assert line or serve.poll() is None, banner
-            banner += line
-            assert time.monotonic() < deadline, banner
+        read_until(serve, "stops it", 300)
         body = json.dumps({"dataframe_records": [{"point": p} for p in points]}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
                                      headers={"Content-Type": "application/json"})
@@ -105,7 +99,8 @@ def test_a_registered_third_domain_trains_and_sweeps_with_the_generic_commands(p
         assert [a["error"] is None for a in answer] == [True, False, True]
         assert [a["label"] for a in answer if a["error"] is None] == rows["label"].dropna().astype(int).tolist()
     finally:
-        os.killpg(serve.pid, signal.SIGINT)
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGINT)
         try:
             serve.wait(timeout=90)
         except subprocess.TimeoutExpired:

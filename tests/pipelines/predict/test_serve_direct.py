@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
@@ -20,7 +19,7 @@ import pytest
 
 from pipelines.model.package import write_package
 from pipelines.model.stored import download_package
-from tests.pipelines.helpers import sst_lines, untrained_sst
+from tests.pipelines.helpers import sst_lines, untrained_sst, read_until
 from tests.pipelines.mlflow_server import unused_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -50,12 +49,7 @@ def test_the_serve_command_answers_on_its_port_with_direct_ingress(data_dir, tmp
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     try:
-        deadline, banner = time.monotonic() + 240, ""
-        while "stops it" not in banner:
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, banner
-            banner += line
-            assert time.monotonic() < deadline, banner
+        banner = read_until(proc, "stops it", 240)
         url = f"http://127.0.0.1:{port}"
         assert f"at {url}/invocations (1 replica(s), direct ingress" in banner, banner
         requests = [[lines[i % 30]] + ([BAD_TREE] if i % 4 == 0 else []) for i in range(32)]

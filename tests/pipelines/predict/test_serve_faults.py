@@ -20,7 +20,7 @@ import pytest
 
 from pipelines.model.package import write_package
 from pipelines.model.stored import download_package
-from tests.pipelines.helpers import sst_lines, untrained_sst
+from tests.pipelines.helpers import sst_lines, untrained_sst, read_until
 from tests.pipelines.mlflow_server import unused_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -69,12 +69,7 @@ def start_server(data_dir, tmp_path, *extra: str) -> Server:
                              "--port", str(port), "--cpus-per-replica", "0.5", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
-    deadline, banner = time.monotonic() + 300, ""
-    while "stops it" not in banner:
-        line = proc.stdout.readline()
-        assert line or proc.poll() is None, banner
-        banner += line
-        assert time.monotonic() < deadline, banner
+    banner = read_until(proc, "stops it", 300)
     return Server(proc, f"http://127.0.0.1:{port}", port, predictor, sst_lines(data_dir, 30), banner)
 
 
