@@ -14,9 +14,9 @@ from pipelines.molecules.experiment import SCHEMA as MOL_SCHEMA, MoleculeExperim
 from pipelines.molecules.featurize import SmilesError
 from pipelines.sst.experiment import SCHEMA as SST_SCHEMA, SSTExperiment
 
-from .helpers import source_records, sst_lines
-from .reference_splits import molecule_splits, sst_splits, toy_splits
-from .toy_experiment import ToyExperiment
+from tests.pipelines.helpers import source_records, sst_lines
+from tests.pipelines.reference_splits import molecule_splits, sst_splits, toy_splits
+from tests.pipelines.toy_experiment import ToyExperiment
 
 pytestmark = [pytest.mark.integration]
 

@@ -8,7 +8,7 @@ from pipelines import checkpoint
 from pipelines.seeding import derived_seed, param_hash, rng_state, seed_all, set_rng_state
 from pipelines.data.positions import eval_groups, train_step_positions, train_steps_per_epoch
 
-from . import step_reference as ref
+from tests.pipelines import step_reference as ref
 from pipelines.training.worker import EpochTotals, RunState
 
 
