@@ -116,3 +116,19 @@ def read_until(proc, marker: str, timeout_s: float = 300.0) -> str:
         out += line
         assert time.monotonic() < deadline, out
     return out
+
+
+def stop_process_group(proc, timeout_s: float = 90.0) -> None:
+    """Ctrl-C (SIGINT) to the process group of ``proc`` (started with ``start_new_session=True``)
+    unless it has ended, then wait up to ``timeout_s``; SIGKILL the group and raise
+    ``subprocess.TimeoutExpired`` when it does not stop in time."""
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise

@@ -9,7 +9,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -17,7 +16,7 @@ import urllib.request
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.pipelines.helpers import REPO, read_until
+from tests.pipelines.helpers import REPO, read_until, stop_process_group
 from tests.pipelines.mlflow_server import unused_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -99,9 +98,4 @@ def test_a_registered_third_domain_trains_and_sweeps_with_the_generic_commands(p
         assert [a["error"] is None for a in answer] == [True, False, True]
         assert [a["label"] for a in answer if a["error"] is None] == rows["label"].dropna().astype(int).tolist()
     finally:
-        if serve.poll() is None:
-            os.killpg(serve.pid, signal.SIGINT)
-        try:
-            serve.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(serve.pid, signal.SIGKILL)
+        stop_process_group(serve)

@@ -19,7 +19,7 @@ import pytest
 
 from pipelines.model.package import write_package
 from pipelines.model.stored import download_package
-from tests.pipelines.helpers import sst_lines, untrained_sst, read_until
+from tests.pipelines.helpers import read_until, sst_lines, stop_process_group, untrained_sst
 from tests.pipelines.mlflow_server import unused_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -75,10 +75,4 @@ def test_the_serve_command_answers_on_its_port_with_direct_ingress(data_dir, tmp
         # its own Ray goes down with it; no 30 s wait for a Serve controller the signal already ended
         assert "failed to shut down" not in rest, rest
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
+        stop_process_group(proc)
