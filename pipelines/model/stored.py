@@ -53,12 +53,18 @@ def _download(uri: str, dst: str, tracking_uri: Optional[str]) -> str:
 
     from pipelines.model.mlflow_model import quiet_model_logging
 
+    previous = mlflow.get_tracking_uri()
+    if tracking_uri:        # runs:/ and models:/ URIs resolve through the process's tracking URI
+        mlflow.set_tracking_uri(tracking_uri)
     try:
         with quiet_model_logging():     # no download bar: a log line per update where stderr is a file
             return mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=dst, tracking_uri=tracking_uri)
     except (MlflowException, OSError) as err:
         why = (str(getattr(err, "message", err)).strip().splitlines() or [type(err).__name__])[0][:300]
         raise LookupError(why) from None
+    finally:
+        if tracking_uri:
+            mlflow.set_tracking_uri(previous)
 
 
 def download_package(model_uri: str, tracking_uri: Optional[str] = None) -> PackageFiles:
