@@ -309,6 +309,7 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
     legacy = sst_splits(cfg)
     world = 2
     seed, bs, ebs = int(cfg["seed"]), cfg["batch_size"], cfg["eval_batch_size"]
+    sample_seed = int(cfg["data"]["sample_seed"])   # the limits' sample: not the model seed's
     n_train, n_dev = len(legacy.records["train"]), len(legacy.records["dev"])
     steps = train_steps_per_epoch(n_train, bs, world, cfg["max_steps_per_epoch"])
     expected = {}   # dataset name -> (epoch, records, [(step, positions, denom)])
@@ -326,9 +327,9 @@ def test_streaming_datasets_give_the_reference_steps_and_batches(data_dir, cache
         ctx.target_max_block_size = block_bytes
     try:
         sources = {"train": with_positions(SR.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=30_000,
-                                                           rows_per_block=40), 113, seed, "train"),
+                                                           rows_per_block=40), 113, sample_seed, "train"),
                    "dev": with_positions(SR.read_sst_file(str(data_dir / "sst" / "dev.txt"), chunk_bytes=50_000,
-                                                         rows_per_block=30), 47, seed, "dev")}
+                                                         rows_per_block=30), 47, sample_seed, "dev")}
         new = declare_feed(exp, cfg, StreamSplits(sources, {}, legacy.context), world)
         plan = new.feed.plan
         parts = {name: [Step.from_row(row) for row in new.datasets[name].take_all()] for name in plan.datasets}
