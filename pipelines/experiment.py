@@ -21,6 +21,7 @@ import torch
 
 from pipelines.config import ConfigError, Field
 from pipelines.datadir import DataFile
+from pipelines.plots import Baseline, Panel, Series, epoch_figure
 
 
 #: the entry-point group where a distribution registers its experiments by short name
@@ -131,6 +132,34 @@ class TableLayout:
     reference: tuple = ()
     baselines: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     baseline_name: str = "trivial baseline"
+
+
+def headline_tags(layout: TableLayout, metrics: Mapping[str, float], prefix: str = "",
+                  suffix: str = "") -> dict[str, str]:
+    """MLflow tags that put a run's headline figures on the first screen of its page (the UI
+    shows tags above the description and the metrics): one per column of ``layout``, named
+    ``<column><suffix>``, valued ``"<figure> (baseline <b>)"`` from ``metrics[prefix + key]``
+    (``prefix``: ``"mean/"`` for a sweep's mean over seeds, whose ``"sd/"`` is added in
+    parentheses), scaled by ``layout.scale`` (1 decimal in percent, else 3), with ``NOT ABOVE``
+    when the figure is not above its trivial baseline.  Columns without a figure are left out.
+
+    Example: ``{"test fine": "49.6 (baseline 28.6)", "test binary": "87.5 (baseline 50.1)"}``."""
+    digits = 1 if layout.scale == 100.0 else 3
+    out = {}
+    for key, column in layout.columns.items():
+        v = metrics.get(prefix + key)
+        if v is None or v != v:
+            continue
+        text = f"{v * layout.scale:.{digits}f}"
+        sd = metrics.get("sd/" + key) if prefix == "mean/" else None
+        if sd is not None and sd == sd:
+            text += f" ({sd * layout.scale:.{digits}f})"
+        base = layout.baselines.get(key)
+        base = metrics.get(prefix + base) if isinstance(base, str) else base
+        if base is not None and base == base:
+            text += f" (baseline {base * layout.scale:.{digits}f}{'' if v > base else ', NOT ABOVE'})"
+        out[column + suffix] = text
+    return out
 
 
 class Experiment(abc.ABC):
@@ -277,26 +306,23 @@ class Experiment(abc.ABC):
         driver with Ray up.  Only when :attr:`supports_ensemble`."""
         raise NotImplementedError(f"{type(self).__name__} has no ensemble")
 
+    def baselines(self, history: Sequence[Mapping[str, float]], split: str = "test") -> dict[str, Baseline]:
+        """The trivial baseline of each metric name (``fine``, ``auc``) that has one, drawn as a
+        dashed line in :meth:`plots` (majority class, chance AUC), from the per-epoch
+        ``history`` (of ``split`` where it depends on the split's data).  Default: none."""
+        return {}
+
     def plots(self, history: Sequence[Mapping[str, float]]) -> list[tuple[str, Any]]:
         """``[(name, matplotlib Figure)]`` from the per-epoch metric history.  Default: one
-        figure with every ``*/loss`` curve and one with the selection metric per split."""
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-
+        figure with every ``*/loss`` curve and one with the selection metric per split (its
+        :meth:`baselines` line dashed), in :mod:`pipelines.plots`' style."""
         out = []
-        epochs = [h["epoch"] for h in history]
+        base = self.baselines(history)
         for suffix in ("loss", self.selection_metric):
             keys = sorted({k for h in history for k in h if k.endswith("/" + suffix)})
             if not keys:
                 continue
-            fig, ax = plt.subplots(figsize=(5, 3.5))
-            for k in keys:
-                ax.plot(epochs, [h.get(k, float("nan")) for h in history], marker="o", label=k)
-            ax.set_xlabel("epoch")
-            ax.set_ylabel(suffix)
-            ax.legend()
-            fig.tight_layout()
-            out.append((suffix.replace("/", "_"), fig))
+            panel = Panel(f"{suffix} per epoch, by split", suffix, [Series(k, k) for k in keys],
+                          [base[suffix]] if suffix in base else ())
+            out.append((suffix.replace("/", "_"), epoch_figure(history, [panel], title=f"{self.name}: {suffix}")))
         return out

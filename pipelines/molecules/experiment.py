@@ -24,6 +24,7 @@ import torch
 from pipelines.experiment import Experiment, TableLayout
 
 from pipelines.molecules.model import MolBatch, build_compiler, masked_bce_sum
+from pipelines.plots import Baseline
 from pipelines.molecules.results import (CHANCE_AUC, MOLECULENET_ESOL, MOLECULENET_TOX21, per_task_bar_plot, results_table,
                                          task_aucs)
 from pipelines.molecules.scaling import TargetScaling
@@ -281,6 +282,10 @@ class MoleculeExperiment(Experiment):
                 baseline_name="chance (a random ranking)")
         return TableLayout({"best/test/rmse": "test RMSE"},
                            reference=tuple(MOLECULENET_ESOL if self.dataset == "esol" else ()))
+
+    def baselines(self, history, split="test"):
+        """Chance (0.5) for the mean ROC-AUC of a classification dataset; none for RMSE."""
+        return {"auc": Baseline(CHANCE_AUC, "chance")} if self.classification else {}
 
     def plots(self, history):
         figs = list(super().plots(history))

@@ -12,6 +12,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from pipelines.plots import legend_outside
+
 __all__ = ["CHANCE_AUC", "MOLECULENET_TOX21", "MOLECULENET_ESOL", "task_aucs", "results_table", "per_task_bar_plot"]
 
 # MoleculeNet paper (Wu et al., Chem. Sci. 2018), random split, test set, as quoted in the brief.
@@ -87,13 +89,13 @@ def per_task_bar_plot(metrics: Mapping[str, float], tasks: Sequence[str], refere
         mean = metrics.get(f"best/{split}/auc", metrics.get(f"{split}/auc", float("nan")))
         ax.bar(x + off, vals, width=0.4, label=f"{split} (mean {mean:.3f})")
     if reference:
-        ax.axhline(0.820, color="k", ls="--", lw=1, label="MoleculeNet Weave test mean 0.820")
-    ax.axhline(0.5, color="gray", ls=":", lw=1, label="chance 0.5")
+        ax.axhline(0.820, color="k", ls="-.", lw=1, label="MoleculeNet Weave test mean 0.820")
+    ax.axhline(CHANCE_AUC, color="0.45", ls="--", lw=1, label=f"chance ({CHANCE_AUC})")
     ax.set_xticks(x)
     ax.set_xticklabels(tasks, rotation=45, ha="right")
     ax.set_ylim(0.0, 1.0)   # from 0: a task below chance shows as a short bar, not as no bar
     ax.set_ylabel("ROC-AUC")
     ax.set_title(("Tox21 p" if reference else "P") + "er-task ROC-AUC at the best dev epoch")
-    ax.legend(fontsize=8, loc="lower right")
+    legend_outside(ax)
     fig.tight_layout()
     return fig

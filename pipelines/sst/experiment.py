@@ -23,6 +23,7 @@ from torch import nn
 
 from pipelines.config import Field
 from pipelines.experiment import Experiment, FinishedRun, TableLayout
+from pipelines.plots import Baseline, Panel, Series, epoch_figure
 from schedulers import SCHEDULERS
 
 from pipelines.sst.model import SentimentModules, build_compiler, count_stats, node_outputs, summarize_counts
@@ -340,22 +341,30 @@ class SSTExperiment(Experiment):
         metrics, _ = evaluate_ensemble_streaming(self, configs, states, split, batch_size)
         return dict(metrics)
 
-    def plots(self, history):
-        figs = list(super().plots(history))
-        import matplotlib.pyplot as plt
+    def baselines(self, history, split="test"):
+        """The majority class of ``split``'s evaluated trees for ``fine`` and ``binary`` (the
+        last epoch's ``<split>/majority_*``; the other split's where ``split`` has none)."""
+        out = {}
+        last = history[-1] if history else {}
+        for m in ("fine", "binary"):
+            for s in (split, "dev" if split == "test" else "test"):
+                v = last.get(f"{s}/majority_{m}")
+                if v is not None:
+                    out[m] = Baseline(float(v), f"majority class, {s}")
+                    break
+        return out
 
-        epochs = [h["epoch"] for h in history]
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        for split in ("dev", "test"):
-            for m, style in (("fine", "-"), ("binary", "--")):
-                k = f"{split}/{m}"
-                if any(k in h for h in history):
-                    ax.plot(epochs, [h.get(k, float("nan")) for h in history], style, marker="o", label=k)
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("root accuracy")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        figs.append(("root_accuracy", fig))
+    def plots(self, history):
+        """The loss curves (:meth:`Experiment.plots`) and the root accuracy per epoch: one panel
+        for fine-grained, one for binary, dev and test in each, the majority class dashed."""
+        figs = [f for f in super().plots(history) if f[0] == "loss"]
+        base = self.baselines(history)
+        panels = [Panel(f"{m} root accuracy", "accuracy",
+                        [Series(f"dev/{m}", "dev", "-"), Series(f"test/{m}", "test", "--")],
+                        [base[m]] if m in base else ()) for m in ("fine", "binary")]
+        fig = epoch_figure(history, panels, title="SST Tree-LSTM: root accuracy per epoch")
+        if fig is not None:
+            figs.append(("root_accuracy", fig))
         return figs
 
 

@@ -10,11 +10,12 @@ from typing import Mapping, Sequence
 
 from pipelines.sweep.plan import SweepPlan
 from pipelines.sweep.report import SweepSummary, TrialOutcome, curves_figure, trial_table
-from pipelines.tracking.run_metadata import flatten_params, run_tags
+from pipelines.experiment import headline_tags
+from pipelines.tracking.run_metadata import flatten_params, headline_note, run_tags
 from pipelines.tracking.store import check_reachable
 from pipelines.tracking.tracker import Tracker
 
-__all__ = ["start_parent", "child_runs", "close_stale_children", "log_parent", "trial_curves", "save_sweep_view"]
+__all__ = ["start_parent", "child_runs", "close_stale_children", "sweep_note", "log_parent", "trial_curves", "save_sweep_view"]
 
 
 def _parent_params(plan: SweepPlan) -> dict[str, str]:
@@ -37,12 +38,8 @@ def start_parent(plan: SweepPlan) -> Tracker:
     the sweep definition); returns its tracker."""
     cfg = plan.config
     check_reachable(cfg["tracking"]["uri"], cfg["tracking"]["check_timeout_s"])
-    what = f"{len(plan.seeds)} seeds" if plan.seeds else ""
-    if plan.searches:
-        what = (what + ", " if what else "") + f"search of {', '.join(s.key for s in plan.searches)}"
-    tags = {**run_tags(cfg, plan.experiment.rsplit('.', 1)[1], entry_point="pipelines.sweep"),
-            "sweep.name": plan.name, "sweep.role": "parent",
-            "mlflow.note.content": f"Ray Tune sweep {plan.name}: {what}; each trial a nested run"}
+    tags = {**run_tags(cfg, plan.experiment.rsplit('.', 1)[1], entry_point="python -m pipelines.sweep"),
+            "sweep.name": plan.name, "sweep.role": "parent", "mlflow.note.content": sweep_note(plan)}
     tracker = Tracker.start(cfg["tracking"]["uri"], cfg["tracking"]["experiment"] or cfg["name"],
                             run_name=plan.name, tags=tags)
     tracker.params(_parent_params(plan))
@@ -70,20 +67,36 @@ def close_stale_children(tracker: Tracker, why: str) -> int:
     return n
 
 
-def log_parent(plan: SweepPlan, tracker: Tracker, trials: Sequence[TrialOutcome], summary: SweepSummary,
-               ensemble: Mapping[str, float], table) -> None:
+def sweep_note(plan: SweepPlan) -> str:
+    """The parent run's one-line description: the sweep's name, seeds and searched keys."""
+    what = f"{len(plan.seeds)} seeds" if plan.seeds else ""
+    if plan.searches:
+        what = (what + ", " if what else "") + f"search of {', '.join(s.key for s in plan.searches)}"
+    return f"Ray Tune sweep {plan.name}: {what}; each trial a nested run"
+
+
+def log_parent(experiment, plan: SweepPlan, tracker: Tracker, trials: Sequence[TrialOutcome],
+               summary: SweepSummary, ensemble: Mapping[str, float], table) -> None:
     """Log the sweep's aggregates (``summary``), the ``ensemble`` figures, every trial's curve
-    (:func:`trial_curves`), ``trials.json``, ``plots/dev_curves.png``, the paper-style ``table``
-    and the best trial's tags to the parent run."""
+    (:func:`trial_curves`), ``trials.json``, ``plots/dev_curves.png`` (with ``experiment``'s
+    baseline of the metric, from a trial's last reported metrics), the paper-style ``table`` and
+    the best trial's tags to the parent run."""
     tracker.metrics(summary.metrics())
     tracker.metrics({f"ensemble/{k}": v for k, v in ensemble.items()})
     for key, points in trial_curves(trials, plan.metric).items():
         for epoch, value in points:
             tracker.metrics({key: value}, step=epoch)
     tracker.table(trial_table(trials), "trials.json")
-    tracker.figures([("dev_curves", curves_figure(trials, plan.metric.split("/", 1)[1], summary.best_trial,
-                                                  plan.mode))])
+    metric = plan.metric.split("/", 1)[1]
+    reported = [t.metrics for t in trials if t.metrics]
+    baseline = experiment.baselines(reported[-1:], split="dev").get(metric) if reported else None
+    tracker.figures([("dev_curves", curves_figure(trials, metric, summary.best_trial, plan.mode, baseline))])
     tracker.table(table, "table.json")
+    # the run page's first screen: the headline figures as tags, the paper-style table as its description
+    layout = experiment.sweep_layout()
+    tracker.tags({**headline_tags(layout, summary.metrics(), prefix="mean/", suffix=", mean (sd)"),
+                  **headline_tags(layout, {f"best/{k}": v for k, v in ensemble.items()}, suffix=", ensemble"),
+                  "mlflow.note.content": headline_note(sweep_note(plan), table)})
     if summary.best_trial:
         best = next(t for t in trials if t.trial_id == summary.best_trial)
         tracker.tags({"sweep.best_trial": best.trial_id, "sweep.best_run_id": best.run_id or ""})

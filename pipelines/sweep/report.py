@@ -12,6 +12,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from pipelines.experiment import TableLayout
+from pipelines.plots import Baseline, legend_outside, set_epoch_ticks
 
 __all__ = ["FINISHED", "STOPPED", "ERROR", "TrialOutcome", "SweepSummary", "summarize",
            "trial_table", "curves_figure", "paper_table", "DECIMALS"]
@@ -103,10 +104,12 @@ def trial_table(trials: Sequence[TrialOutcome], metric_prefixes: Sequence[str] =
     return pd.DataFrame(rows)
 
 
-def curves_figure(trials: Sequence[TrialOutcome], metric: str, best_trial: Optional[str], mode: str = "max"):
+def curves_figure(trials: Sequence[TrialOutcome], metric: str, best_trial: Optional[str], mode: str = "max",
+                  baseline: Optional[Baseline] = None):
     """Matplotlib figure: each trial's dev ``metric`` per epoch (one line per trial, labelled with
     its id and swept values; stopped trials dashed, errors dotted), the best trial drawn thick
-    with its best epoch (by ``mode``, "max" / "min") starred; every epoch a tick on the x axis."""
+    with its best epoch (by ``mode``, "max" / "min") starred, ``baseline`` (the metric's trivial
+    baseline) dashed; integer epoch ticks, the legend right of the axes."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -130,13 +133,13 @@ def curves_figure(trials: Sequence[TrialOutcome], metric: str, best_trial: Optio
             i = int(pick(ys)) if np.isfinite(ys).any() else 0
             ax.scatter([xs[i]], [ys[i]], s=150, marker="*", color="black", zorder=4,
                        label=f"best: {ys[i]:.4f} at epoch {xs[i]}")
-    if epochs:
-        ax.set_xticks(sorted(epochs))
-    ax.set_xlabel("epoch")
+    if baseline is not None:
+        ax.axhline(baseline.value, color="0.45", ls="--", lw=1, label=f"{baseline.label} ({baseline.value:.3g})")
+    set_epoch_ticks(ax, sorted(epochs))
     ax.set_ylabel(f"dev {metric}")
     ax.set_title(f"dev {metric} of every trial")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    legend_outside(ax, fontsize=7)
     fig.tight_layout()
     return fig
 

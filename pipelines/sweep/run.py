@@ -105,7 +105,7 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
         if members:
             tracker.params({"ensemble.members": ",".join(members), "ensemble.split": "test"})
         table = paper_table(summary, experiment.sweep_layout(), experiment.name, ensemble, summary.n_finished)
-        log_parent(plan, tracker, trials, summary, ensemble, table)
+        log_parent(experiment, plan, tracker, trials, summary, ensemble, table)
         save_sweep_view(experiment, plan, tracker, ensemble, trials)
         # a trial that errored (e.g. it started during a tracking outage) leaves the sweep
         # incomplete: its parent ends FAILED and --resume reruns that trial

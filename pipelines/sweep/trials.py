@@ -34,7 +34,8 @@ def trial_config(plan: SweepPlan, params: Mapping[str, Any], trial_id: str) -> d
             node = node.setdefault(p, {})
         node[parts[-1]] = value
     tags = dict(cfg["tracking"]["tags"])
-    tags.update({"mlflow.parentRunId": plan.parent_run_id or "", "sweep.trial_id": trial_id, "sweep.name": plan.name})
+    tags.update({"mlflow.parentRunId": plan.parent_run_id or "", "sweep.trial_id": trial_id, "sweep.name": plan.name,
+                 "mlflow.source.name": "python -m pipelines.sweep"})   # not the Tune actor's default_worker.py
     cfg["tracking"]["tags"] = tags
     cfg["tracking"]["experiment"] = cfg["tracking"]["experiment"] or cfg["name"]
     cfg["ray"]["storage_path"] = plan.directory.rstrip("/") + "/train"

@@ -10,10 +10,10 @@ import platform
 import socket
 import sys
 import urllib.parse
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 __all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING_KIND", "flatten_params", "system_info", "run_name_for",
-           "run_tags", "ensure_experiment", "ui_url"]
+           "run_tags", "run_note", "entry_point_name", "headline_note", "markdown_table", "ensure_experiment", "ui_url"]
 
 #: Experiment tag read by the MLflow 3.x UI to choose between its views.  MLflow's UI writes
 #: ``mlflow.experimentKind`` itself when a user picks the experiment's type (values
@@ -94,24 +94,73 @@ def run_name_for(cfg: Mapping[str, Any], experiment: Optional[str] = None) -> st
     return "-".join(parts)
 
 
-def run_tags(cfg: Mapping[str, Any], experiment: str, entry_point: Optional[str] = None) -> dict[str, str]:
-    """The tags of a training run: ``experiment`` (the preset, the config's ``name``), ``model``
-    (the Experiment's name), MLflow's source tags (``mlflow.source.name``: the entry point,
-    ``mlflow.source.type``, ``mlflow.source.git.commit`` when the code is a git checkout) and a
-    one-line description (``mlflow.note.content``)."""
+def entry_point_name() -> str:
+    """How this process was started, as a user would type it: ``python -m <module>`` for a
+    module run with ``-m`` (``pipelines.training``, not its ``__main__.py``), else the script's
+    name; ``"python"`` when neither is known."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    name = getattr(spec, "name", None)
+    if name:
+        return "python -m " + (name[:-len(".__main__")] if name.endswith(".__main__") else name)
+    return os.path.basename(sys.argv[0] or "python") or "python"
+
+
+def run_note(cfg: Mapping[str, Any], experiment: str) -> str:
+    """The one-line description of a training run: preset, experiment, workers, scheduler,
+    seed, epochs and batch size."""
     preset = cfg.get("name") or experiment
-    tags = {"experiment": str(preset), "model": experiment, "mlflow.source.type": "LOCAL",
-            "mlflow.source.name": entry_point or os.path.basename(sys.argv[0] or "python") or "python"}
-    commit = _git_commit()
-    if commit:
-        tags["mlflow.source.git.commit"] = commit
     what = ", ".join(f"{k} {v}" for k, v in (("scheduler", cfg.get("scheduler")), ("seed", cfg.get("seed")),
                                              ("epochs", cfg.get("epochs")), ("batch", cfg.get("batch_size")))
                      if v is not None)
     workers = (cfg.get("ray") or {}).get("num_workers", 1)
-    tags["mlflow.note.content"] = (f"{preset}: {experiment} trained with foldengine on Ray Train "
-                                   f"({workers} worker{'' if workers == 1 else 's'}); {what}")
+    return (f"{preset}: {experiment} trained with foldengine on Ray Train "
+            f"({workers} worker{'' if workers == 1 else 's'}); {what}")
+
+
+def run_tags(cfg: Mapping[str, Any], experiment: str, entry_point: Optional[str] = None) -> dict[str, str]:
+    """The tags of a training run: ``experiment`` (the preset, the config's ``name``), ``model``
+    (the Experiment's name), MLflow's source tags (``mlflow.source.name``: ``entry_point``, by
+    default :func:`entry_point_name`; ``mlflow.source.type``; ``mlflow.source.git.commit`` when
+    the code is a git checkout) and the one-line description (``mlflow.note.content``,
+    :func:`run_note`; :func:`headline_note` replaces it when the run has its figures)."""
+    preset = cfg.get("name") or experiment
+    tags = {"experiment": str(preset), "model": experiment, "mlflow.source.type": "LOCAL",
+            "mlflow.source.name": entry_point or entry_point_name()}
+    commit = _git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    tags["mlflow.note.content"] = run_note(cfg, experiment)
     return tags
+
+
+def _cell(v: Any) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return ""
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else f"{v:.4g}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(table) -> str:
+    """A pandas DataFrame as a Markdown table (what the MLflow UI renders in a run's
+    description): empty cells for missing values (None, NaN), whole numbers without ``.0``."""
+    cols = [str(c) for c in table.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in table.itertuples(index=False):
+        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def headline_note(note: str, table, links: Sequence[str] = ()) -> str:
+    """A run's description once it has its figures: ``note`` (the one-line description), then
+    ``table`` (its results beside the published figures and the trivial baseline, a DataFrame)
+    as Markdown, then ``links`` (one line each).  The MLflow UI shows the description above the
+    run's params and metrics, so these are the first figures a reader sees."""
+    parts = [note, "", markdown_table(table)]
+    if links:
+        parts += [""] + list(links)
+    return "\n".join(parts)
 
 
 def _git_commit() -> Optional[str]:

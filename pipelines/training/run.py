@@ -27,13 +27,13 @@ from pipelines import checkpoint
 from pipelines import console
 from pipelines.cluster import configure_ray_data, connect_ray, worker_resources
 from pipelines.tracking import tracker as trk
-from pipelines.tracking.run_metadata import flatten_params, system_info
+from pipelines.tracking.run_metadata import flatten_params, headline_note, run_note, system_info
 from pipelines.tracking.store import TrackingUnavailable
 from pipelines.checkpoint import BEST_FILE, STATE_FILE
 from pipelines.config import merged_schema, validate
 from pipelines.tracking.dataset_inputs import dataset_inputs, log_dataset_inputs
 from pipelines.tracking.runs_view import charts_view_url, run_url, runs_view_url, save_training_view
-from pipelines.experiment import Experiment, FinishedRun
+from pipelines.experiment import Experiment, FinishedRun, headline_tags
 from pipelines.metrics import prefixed
 from pipelines.seeding import seed_all
 from pipelines.tracking.system_metrics import start_system_metrics
@@ -270,6 +270,9 @@ def _log_results(experiment: Experiment, cfg: dict, tracker: trk.Tracker, state:
     table = experiment.results_table({k.split("/", 1)[1] if k.startswith("best/") else k: v
                                       for k, v in final.items() if k.startswith("best/")})
     tracker.table(table, "results.json")
+    # the run page's first screen: the headline figures as tags, the results table as its description
+    tracker.tags({**headline_tags(experiment.sweep_layout(), final),
+                  "mlflow.note.content": headline_note(run_note(cfg, experiment.name), table)})
     tracker.figures(experiment.plots(history))
     if cfg["tracking"]["log_model"] and best_model is not None:
         model_context = experiment.model_context(cfg, context)
@@ -439,7 +442,7 @@ def report(experiment: Experiment, res: RunResult, extra: Mapping[str, float], r
         table = experiment.results_table({k.split("/", 1)[1]: v for k, v in res.metrics.items()
                                           if k.startswith("best/")})
         wide = len(table.columns) > 6
-        print(table.iloc[:, :6].round(4).to_string(index=False)
+        print(console.results_text(table, max_columns=6, digits=4)
               + ("\n(all columns: the run's results.json artifact)" if wide else ""))
     if res.run_id:
         print(f"model: runs:/{res.run_id}/model  (MLflow store {res.tracking_uri})")

@@ -322,7 +322,8 @@ def _chromium(args: list, attempts: int = 3, timeout_s: int = 180) -> subprocess
 def test_the_ui_shows_the_figures_of_every_experiment_the_main_job_made(journey):
     import mlflow
 
-    from pipelines.tracking.runs_view import VIEW_KEY, charts_view_url, runs_view_url
+    from pipelines.tracking.runs_view import VIEW_KEY, charts_view_url, run_url, runs_view_url
+    from tests.pipelines.browser import Browser
 
     port = _free_port()
     # its log goes to a file: a pipe nobody reads fills with the server's request lines and blocks it
@@ -358,6 +359,22 @@ def test_the_ui_shows_the_figures_of_every_experiment_the_main_job_made(journey)
             if exp.name.startswith("sst"):         # the sweep's parent: every trial's curve, first
                 assert re.search(r"trials/dev/\w+\s*\(\s*\d+\s*\)", charts), f"{exp.name}: no trial curves"
             assert (shots / f"{exp.name}-runs.png").stat().st_size > 20_000
+        # a training run's page: its headline figures (tags "<column>: <figure> (baseline <b>)") on the first screen
+        headlined = 0
+        with Browser(1400, 1000) as browser:
+            for exp in experiments:
+                if not exp.name.startswith(("sst", "molecules")):
+                    continue
+                for run in client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'", max_results=3):
+                    figures = [v for v in run.data.tags.values() if "(baseline " in v]
+                    if not figures:
+                        continue
+                    browser.open(run_url(base, exp.experiment_id, run.info.run_id), wait_for=figures[0])
+                    browser.screenshot(shots / f"{exp.name}-{run.info.run_name}.png")
+                    top = browser.top_of(figures[0])
+                    assert top is not None and top < 1000, (exp.name, run.info.run_name, figures[0], top)
+                    headlined += 1
+        assert headlined >= 2, "no SST or Tox21 run of the main job shows its headline figures"
     finally:
         _stop(ui)
         log.close()

@@ -16,7 +16,7 @@ import urllib.parse
 
 import mlflow
 import pytest
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 
 from pipelines.tracking.runs_view import (MODEL_TRAINING, VIEW_KEY, charts_view_url, columns_for, run_url, runs_view_tag,
                                  runs_view_url, save_runs_view)
@@ -124,3 +124,50 @@ def test_the_chart_view_has_the_learning_curves_first(ui):
     assert '"compareRunCharts": []' in client.get_experiment(exp_id).tags[f"mlflow.sharedViewState.{VIEW_KEY}"]
     shown = _section_headers(_page_text(charts_view_url(server.uri, exp_id)))
     assert shown == ["train (1)", "dev (1)", "test (1)", "best/dev (1)", "time (1)"], shown
+
+
+SST_BEST = {"test/fine": 0.496, "test/binary": 0.875, "dev/fine": 0.47, "dev/binary": 0.86, "epoch": 13.0,
+            "test/majority_fine": 0.286, "test/majority_binary": 0.501, "dev/majority_fine": 0.25,
+            "dev/majority_binary": 0.5}
+
+
+@pytest.mark.timeout(400)
+def test_the_run_page_shows_the_headline_figures_on_its_first_screen(ui, tmp_path):
+    """A run with 100 metrics (system metrics among them) and the tags of a real one: the figures
+    the training run puts first (:func:`headline_tags`, :func:`headline_note`) are within the
+    first 1000 px of a 1400 x 1000 window; a run without them shows no test figure there."""
+    from pipelines.experiment import headline_tags
+    from pipelines.sst.experiment import SSTExperiment
+    from pipelines.tracking.run_metadata import headline_note
+    from tests.pipelines.browser import Browser
+
+    server, client, exp_id, _ = ui
+    sst = SSTExperiment()
+    final = {f"best/{k}": v for k, v in SST_BEST.items()}
+    note = "sst_treelstm: sst-treelstm trained with foldengine on Ray Train (2 workers); scheduler coalesce, seed 0"
+    common = {"experiment": "sst_treelstm", "model": "sst-treelstm", "sweep.name": "sst_treelstm-seeds",
+              "sweep.trial_id": "a1b2c3_00000", "mlflow.source.name": "python -m pipelines.sweep",
+              "mlflow.source.type": "LOCAL"}
+    pages = {}
+    for kind, tags in (("plain", {**common, "mlflow.note.content": note}),
+                       ("headline", {**common, **headline_tags(sst.sweep_layout(), final),
+                                     "mlflow.note.content": headline_note(note, sst.results_table(SST_BEST))})):
+        run = client.create_run(exp_id, run_name=kind)
+        metrics = {**final, **{f"dev/x{i:02d}": i / 100 for i in range(80)},
+                   "system/cpu_utilization_percentage": 51.0, "system/system_memory_usage_megabytes": 900.0}
+        client.log_batch(run.info.run_id, metrics=[Metric(k, v, 0, 0) for k, v in metrics.items()],
+                         params=[Param(f"p{i:02d}", str(i)) for i in range(30)],
+                         tags=[RunTag(k, v) for k, v in tags.items()])
+        client.set_terminated(run.info.run_id)
+        pages[kind] = run_url(server.uri, exp_id, run.info.run_id)
+    with Browser(1400, 1000) as browser:
+        browser.open(pages["headline"], wait_for="49.6 (baseline 28.6)").screenshot(tmp_path / "headline.png")
+        assert browser.top_of("python -m pipelines.sweep") is not None          # the source, not Ray's worker
+        for figure in ("49.6 (baseline 28.6)", "87.5 (baseline 50.1)"):      # the tags: test fine, test binary
+            top = browser.top_of(figure)
+            assert top is not None and top < 1000, (figure, top)
+        table = browser.top_of("ours: Tree-LSTM, foldengine")                  # the description's table
+        assert table is not None, browser.text()[:3000]
+        browser.open(pages["plain"], wait_for="Parameters")
+        top = browser.top_of("test fine")
+        assert top is None or top >= 1000, top
