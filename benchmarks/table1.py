@@ -36,10 +36,11 @@ Command line (from the repository root):
     python -m benchmarks.table1 --schedulers depth,agenda,coalesce --modes inference
     python -m benchmarks.table1 --quick --no-mlflow               # seconds
 
-Prints the table in the paper's layout beside the paper's CPU rows, writes JSON (``--out``)
-and logs an MLflow run (experiment ``table1``; ``MLFLOW_TRACKING_URI``, default
-``sqlite:///mlflow.db``): params, the table (``log_table``), key ratios as metrics, and a
-per-tree-time vs batch-size plot.
+Prints the table in the paper's layout beside the paper's CPU rows, writes JSON (``--out``,
+relative to the working directory: in a Ray job, e.g. ``scripts/submit.sh table1``, the job's
+temporary copy of the repository on the cluster) and logs an MLflow run (experiment ``table1``;
+``MLFLOW_TRACKING_URI``, default ``sqlite:///mlflow.db``): params, the table (``log_table``), key
+ratios as metrics, a per-tree-time vs batch-size plot, and the JSON as an artifact.
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ __all__ = ["PAPER_CPU", "PAPER_GPU", "paper_rows", "Table1Config", "TreeLSTMVari
            "fill_leaves", "random_tree", "count_leaves", "tree_depth", "fold_compiler", "ManualTree",
            "eager_forward", "Runner", "leaf_matrix", "l2_loss", "cell_flops", "run_table1", "format_report",
            "summary_metrics", "goals", "plot_per_tree", "DEFAULT_CONFIG", "ConfigError", "resolve_config",
-           "config_from", "run"]
+           "config_from", "in_ray_job", "wrote_line", "run"]
 
 #: The paper's Table 1, CPU rows (inference; dual 8-core Xeon, 32 threads, vector 1024):
 #: batch size -> (manual batch s, manual tree s, dynamic batch s, dynamic tree s,
@@ -709,6 +710,25 @@ def write_json(path: str, result: Dict[str, object]) -> None:
         json.dump(clean(result), f, indent=1, allow_nan=False, default=str)
 
 
+def in_ray_job() -> bool:
+    """Whether this process is the entry point of a Ray job (``ray job submit``, e.g.
+    ``scripts/submit.sh``): Ray gives it ``RAY_JOB_CONFIG_JSON_ENV_VAR`` and, as its working
+    directory, a temporary copy of the submitted directory."""
+    return bool(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"))
+
+
+def wrote_line(out: str, mlflow_on: bool) -> str:
+    """The line saying where the results JSON ``out`` was written: its absolute path; in a Ray job
+    (:func:`in_ray_job`) also that this is the job's temporary working directory on the cluster,
+    not the submitter's checkout, and where the results last (the MLflow run, when ``mlflow_on``)."""
+    line = f"wrote {os.path.abspath(out)}"
+    if not in_ray_job():
+        return line
+    return line + (" (in the Ray job's temporary working directory on the cluster, not your checkout: "
+                   + ("the MLflow run below keeps the results"
+                      if mlflow_on else "give --out a path outside it to keep the file") + ")")
+
+
 def run(conf: Dict[str, object], command: Optional[str] = None,
         log: Callable[[str], None] = echo) -> Dict[str, object]:
     """The experiment for a resolved configuration: the sweep (:func:`run_table1`), the report
@@ -730,7 +750,7 @@ def run(conf: Dict[str, object], command: Optional[str] = None,
     if out:
         write_json(out, result)
         if not brief:
-            log(f"\nwrote {out}")
+            log("\n" + wrote_line(out, mlflow_on=bool(conf.get("mlflow", True))))
     if conf.get("mlflow", True):
         experiment = conf.get("experiment") or "table1"
         fig = plot_per_tree(result)
@@ -742,7 +762,8 @@ def run(conf: Dict[str, object], command: Optional[str] = None,
         if out:  # record the run id beside the results
             write_json(out, result)
         log(f"MLflow run {run_id} (experiment {experiment}, "
-            f"{os.environ.get('MLFLOW_TRACKING_URI', 'sqlite:///mlflow.db')})")
+            f"{os.environ.get('MLFLOW_TRACKING_URI', 'sqlite:///mlflow.db')}): the table, the ratios as metrics, "
+            "the plot" + (f" and the results JSON (artifact {os.path.basename(out)})" if out else ""))
     return result
 
 

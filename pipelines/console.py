@@ -5,7 +5,9 @@
   (``verbose=True`` leaves all as the libraries set it); with :func:`private_local_token` a local
   Ray's token stays in this process's environment, not in ``~/.ray``.
 * :func:`ray_init_kwargs`: ``ray.init`` arguments; workers' output not forwarded unless ``verbose``.
-* :func:`epoch_line`: one line per epoch from the reported metrics (``dict[str, float]``).
+* :func:`epoch_line`: one line per epoch from the reported metrics (``dict[str, float]``), on the
+  scale of the experiment's tables (:func:`table_scale`).
+* :func:`results_text`: a results table (ours beside the references) as text.
 * :class:`Heartbeat`: a phase without steps; off a terminal, ``<what> (45s)`` every ``interval_s``.
 * :class:`ProgressBoard` (Ray actor) and :class:`ProgressPrinter` (driver thread): rank 0 posts
   ``(epoch, step, steps)``: a bar on a terminal, else a line every ``interval_s`` per long epoch.
@@ -21,7 +23,7 @@ import warnings
 from typing import Mapping, Optional, Sequence
 
 __all__ = ["HARMLESS_WARNINGS", "STARTUP_EVERY_S", "configure", "ray_init_kwargs", "private_local_token", "epoch_line",
-           "Heartbeat", "ProgressBoard", "ProgressPrinter"]
+           "table_scale", "results_text", "Heartbeat", "ProgressBoard", "ProgressPrinter"]
 
 #: ``(category, message regex)`` of warnings known to be harmless in these pipelines.
 HARMLESS_WARNINGS: tuple[tuple[type, str], ...] = (
@@ -102,26 +104,83 @@ def ray_init_kwargs(verbose: bool = False) -> dict:
     return {"log_to_driver": False, "logging_level": logging.WARNING}
 
 
-def epoch_line(metrics: Mapping[str, float], epochs: int, key_metrics: Sequence[str]) -> str:
-    """``epoch 2/10  31.2s  objective 0.5496  dev auc 0.712 (best 0.731 @1)  812 rec/s  build 12%``.
+def table_scale(layout, key_metrics: Sequence[str]) -> float:
+    """The scale (``layout.scale``: 100 for percent) of the experiment's tables
+    (:class:`pipelines.experiment.TableLayout`, its ``sweep_layout()``) when every one of
+    ``key_metrics`` is a column of them (``best/<split>/<metric>``), else 1: the epoch line shows
+    a figure on the scale the tables show it."""
+    columns = [str(c).rsplit("/", 1)[-1] for c in getattr(layout, "columns", {})]
+    if key_metrics and all(m in columns for m in key_metrics):
+        return float(getattr(layout, "scale", 1.0))
+    return 1.0
+
+
+def epoch_line(metrics: Mapping[str, float], epochs: int, key_metrics: Sequence[str], scale: float = 1.0) -> str:
+    """``epoch 2/10  31.2s  train loss/record 0.5496  dev auc 0.712 (best 0.731 @1)  812 rec/s  build 12%``.
 
     ``key_metrics``: metric names without split (e.g. ``("fine", "binary")``), shown for the
-    dev split (train when there is none) and, for the first one, its best value so far.
+    dev split (train when there is none) and, for the first one, its best value so far (``@``
+    the epoch of that best value).  ``scale``: what the key metrics are multiplied by, as in the
+    experiment's tables (:func:`table_scale`); 100 shows them as percent (``dev fine 45.1%``).
+    ``train loss/record``: the training objective, ``train/objective`` (the training split's
+    loss summed over its records, divided by their number), 4 significant digits.
     """
+    def shown_value(v: float) -> str:
+        if scale == 100.0:
+            return f"{100.0 * v:.1f}%"
+        return f"{scale * v:.3f}"
+
     split = "dev" if any(k.startswith("dev/") for k in metrics) else "train"
     parts = [f"epoch {int(metrics['epoch'])}/{epochs}", f"{metrics.get('time/epoch_s', float('nan')):.1f}s",
-             f"objective {metrics.get('train/objective', float('nan')):.4f}"]
-    shown = [f"{m} {metrics[f'{split}/{m}']:.3f}" for m in key_metrics if f"{split}/{m}" in metrics]
+             f"train loss/record {metrics.get('train/objective', float('nan')):.4g}"]
+    shown = [f"{m} {shown_value(metrics[f'{split}/{m}'])}" for m in key_metrics if f"{split}/{m}" in metrics]
     if shown:
         parts.append(f"{split} " + " ".join(shown))
     best_key = f"best/{split}/{key_metrics[0]}" if key_metrics else None
     if best_key and best_key in metrics and "best/epoch" in metrics:
-        parts.append(f"(best {metrics[best_key]:.3f} @{int(metrics['best/epoch'])})")
+        parts.append(f"(best {shown_value(metrics[best_key])} @{int(metrics['best/epoch'])})")
     if "time/records_per_s" in metrics:
         parts.append(f"{metrics['time/records_per_s']:.0f} rec/s")
     if "time/build_share" in metrics:
         parts.append(f"build {100 * metrics['time/build_share']:.0f}%")
     return "  ".join(parts)
+
+
+#: What :func:`results_text` shows for a cell without a value (a reference row without that figure).
+MISSING_CELL = "-"
+
+
+def results_text(table, max_columns: int = 6, digits: int = 4) -> str:
+    """A results table (a ``pandas.DataFrame``: our row beside the references) as the terminal
+    shows it: its first ``max_columns`` columns; numbers rounded to ``digits`` decimal places, a
+    column's decimals aligned; a column of integers, or an epoch column (its name has ``epoch``)
+    of whole numbers, as integers; a missing value (None, NaN) as :data:`MISSING_CELL`."""
+    import math
+
+    import pandas as pd
+
+    def missing(v) -> bool:
+        return v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    shown = table.iloc[:, :max_columns]
+    cells = {}
+    for col in shown.columns:
+        values = [None if missing(v) else (v.item() if hasattr(v, "item") else v) for v in shown[col].tolist()]
+        present = [v for v in values if v is not None]
+        if present and all(number(v) and math.isfinite(v) for v in present):
+            rounded = [round(float(v), digits) for v in present]
+            if all(isinstance(v, int) for v in present) or (
+                    "epoch" in str(col).lower() and all(v == int(v) for v in rounded)):
+                places = 0
+            else:
+                places = max(1, max(len(f"{v:.{digits}f}".rstrip("0").partition(".")[2]) for v in rounded))
+            cells[col] = [MISSING_CELL if v is None else f"{round(float(v), digits):.{places}f}" for v in values]
+        else:
+            cells[col] = [MISSING_CELL if v is None else str(v) for v in values]
+    return pd.DataFrame(cells, columns=list(shown.columns)).to_string(index=False)
 
 
 #: Seconds between the lines of a start-up phase (Ray starting, the splits read, the workers

@@ -23,7 +23,7 @@ import torch
 
 from pipelines import checkpoint
 from pipelines.experiment import Experiment
-from pipelines.console import epoch_line
+from pipelines.console import epoch_line, table_scale
 from pipelines.data.feed import Feed
 from pipelines.metrics import better, prefixed, sum_into
 from pipelines.training.optim import make_optimizer
@@ -328,7 +328,8 @@ def report_epoch(plan: TrainPlan, w: Worker, state: RunState, epoch: int, metric
     if w.rank != 0:
         ray.train.report(metrics)
         return
-    line = epoch_line(metrics, cfg["epochs"], plan.experiment.key_metrics or (plan.experiment.selection_metric,))
+    key_metrics = plan.experiment.key_metrics or (plan.experiment.selection_metric,)
+    line = epoch_line(metrics, cfg["epochs"], key_metrics, table_scale(plan.experiment.sweep_layout(), key_metrics))
     if plan.progress is not None:
         plan.progress.say.remote(line)
     else:

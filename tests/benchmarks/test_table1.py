@@ -103,7 +103,8 @@ def test_run_writes_json_and_logs_mlflow(tmp_path, monkeypatch):
     conf = resolve_config(quick=True, overrides={
         "vector_size": D, "leaves": LEAVES, "batch_sizes": (1, 2), "repeats": 1, "warmup": 0, "threads": 1,
         "eager_max_trees": 1, "schedulers": ("depth",), "out": str(out), "run_name": "smoke"})
-    res = run(conf, log=lambda s: None)
+    lines = []
+    res = run(conf, log=lines.append)
     data = json.loads(out.read_text())
     assert data["config"]["vector_size"] == D and data["config"]["batch_sizes"] == "1,2"
     assert len(data["rows"]) == 4 and data["paper_cpu"]["256"]["cost_ratio"] == 1.26
@@ -112,6 +113,27 @@ def test_run_writes_json_and_logs_mlflow(tmp_path, monkeypatch):
     assert "inference.depth.b2.cost_ratio" in run_.data.metrics
     arts = {a.path for a in mlflow.MlflowClient().list_artifacts(run_.info.run_id)}
     assert {"table1.json", "per_tree_time.png", "t1.json"} <= arts
+    # the lines name the file where it is, and the artifact that holds it in the run
+    assert f"\nwrote {out}" in lines, lines
+    assert lines[-1].startswith(f"MLflow run {res['mlflow_run_id']} (experiment table1, ")
+    assert lines[-1].endswith("the results JSON (artifact t1.json)"), lines[-1]
+
+
+def test_the_json_line_says_where_the_file_is(tmp_path, monkeypatch):
+    """Locally the absolute path; in a Ray job (scripts/submit.sh) that path is the job's temporary
+    working directory on the cluster, which the line says, naming what keeps the results."""
+    from benchmarks.table1 import in_ray_job, wrote_line
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert not in_ray_job()
+    assert wrote_line("results/table1.json", mlflow_on=True) == f"wrote {tmp_path}/results/table1.json"
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", '{"runtime_env": {}}')   # what Ray gives a job
+    assert in_ray_job()
+    line = wrote_line("results/table1.json", mlflow_on=True)
+    assert line.startswith(f"wrote {tmp_path}/results/table1.json (in the Ray job's temporary working directory")
+    assert "not your checkout" in line and "the MLflow run below keeps the results" in line
+    assert "give --out a path outside it" in wrote_line("results/table1.json", mlflow_on=False)
 
 
 def test_config_errors_name_the_key_and_the_scheduler():

@@ -23,10 +23,39 @@ def test_epoch_line_shows_the_key_metrics_of_dev_and_the_best_so_far():
          "dev/loss": 9.0, "test/fine": 0.5, "best/dev/fine": 0.4612, "best/epoch": 2,
          "time/records_per_s": 811.6, "time/build_share": 0.123}
     line = console.epoch_line(m, 10, ("fine", "binary"))
-    assert line == ("epoch 3/10  12.3s  objective 0.5123  dev fine 0.451 binary 0.873  (best 0.461 @2)  "
+    assert line == ("epoch 3/10  12.3s  train loss/record 0.5123  dev fine 0.451 binary 0.873  (best 0.461 @2)  "
                     "812 rec/s  build 12%")
     no_dev = console.epoch_line({"epoch": 1, "train/auc": 0.7, "train/objective": 1.0}, 1, ("auc",))
     assert "train auc 0.700" in no_dev and "test" not in no_dev
+
+
+def test_epoch_line_and_results_table_show_one_scale():
+    """SST's tables show accuracies in percent, so its epoch line does too (dev 0.18 is ``18.0%``
+    in the line and ``18.0`` in the table); the training loss is named, with 4 significant
+    digits; the table shows the best epoch as an integer and a reference row's missing cells as
+    ``-``, never NaN."""
+    from pipelines.molecules.experiment import MoleculeExperiment
+    from pipelines.sst.experiment import SSTExperiment
+
+    sst = SSTExperiment()
+    scale = console.table_scale(sst.sweep_layout(), sst.key_metrics)
+    assert scale == 100.0
+    m = {"epoch": 1, "time/epoch_s": 3.21, "train/objective": 70.5432, "dev/fine": 0.18, "dev/binary": 0.5,
+         "best/dev/fine": 0.18, "best/epoch": 1}
+    line = console.epoch_line(m, 3, sst.key_metrics, scale)
+    assert line == "epoch 1/3  3.2s  train loss/record 70.54  dev fine 18.0% binary 50.0%  (best 18.0% @1)"
+
+    table = sst.results_table({"test/fine": 0.4012, "test/binary": 0.789, "dev/fine": 0.18, "dev/binary": 0.5,
+                               "epoch": 1.0})
+    text = console.results_text(table)
+    assert "nan" not in text.lower() and "None" not in text, text
+    header, ours, paper = text.splitlines()[:3]
+    assert header.endswith("dev binary best epoch"), text
+    assert ours.split()[-5:] == ["40.12", "78.9", "18.0", "50.0", "1"], text
+    assert paper.split()[-3:] == ["-", "-", "-"], text       # no dev figures or epoch in the paper
+
+    assert console.table_scale(MoleculeExperiment("tox21").sweep_layout(), ("auc",)) == 1.0   # ROC-AUC: 0.712 in both
+    assert console.table_scale(sst.sweep_layout(), ("fine", "all_fine")) == 1.0   # not all in the tables
 
 
 @pytest.mark.integration
