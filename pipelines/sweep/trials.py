@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
+from pipelines import console
 from pipelines.config import validate
 from pipelines.experiment import experiment_class
 from pipelines.sweep.plan import TRIAL_CPU, SweepPlan, experiment_schema
@@ -89,12 +90,14 @@ def tune_config(plan: SweepPlan):
                            max_concurrent_trials=plan.max_concurrent, trial_dirname_creator=_trial_dirname)
 
 
-def figures_line(result: Mapping[str, Any], prefix: str, limit: int = 4) -> str:
+def figures_line(result: Mapping[str, Any], prefix: str, limit: int = 4, scale: float = 1.0) -> str:
     """The ``limit`` first whole ``prefix`` metrics of ``result`` (losses left out), ``name value``
-    each, and how many more there are: never a value cut in the middle."""
+    each, and how many more there are: never a value cut in the middle.  ``scale`` 100 shows the
+    values in percent (``fine 45.1%``), as the experiment's tables (:func:`pipelines.console.table_scale`)."""
     keys = [k for k in sorted(result) if k.startswith(prefix) and not k.endswith("loss")
             and isinstance(result[k], (int, float)) and not isinstance(result[k], bool)]
-    shown = "  ".join(f"{k[len(prefix):]} {result[k]:.3f}" for k in keys[:limit])
+    value = (lambda v: f"{100.0 * v:.1f}%") if scale == 100.0 else (lambda v: f"{scale * v:.3f}")
+    shown = "  ".join(f"{k[len(prefix):]} {value(result[k])}" for k in keys[:limit])
     return shown + (f"  (+{len(keys) - limit} more in MLflow)" if len(keys) > limit else "")
 
 
@@ -106,6 +109,9 @@ def trial_lines(plan: SweepPlan):
     """A Tune callback logging a line per trial epoch and per ended trial (what Tune's own tables
     say, quietly), and a heartbeat every :data:`HEARTBEAT_S` seconds without one."""
     from ray import tune
+
+    experiment = experiment_class(plan.experiment).from_config(plan.config)
+    scale = console.table_scale(experiment.sweep_layout(), experiment.key_metrics or (experiment.selection_metric,))
 
     class TrialLines(tune.Callback):
         def __init__(self):
@@ -119,7 +125,7 @@ def trial_lines(plan: SweepPlan):
             self.ended += 1
             r = trial.last_result or {}
             log.info("trial %s %s after %s epoch(s), %.0fs: %s  test: %s", self.ended, how, r.get("epoch", "?"),
-                     r.get("time_total_s", float("nan")), dict(trial.config), figures_line(r, "best/test/"))
+                     r.get("time_total_s", float("nan")), dict(trial.config), figures_line(r, "best/test/", scale=scale))
             self._said()
 
         def on_step_end(self, iteration, trials, **info):
@@ -136,7 +142,7 @@ def trial_lines(plan: SweepPlan):
         def on_trial_result(self, iteration, trials, trial, result, **info):
             log.info("trial %s epoch %s/%s (%.0fs): dev: %s", dict(trial.config), result.get("epoch", "?"),
                      plan.config.get("epochs", "?"), result.get("time_total_s", float("nan")),
-                     figures_line(result, "dev/"))
+                     figures_line(result, "dev/", scale=scale))
             self._said()
 
         def on_trial_complete(self, iteration, trials, trial, **info):

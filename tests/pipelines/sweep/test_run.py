@@ -69,6 +69,13 @@ def test_trial_lines_show_whole_figures_never_a_cut_value():
     line = figures_line(result, "best/test/")
     assert line == "m0 0.286  m1 0.286  m2 0.286  m3 0.286  (+3 more in MLflow)"
     assert figures_line({"dev/accuracy": 0.5}, "dev/") == "accuracy 0.500"
+    # on the scale of the experiment's tables: SST's accuracies in percent, as its tables print them
+    from pipelines import console
+    from pipelines.sst.experiment import SSTExperiment
+
+    sst = SSTExperiment()
+    scale = console.table_scale(sst.sweep_layout(), sst.key_metrics)
+    assert figures_line({"dev/fine": 0.28571, "dev/binary": 0.5}, "dev/", scale=scale) == "binary 50.0%  fine 28.6%"
 
 
 def test_search_specs_parse_to_typed_values():
