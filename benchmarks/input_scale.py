@@ -221,7 +221,7 @@ def measure(workload: str, path: str, mode: str, phase: str, steps: int, eval_li
 
     tmp = tempfile.mkdtemp(prefix="bench_input_scale_")
     exp, cfg = _config(workload, path, mode, steps, eval_limit, tmp, epochs)
-    ray.init(num_cpus=num_cpus, log_to_driver=False, _system_config=WORKER_POOL_CONFIG, **headless_kwargs())
+    ray.init(num_cpus=num_cpus, log_to_driver=False, _system_config=dict(WORKER_POOL_CONFIG), **headless_kwargs())
     out: Dict[str, float] = {}
     try:
         if phase == "input":

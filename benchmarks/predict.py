@@ -152,7 +152,7 @@ def child(model_uri: str, path: str, out: str, actors: int, tracking_uri: str, c
     sampler = RaySampler()
     sampler.start()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")     # a private local Ray on loopback
-    ray.init(num_cpus=os.cpu_count(), log_to_driver=False, _system_config=WORKER_POOL_CONFIG, **headless_kwargs())
+    ray.init(num_cpus=os.cpu_count(), log_to_driver=False, _system_config=dict(WORKER_POOL_CONFIG), **headless_kwargs())
     try:
         with tempfile.TemporaryDirectory(prefix="bench_predict_") as tmp:
             sampler.mark()

@@ -173,7 +173,7 @@ def _ray_serve(model: str, replicas: int) -> Dict[str, tuple]:
     if ray.is_initialized():        # the Ray of another workload: its direct-ingress ports were set at its start
         ray.shutdown()
     os.environ.update(direct_ingress_env(port, 2 * replicas))
-    ray.init(log_to_driver=False, _system_config=WORKER_POOL_CONFIG, **headless_kwargs())
+    ray.init(log_to_driver=False, _system_config=dict(WORKER_POOL_CONFIG), **headless_kwargs())
     start(download_package(model), ServeSettings(max_batch_size=64, batch_wait_s=0.002), port=port,
           replicas=replicas, cpus_per_replica=0.5, ingress="direct", proxy_port=proxy_port)
     proxy = f"http://127.0.0.1:{proxy_port}"

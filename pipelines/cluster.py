@@ -27,6 +27,10 @@ logger = logging.getLogger("pipelines.cluster")
 #: ``_system_config``; ``ray start --system-config``): up to ``num_workers_soft_limit`` idle workers
 #: are kept for reuse, and idle ones beyond that live ``idle_worker_killing_time_threshold_ms``.
 #: Each worker imports torch once instead of once per task burst; an idle one costs its memory.
+#: Pass ``dict(WORKER_POOL_CONFIG)``, never this dict: ``ray.init`` (Ray 2.60) writes its session's
+#: ``object_spilling_config`` into the dict it is given, and the next ``ray.init`` of the process
+#: handed that dict would spill into the last session's directory and warn that "the object
+#: spilling config is specified from an unstable API".
 WORKER_POOL_CONFIG: dict[str, int] = {"num_workers_soft_limit": 32, "idle_worker_killing_time_threshold_ms": 600_000}
 
 
@@ -60,8 +64,9 @@ def connect_ray(address: Optional[str] = None, verbose: bool = False, **init_kwa
     already initialised in this process.  Returns True when this call started or connected it
     (the caller then calls ``ray.shutdown()`` when done), False when it was already up.
     ``init_kwargs`` go to ``ray.init`` on top of the quiet defaults; a local Ray also gets
-    ``_system_config=WORKER_POOL_CONFIG`` unless ``init_kwargs`` names one, and with
-    ``include_dashboard=False`` a ``dashboard_port`` of its own (:func:`headless_kwargs`)."""
+    ``_system_config=WORKER_POOL_CONFIG`` unless ``init_kwargs`` names one (either passed as a
+    copy: see :data:`WORKER_POOL_CONFIG`), and with ``include_dashboard=False`` a
+    ``dashboard_port`` of its own (:func:`headless_kwargs`)."""
     import ray
 
     if address is not None and not isinstance(address, str):
@@ -71,7 +76,8 @@ def connect_ray(address: Optional[str] = None, verbose: bool = False, **init_kwa
     address = address or os.environ.get("RAY_ADDRESS")
     logger.info("connecting to Ray at %s" % address if address else "starting a local Ray")
     if not address:
-        init_kwargs.setdefault("_system_config", WORKER_POOL_CONFIG)
+        system_config = init_kwargs.get("_system_config", WORKER_POOL_CONFIG)
+        init_kwargs["_system_config"] = None if system_config is None else dict(system_config)
         if init_kwargs.get("include_dashboard") is False and "dashboard_port" not in init_kwargs:
             init_kwargs.update(headless_kwargs())
     ray.init(address=address or None, **{**console.ray_init_kwargs(verbose), **init_kwargs})

@@ -69,6 +69,9 @@ def configure(verbose: bool = False) -> None:
     if verbose:
         return
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # MLflow's own "View run ... / View experiment ..." lines at each run's end: the pipelines
+    # print their own links ("MLflow UI: run ...") once
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when mlflow is first imported
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # e.g. DDP's find_unused_parameters note
     filter_harmless_warnings()

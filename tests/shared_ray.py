@@ -35,7 +35,7 @@ class SharedRay:
         cls.stop()
         from pipelines.cluster import WORKER_POOL_CONFIG, headless_kwargs
 
-        ray.init(num_cpus=2, log_to_driver=False, _system_config=WORKER_POOL_CONFIG, **headless_kwargs())
+        ray.init(num_cpus=2, log_to_driver=False, _system_config=dict(WORKER_POOL_CONFIG), **headless_kwargs())
         cls.gcs_address, cls.module = ray.get_runtime_context().gcs_address, module
 
     @classmethod

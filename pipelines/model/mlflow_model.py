@@ -79,25 +79,30 @@ def quiet_model_logging():
     """MLflow's notes that do not apply to these models, silenced while one is logged or its
     package downloaded: the ``PythonModel`` is a small class of this package whose state lives in
     the ``package`` artifact (cloudpickle's note), the schema's integer columns hold no missing
-    values, the input example's validation is routine, and the artifact download bar (a line per
-    update where stderr is a file) is off."""
+    values, the input example's validation is routine, the artifact download bar (a line per
+    update where stderr is a file) is off, and so are the run's "View run ... / View experiment
+    ..." lines that MLflow prints on an http store when :func:`log_package`'s
+    ``mlflow.start_run(run_id=...)`` block ends: the run itself goes on, and prints them when it
+    ends."""
     noisy = logging.getLogger("mlflow.pyfunc"), logging.getLogger("mlflow.models"), logging.getLogger("mlflow.types")
     levels = [lg.level for lg in noisy]
+    quiet_env = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+    old_env = {k: os.environ.get(k) for k in quiet_env}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Hint: Inferred schema contains integer column")
         for lg in noisy:
             lg.setLevel(logging.ERROR)
-        old_bar = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
-        os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+        os.environ.update(quiet_env)
         try:
             yield
         finally:
             for lg, level in zip(noisy, levels):
                 lg.setLevel(level)
-            if old_bar is None:
-                os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
-            else:
-                os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = old_bar
+            for k, v in old_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def log_model(tracking_uri: str, run_id: str, experiment, config: Mapping[str, Any], model_context: Mapping[str, Any],

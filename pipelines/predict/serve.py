@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import http.client
 import json
+import logging
 import os
 import signal
 import sys
@@ -341,6 +343,24 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def _quiet_serve_start():
+    """Serve's driver logger (``ray.serve``) at WARNING while :func:`start` runs: its INFO lines of
+    a start mislead here.  "Connecting to existing Serve app ... New http_options/controller_options
+    will not be applied" is ``serve.run`` finding the Serve that :func:`start`'s ``serve.start``
+    started a moment before with those options; "Application 'foldengine' is ready at
+    http://HOST:PORT/" names the proxy's port, not where a direct-ingress replica answers (the
+    command prints that).  A real conflict with a Serve already running stays: Serve says it as a
+    WARNING ("The new client HTTP config differs from the existing one ... ignored")."""
+    serve_log = logging.getLogger("ray.serve")
+    level = serve_log.level
+    serve_log.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        serve_log.setLevel(level)
+
+
 def _stop_on_sigterm(signum, frame):
     """SIGTERM (``kill``, systemd, a container's stop) stops serving as Ctrl-C does: Serve and the
     Ray this command started are shut down, the command prints ``stopped`` and exits 130."""
@@ -402,7 +422,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             os.environ.update(direct_ingress_env(a.port, a.max_replicas or a.replicas))
         connect_ray(verbose=a.verbose, include_dashboard=False, log_to_driver=a.verbose)
         t0 = time.perf_counter()
-        url = start(package, settings, a.host, a.port, a.replicas, a.max_replicas, a.cpus_per_replica, ingress)
+        with contextlib.nullcontext() if a.verbose else _quiet_serve_start():
+            url = start(package, settings, a.host, a.port, a.replicas, a.max_replicas, a.cpus_per_replica, ingress)
         others = ""
         if ingress == "direct" and a.replicas > 1:
             others = "; the other replicas at " + ", ".join(

@@ -87,15 +87,46 @@ def journey(tmp_path_factory, data_dir):
     t0 = time.monotonic()
     if reuse and (home / "reproduce.log").exists():
         out = (home / "reproduce.log").read_text()
+        gaps = json.loads((home / "gaps.json").read_text()) if (home / "gaps.json").exists() else []
     else:
-        res = subprocess.run(["bash", str(REPO / "scripts" / "reproduce.sh"), "--quick"], cwd=home, env=env,
-                             capture_output=True, text=True, timeout=1800)
-        out = res.stdout + res.stderr
-        assert res.returncode == 0, out[-5000:]
+        rc, out, gaps = _run_timed(["bash", str(REPO / "scripts" / "reproduce.sh"), "--quick"], home, env, 1800)
+        assert rc == 0, out[-5000:]
         (home / "reproduce.log").write_text(out)
+        (home / "gaps.json").write_text(json.dumps(gaps))
     models = {m["name"]: m["uri"] for m in MODEL_LINE.finditer(out)}
-    return {"home": home, "env": env, "out": out, "models": models, "seconds": time.monotonic() - t0,
+    return {"home": home, "env": env, "out": out, "models": models, "seconds": time.monotonic() - t0, "gaps": gaps,
             "uri": env["MLFLOW_TRACKING_URI"]}
+
+
+def _run_timed(cmd: list, cwd, env, timeout_s: float) -> tuple:
+    """Run ``cmd`` (stdout and stderr merged, as a terminal shows them); ``(exit code, output,
+    gaps)``: ``gaps`` the silences between consecutive lines, ``[seconds, line after it]``,
+    longest first (the first 5)."""
+    import threading
+
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, gaps, last = [], [], [time.monotonic()]
+
+    def read():
+        for line in proc.stdout:
+            now = time.monotonic()
+            gaps.append([round(now - last[0], 1), line.rstrip()[:200]])
+            last[0] = now
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    reader.join(60)
+    return rc, "".join(lines), sorted(gaps, key=lambda g: -g[0])[:5]
+
+
+#: the longest silence allowed in the main job's output (the README: a line at least this often)
+MAX_SILENCE_S = 60.0
 
 
 def _model(journey, name: str) -> str:
@@ -120,6 +151,16 @@ def test_the_main_job_ends_with_the_models_to_use(journey):
         run_id = uri.split("/")[1]
         assert client.get_run(run_id).info.status == "FINISHED"
     assert "bash scripts/ui.sh" in journey["out"]
+
+
+def test_the_main_job_never_goes_silent_and_cuts_no_figure(journey):
+    """A line at least every MAX_SILENCE_S seconds (installing, Ray starting, every epoch and
+    trial); no line cut after a figure's first digits (pipelines.sweep.trials.figures_line)."""
+    if journey["gaps"]:
+        seconds, after = journey["gaps"][0]
+        assert seconds <= MAX_SILENCE_S, f"{seconds:.0f} s without a line, before: {after}"
+    for line in journey["out"].splitlines():
+        assert not re.search(r"\d(\.\.\.|…)$", line.strip()), f"a line ends mid-figure: {line}"
 
 
 def test_the_readme_pyfunc_one_liner_predicts_with_the_sst_model(journey):

@@ -43,3 +43,26 @@ def test_a_local_ray_without_dashboard_answers_state_queries_at_its_own_address(
             get_actor("ff" * 16, address=gcs, timeout=5)
     finally:
         ray.shutdown()
+
+
+def test_connect_ray_hands_ray_a_copy_of_the_worker_pool_config(monkeypatch):
+    """``ray.init`` writes its session's ``object_spilling_config`` into the ``_system_config`` it
+    is given (Ray 2.60, ``Node.validate_external_storage``); handed the module's dict, the next
+    local Ray of the process would spill into the last session's directory and warn "The object
+    spilling config is specified from an unstable API"."""
+    import ray
+
+    from pipelines import cluster
+
+    given = []
+
+    def fake_init(address=None, _system_config=None, **kwargs):   # what Ray does to the dict
+        given.append(dict(_system_config))
+        _system_config["object_spilling_config"] = '{"type": "filesystem", "params": {"directory_path": "/tmp/x"}}'
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", fake_init)
+    before = dict(cluster.WORKER_POOL_CONFIG)
+    assert cluster.connect_ray() and cluster.connect_ray(num_cpus=1)
+    assert given == [before, before] and cluster.WORKER_POOL_CONFIG == before

@@ -256,3 +256,20 @@ def test_pyfunc_predict_from_many_threads_answers_each_call_with_its_own_rows(lo
     assert not any(th.is_alive() for th in threads)
     assert not errors, errors[:3]
     assert len(done) == n_threads * rounds
+
+
+def test_model_logging_turns_off_the_download_bar_and_the_run_links_then_restores_the_environment(monkeypatch):
+    """While a model is logged (``quiet_model_logging``) MLflow shows no download bar and prints no
+    "View run ... / View experiment ..." lines (on an http store ``log_package``'s
+    ``mlflow.start_run(run_id=...)`` block ends the run and MLflow would print them: the run itself
+    prints them once, when it ends); the user's own settings come back afterwards."""
+    from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR, MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT
+
+    from pipelines.model.mlflow_model import quiet_model_logging
+
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "true")
+    monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
+    with quiet_model_logging():
+        assert not MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.get() and MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT.get()
+    assert os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "true"
+    assert "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT" not in os.environ

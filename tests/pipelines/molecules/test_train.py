@@ -67,8 +67,9 @@ def test_tox21_slice_two_workers_logs_complete_mlflow_run(ray_cluster, data_dir,
     import pandas as pd
 
     df = pd.read_csv(d)
-    assert list(df["model"])[:3] == ["ours: Weave, foldengine", "anchor: Weave (MoleculeNet)",
-                                     "anchor: GraphConv (MoleculeNet)"]
+    # 2 epochs on a slice: our figure may not be above chance, and the row then says so
+    ours = "ours: Weave, foldengine" + ("" if m["best/test/auc"] > 0.5 else " (NOT ABOVE the trivial baseline)")
+    assert list(df["model"])[:3] == [ours, "anchor: Weave (MoleculeNet)", "anchor: GraphConv (MoleculeNet)"]
     assert abs(df["test mean ROC-AUC"][0] - m["best/test/auc"]) <= 5e-5   # the table rounds to 4 decimals
     assert list(df["test mean ROC-AUC"][1:3]) == [0.820, 0.829]
     assert all(f"test {t}" in df.columns for t in TOX21_TASKS)

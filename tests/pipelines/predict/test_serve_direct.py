@@ -52,6 +52,9 @@ def test_the_serve_command_answers_on_its_port_with_direct_ingress(data_dir, tmp
         banner = read_until(proc, "stops it", 240)
         url = f"http://127.0.0.1:{port}"
         assert f"at {url}/invocations (1 replica(s), direct ingress" in banner, banner
+        # none of Serve's start lines: "Connecting to existing Serve app ... will not be applied",
+        # "Application 'foldengine' is ready at http://127.0.0.1:<the proxy's port>/"
+        assert "Connecting to existing Serve app" not in banner and "is ready at" not in banner, banner
         requests = [[lines[i % 30]] + ([BAD_TREE] if i % 4 == 0 else []) for i in range(32)]
         with concurrent.futures.ThreadPoolExecutor(32) as pool:
             answers = list(pool.map(

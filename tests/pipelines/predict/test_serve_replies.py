@@ -1,6 +1,7 @@
 """The serving deployment's request and reply helpers, without Ray: one JSON body per request cut
 from one conversion of the batch's frame, the same records as converting each request's rows;
-strict JSON (null for missing numbers); the request formats and their limits."""
+strict JSON (null for missing numbers); the request formats and their limits; Serve's INFO lines
+kept off the console while the command starts it."""
 from __future__ import annotations
 
 import json
@@ -45,3 +46,15 @@ def test_request_formats_and_limits():
         parse_request(b'{"inputs": ["a", "b", "c"]}', "tree", 2)
     with pytest.raises(RequestError, match="not JSON"):
         parse_request(b"nope", "tree", 2)
+
+
+def test_serves_start_lines_are_quiet_and_its_warnings_stay():
+    import logging
+
+    from pipelines.predict.serve import _quiet_serve_start
+
+    serve_log = logging.getLogger("ray.serve")
+    level = serve_log.level
+    with _quiet_serve_start():
+        assert not serve_log.isEnabledFor(logging.INFO) and serve_log.isEnabledFor(logging.WARNING)
+    assert serve_log.level == level
