@@ -17,7 +17,8 @@ process CPU seconds; ratios are medians over rounds (``per_example_vs_blocks``: 
 / block time, 1.0 = as fast; ``blocks_vs_naive``: naive time / per-example time per tree).  The
 plan's batched calls and the ATen operator calls per step are counted for both batched variants
 (the same plan gives the same counts).  Trace cost: ``trace(trees)`` of each variant, seconds
-per node, interleaved.
+per node, interleaved, beside ``user code alone`` (:func:`user_code_floor`: the per-example
+function with every recorded call a no-op, the floor of any recorder).
 
     python -m benchmarks.per_example [--batches 25,100] [--trees 500] [--repeats 5] [--mlflow]
 """
@@ -64,6 +65,34 @@ def _batched_loss(model, batch) -> torch.Tensor:
 
     logits, labels, _ = node_outputs(model.run(batch))
     return F.cross_entropy(logits, labels, reduction="sum")
+
+
+def user_code_floor(modules, stoi):
+    """``run(trees)``: the per-example SST function (:class:`pipelines.sst.per_example.PerExampleSentiment`)
+    on each tree with every module call, ``fe.scalar`` and ``fe.metric`` a no-op: the user's own
+    Python per node (recursion, attribute look-ups, branches), the part of the per-example trace
+    cost that no recorder can remove."""
+    from torch import nn
+
+    import pipelines.sst.per_example as per_example
+
+    class NoOps:                               # what fe.scalar / fe.metric cost at the least
+        scalar = staticmethod(lambda x, dtype=None: x)
+        metric = staticmethod(lambda name, value: None)
+
+    model = per_example.PerExampleSentiment(modules, stoi)
+
+    def run(trees):
+        call, fe = nn.Module.__call__, per_example.fe
+        nn.Module.__call__ = lambda self, *args: (args, args)   # what recording a call costs at the least
+        per_example.fe = NoOps
+        try:
+            for t in trees:
+                model.forward(t)
+        finally:
+            nn.Module.__call__, per_example.fe = call, fe
+
+    return run
 
 
 def _nodes(tree) -> int:
@@ -136,19 +165,23 @@ def run(batches: Sequence[int] = (25, 100), trees: int = 500, config: str = PAPE
     tracers = {name: build(copy.deepcopy(base), vocab.stoi, cfg["scheduler"]) for name, build in builders.items()}
     for t in tracers.values():
         t.trace(train[:5])                      # first-trace set-up (shape inference) outside the timing
+    floor = user_code_floor(copy.deepcopy(base), vocab.stoi)
     tcpu: Dict[str, List[float]] = {}
-    ttimes = interleaved({k: (lambda t=t: t.trace(train)) for k, t in tracers.items()}, repeats, warmup,
-                         cpu_times=tcpu)
+    ttimes = interleaved({**{k: (lambda t=t: t.trace(train)) for k, t in tracers.items()},
+                          "user code alone": lambda: floor(train)}, repeats, warmup, cpu_times=tcpu)
     trace_rows = [{"variant": k, "trace_us_per_node": 1e6 * statistics.median(v) / nodes,
                    "trace_cpu_us_per_node": 1e6 * statistics.median(tcpu[k]) / nodes} for k, v in ttimes.items()]
     trace_ratio = median_ratio(ttimes["per-example"], ttimes["blocks"])
     metrics["trace_cost_per_example_vs_blocks"] = trace_ratio
+    metrics["trace_cost_user_code_alone_vs_blocks"] = median_ratio(ttimes["user code alone"], ttimes["blocks"])
     log(format_table(rows, ["batch", "variant", "trees_per_s", "cpu_ms_per_tree", "calls_per_step",
                             "aten_ops_per_step", "vs_blocks_wall", "q1", "q3", "vs_blocks_cpu", "per_example_speedup"]))
     log("speed vs blocks: block time / per-example time (1.0 = as fast); per_example_speedup: naive time per "
         "tree / per-example time per tree")
     log(format_table(trace_rows, ["variant", "trace_us_per_node", "trace_cpu_us_per_node"]))
-    log(f"trace cost per node, per-example / blocks: {trace_ratio:.2f} ({nodes} nodes)")
+    log(f"trace cost per node, per-example / blocks: {trace_ratio:.2f} ({nodes} nodes); the per-example "
+        f"function's own Python alone (every recorded call a no-op) / blocks: "
+        f"{metrics['trace_cost_user_code_alone_vs_blocks']:.2f}")
     if mlflow:
         params = {"config": os.path.relpath(config, REPO_ROOT), "overrides": list(overrides), "trees": trees,
                   "repeats": repeats, "batches": list(batches), "threads": 1, "workload": workload(cfg)}

@@ -26,4 +26,5 @@ def test_bench_per_example_small_slice(tmp_path, monkeypatch, data_dir):
     run = mlflow.MlflowClient().search_runs(
         [mlflow.get_experiment_by_name("bench_per_example").experiment_id])[0]
     assert run.data.metrics["trace_cost_per_example_vs_blocks"] > 0
+    assert run.data.metrics["trace_cost_user_code_alone_vs_blocks"] > 0
     assert "b5.per_example_vs_naive" in run.data.metrics
