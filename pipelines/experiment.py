@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
+import re
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
@@ -138,10 +139,11 @@ def headline_tags(layout: TableLayout, metrics: Mapping[str, float], prefix: str
                   suffix: str = "") -> dict[str, str]:
     """MLflow tags that put a run's headline figures on the first screen of its page (the UI
     shows tags above the description and the metrics): one per column of ``layout``, named
-    ``<column><suffix>``, valued ``"<figure> (baseline <b>)"`` from ``metrics[prefix + key]``
-    (``prefix``: ``"mean/"`` for a sweep's mean over seeds, whose ``"sd/"`` is added in
-    parentheses), scaled by ``layout.scale`` (1 decimal in percent, else 3), with ``NOT ABOVE``
-    when the figure is not above its trivial baseline.  Columns without a figure are left out.
+    ``<column><suffix>`` (characters MLflow refuses in a tag name become spaces), valued
+    ``"<figure> (baseline <b>)"`` from ``metrics[prefix + key]`` (``prefix``: ``"mean/"`` for a
+    sweep's mean over seeds, whose ``"sd/"`` is added as ``(sd <s>)``), scaled by
+    ``layout.scale`` (1 decimal in percent, else 3), with ``NOT ABOVE`` when the figure is not
+    above its trivial baseline.  Columns without a figure are left out.
 
     Example: ``{"test fine": "49.6 (baseline 28.6)", "test binary": "87.5 (baseline 50.1)"}``."""
     digits = 1 if layout.scale == 100.0 else 3
@@ -153,12 +155,12 @@ def headline_tags(layout: TableLayout, metrics: Mapping[str, float], prefix: str
         text = f"{v * layout.scale:.{digits}f}"
         sd = metrics.get("sd/" + key) if prefix == "mean/" else None
         if sd is not None and sd == sd:
-            text += f" ({sd * layout.scale:.{digits}f})"
+            text += f" (sd {sd * layout.scale:.{digits}f})"
         base = layout.baselines.get(key)
         base = metrics.get(prefix + base) if isinstance(base, str) else base
         if base is not None and base == base:
             text += f" (baseline {base * layout.scale:.{digits}f}{'' if v > base else ', NOT ABOVE'})"
-        out[column + suffix] = text
+        out[re.sub(r"[^0-9A-Za-z_\-. :/]", " ", column + suffix).strip()] = text
     return out
 
 

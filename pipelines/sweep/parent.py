@@ -94,8 +94,8 @@ def log_parent(experiment, plan: SweepPlan, tracker: Tracker, trials: Sequence[T
     tracker.table(table, "table.json")
     # the run page's first screen: the headline figures as tags, the paper-style table as its description
     layout = experiment.sweep_layout()
-    tracker.tags({**headline_tags(layout, summary.metrics(), prefix="mean/", suffix=", mean (sd)"),
-                  **headline_tags(layout, {f"best/{k}": v for k, v in ensemble.items()}, suffix=", ensemble"),
+    tracker.tags({**headline_tags(layout, summary.metrics(), prefix="mean/", suffix=" mean over seeds"),
+                  **headline_tags(layout, {f"best/{k}": v for k, v in ensemble.items()}, suffix=" ensemble"),
                   "mlflow.note.content": headline_note(sweep_note(plan), table)})
     if summary.best_trial:
         best = next(t for t in trials if t.trial_id == summary.best_trial)
