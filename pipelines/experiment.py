@@ -141,7 +141,7 @@ def headline_tags(layout: TableLayout, metrics: Mapping[str, float], prefix: str
     shows tags above the description and the metrics): one per column of ``layout``, named
     ``<column><suffix>`` (characters MLflow refuses in a tag name become spaces), valued
     ``"<figure> (baseline <b>)"`` from ``metrics[prefix + key]`` (``prefix``: ``"mean/"`` for a
-    sweep's mean over seeds, whose ``"sd/"`` is added as ``(sd <s>)``), scaled by
+    sweep's mean over seeds, whose ``"sd/"`` is added as ``sd <s>``), scaled by
     ``layout.scale`` (1 decimal in percent, else 3), with ``NOT ABOVE`` when the figure is not
     above its trivial baseline.  Columns without a figure are left out.
 
@@ -155,7 +155,7 @@ def headline_tags(layout: TableLayout, metrics: Mapping[str, float], prefix: str
         text = f"{v * layout.scale:.{digits}f}"
         sd = metrics.get("sd/" + key) if prefix == "mean/" else None
         if sd is not None and sd == sd:
-            text += f" (sd {sd * layout.scale:.{digits}f})"
+            text += f" sd {sd * layout.scale:.{digits}f}"
         base = layout.baselines.get(key)
         base = metrics.get(prefix + base) if isinstance(base, str) else base
         if base is not None and base == base:

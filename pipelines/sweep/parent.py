@@ -94,7 +94,7 @@ def log_parent(experiment, plan: SweepPlan, tracker: Tracker, trials: Sequence[T
     tracker.table(table, "table.json")
     # the run page's first screen: the headline figures as tags, the paper-style table as its description
     layout = experiment.sweep_layout()
-    tracker.tags({**headline_tags(layout, summary.metrics(), prefix="mean/", suffix=" mean over seeds"),
+    tracker.tags({**headline_tags(layout, summary.metrics(), prefix="mean/", suffix=" mean"),
                   **headline_tags(layout, {f"best/{k}": v for k, v in ensemble.items()}, suffix=" ensemble"),
                   "mlflow.note.content": headline_note(sweep_note(plan), table)})
     if summary.best_trial:

@@ -102,7 +102,7 @@ def figures_line(result: Mapping[str, Any], prefix: str, limit: int = 4, scale: 
 
 
 #: seconds between the sweep's heartbeat lines while no trial reports
-HEARTBEAT_S = 30.0
+HEARTBEAT_S = 20.0
 
 
 def trial_lines(plan: SweepPlan):

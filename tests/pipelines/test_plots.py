@@ -95,8 +95,8 @@ def test_headline_tags_put_each_figure_beside_its_baseline_and_flag_one_not_abov
 
 def test_headline_tags_of_a_sweep_give_the_mean_and_sd_over_seeds():
     tags = headline_tags(LAYOUT, {"mean/best/test/fine": 0.496, "sd/best/test/fine": 0.008,
-                                  "mean/best/test/majority_fine": 0.286}, prefix="mean/", suffix=" mean over seeds")
-    assert tags == {"test fine mean over seeds": "49.6 (sd 0.8) (baseline 28.6)"}
+                                  "mean/best/test/majority_fine": 0.286}, prefix="mean/", suffix=" mean")
+    assert tags == {"test fine mean": "49.6 sd 0.8 (baseline 28.6)"}
     # a column name MLflow refuses as a tag name (commas, parentheses) is made one it takes
     odd = TableLayout({"best/test/r2": "test R2 (all, x100)"})
     assert list(headline_tags(odd, {"best/test/r2": 0.5})) == ["test R2  all  x100"]
