@@ -34,7 +34,7 @@ from pipelines.model.prediction import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
 from pipelines.model.stored import PackageFiles, download_package
 
 __all__ = ["ServeSettings", "parse_request", "RequestError", "read_body", "records_json", "split_records_json", "FoldServer",
-           "build_app", "direct_ingress_env", "replica_urls", "start", "main"]
+           "build_app", "direct_ingress_env", "replica_urls", "quiet_serve_start", "start", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,7 +344,7 @@ def _free_port(host: str) -> int:
 
 
 @contextlib.contextmanager
-def _quiet_serve_start():
+def quiet_serve_start():
     """Serve's driver logger (``ray.serve``) at WARNING while :func:`start` runs: its INFO lines of
     a start mislead here.  "Connecting to existing Serve app ... New http_options/controller_options
     will not be applied" is ``serve.run`` finding the Serve that :func:`start`'s ``serve.start``
@@ -422,7 +422,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             os.environ.update(direct_ingress_env(a.port, a.max_replicas or a.replicas))
         connect_ray(verbose=a.verbose, include_dashboard=False, log_to_driver=a.verbose)
         t0 = time.perf_counter()
-        with contextlib.nullcontext() if a.verbose else _quiet_serve_start():
+        with contextlib.nullcontext() if a.verbose else quiet_serve_start():
             url = start(package, settings, a.host, a.port, a.replicas, a.max_replicas, a.cpus_per_replica, ingress)
         others = ""
         if ingress == "direct" and a.replicas > 1:

@@ -51,10 +51,11 @@ def test_request_formats_and_limits():
 def test_serves_start_lines_are_quiet_and_its_warnings_stay():
     import logging
 
-    from pipelines.predict.serve import _quiet_serve_start
+    from pipelines.predict import serve as serve_command   # its start lines only: nothing is served here
 
+    quiet_serve_start = serve_command.quiet_serve_start
     serve_log = logging.getLogger("ray.serve")
     level = serve_log.level
-    with _quiet_serve_start():
+    with quiet_serve_start():
         assert not serve_log.isEnabledFor(logging.INFO) and serve_log.isEnabledFor(logging.WARNING)
     assert serve_log.level == level
