@@ -325,7 +325,10 @@ def data_files(sst_config: dict) -> list[datadir.DataFile]:
     :meth:`pipelines.experiment.Experiment.data_files`): per split, the user's ``sst.<split>_file``
     (an :class:`~pipelines.datadir.OwnFile`) or, when it is null, the canonical split
     (:func:`split_file`, under ``sst.data_dir`` first); none for a split set to ``""``; and the
-    ``sst.embeddings`` file when one is named."""
+    ``sst.embeddings`` file when one is named (``"random"``, the ablation's random vectors, names
+    no file)."""
+    from pipelines.sst.embeddings import RANDOM_EMBEDDINGS
+
     files: list[datadir.DataFile] = []
     for split in SPLITS:
         own = sst_config.get(f"{split}_file")
@@ -333,7 +336,7 @@ def data_files(sst_config: dict) -> list[datadir.DataFile]:
             files.append(split_file(split, sst_config.get("data_dir")))
         elif own != "":
             files.append(datadir.OwnFile(str(own), f"sst.{split}_file"))
-    if sst_config.get("embeddings"):
+    if sst_config.get("embeddings") and sst_config["embeddings"] != RANDOM_EMBEDDINGS:
         files.append(datadir.OwnFile(str(sst_config["embeddings"]), "sst.embeddings"))
     return files
 

@@ -106,3 +106,16 @@ def test_glove_text_errors_and_cache(tmp_path, cache_env):
     m2, s2 = E.load_glove_text(path, Vocab(["a", "q"]))
     assert not s1.from_cache and s2.from_cache
     np.testing.assert_array_equal(m1, m2)
+
+
+def test_the_random_ablation_names_no_embeddings_file_and_a_path_is_checked():
+    """``sst.embeddings=random`` (the ablation's random vectors) is not a file to find before Ray
+    starts; any other value is the user's file, checked like the splits."""
+    from pipelines.datadir import OwnFile
+    from pipelines.sst.data import data_files
+
+    def own(cfg):
+        return [f for f in data_files(cfg) if isinstance(f, OwnFile)]
+
+    assert own({"embeddings": "random"}) == []
+    assert [f.key for f in own({"embeddings": "/somewhere/glove.840B.300d.txt"})] == ["sst.embeddings"]
