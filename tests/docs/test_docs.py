@@ -234,3 +234,41 @@ def test_mkdocs_build_strict(tmp_path):
         assert (site / page / "index.html").is_file(), page
     compiler_ref = (site / "reference/foldengine/index.html").read_text()
     assert "build_batch" in compiler_ref and "max_call_rows" in compiler_ref
+
+
+#: commands a fresh clone has only inside .venv (the README never assumes an activated venv)
+VENV_COMMANDS = ("python", "python3", "pip", "pip3", "mlflow", "ray", "pytest", "mkdocs")
+
+
+def _venv_misses(text: str) -> list[str]:
+    """The command lines of shell ``text`` that run one of :data:`VENV_COMMANDS` bare, neither as
+    ``.venv/bin/<cmd>`` nor with ``.venv/bin`` put on ``PATH`` on that line."""
+    out = []
+    for line in re.sub(r"\\\n\s*", " ", text).splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith("#") or ".venv/bin:" in line:
+            continue
+        for part in re.split(r"&&|\|\||;|\|", line):
+            words = [w for w in part.split() if not re.match(r"^[A-Z_][A-Z0-9_]*=", w)]
+            if words and words[0] in VENV_COMMANDS:
+                out.append(line)
+    return out
+
+
+def test_readme_commands_run_as_written_in_a_fresh_clone():
+    """Every fenced shell command of the README names things that exist, and runs Python, pip,
+    MLflow and Ray from .venv (``python -m pipelines...`` in a fresh shell: No module named
+    'mlflow')."""
+    readme = REPO / "README.md"
+    misses = []
+    for block in code_blocks(readme):
+        if block.lang not in ("bash", "sh", "shell", "console"):
+            continue
+        misses += [f"README.md:{block.line}: {line}" for line in _venv_misses(block.code)]
+        for words in _shell_commands(block.code):
+            if words[0].startswith(".venv/bin/"):
+                words = [words[0].rsplit("/", 1)[1]] + words[1:]
+            _check_command(words, f"README.md:{block.line}")
+    assert not misses, "\n".join(misses)
+    assert _venv_misses("python -m pipelines.sweep --config conf/x.yaml") != []       # the check can fail
+    assert _venv_misses('PATH="$PWD/.venv/bin:$PATH" mlflow models serve -m x') == []
