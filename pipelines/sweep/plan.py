@@ -16,7 +16,7 @@ from pipelines.experiment import experiment_class, named_experiment
 from pipelines.sweep.space import SearchSpec, parse_searches
 from pipelines.tracking.store import resolve_uri
 
-__all__ = ["SweepPlan", "plan_sweep", "sweep_experiment", "experiment_schema", "PLAN_FILE", "OUTBOX_DIR",
+__all__ = ["SweepPlan", "plan_sweep", "count_trials", "sweep_experiment", "experiment_schema", "PLAN_FILE", "OUTBOX_DIR",
            "TRIAL_CPU"]
 
 #: the sweep definition inside the sweep's directory
@@ -48,6 +48,11 @@ class SweepPlan:
     parent_run_id: Optional[str] = None
     config_path: Optional[str] = None
     overrides: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def n_trials(self) -> int:
+        """How many trials the sweep runs (:func:`count_trials`)."""
+        return count_trials(len(self.seeds), self.samples, self.searches)
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -94,6 +99,11 @@ def _cluster_cpus() -> float:
     return float(ray.cluster_resources().get("CPU", 1.0))
 
 
+def count_trials(seeds: int, samples: int, searches: Sequence[SearchSpec]) -> int:
+    """Trials of a sweep: ``seeds`` (at least 1) x ``samples`` x the values of each grid search."""
+    return max(seeds, 1) * samples * math.prod(len(s.values) for s in searches if s.kind == "grid")
+
+
 def plan_sweep(experiment: str, config: dict, *, name: Optional[str] = None, storage: Optional[str] = None,
                seeds: int = 0, searches: Sequence[str] = (), samples: int = 1, scheduler: str = "fifo",
                grace_period: int = 1, reduction_factor: float = 2.0, max_concurrent: Optional[int] = None,
@@ -127,7 +137,7 @@ def plan_sweep(experiment: str, config: dict, *, name: Optional[str] = None, sto
                           "tracking.mode")
     exp = cls.from_config(cfg)
     cfg["tracking"]["uri"] = resolve_uri(cfg["tracking"]["uri"])
-    n_trials = (max(seeds, 1)) * samples * math.prod(len(s.values) for s in specs if s.kind == "grid")
+    n_trials = count_trials(seeds, samples, specs)
     world = cfg["ray"]["num_workers"]
     cpus = _cluster_cpus() if cluster_cpus is None else float(cluster_cpus)
     if max_concurrent is None:

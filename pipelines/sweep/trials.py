@@ -135,7 +135,8 @@ def trial_lines(plan: SweepPlan):
             running = [t for t in trials if t.status == "RUNNING"]
             epochs = [str((t.last_result or {}).get("epoch", 0)) for t in running]
             log.info("sweep: %d of %d trial(s) done, %d running (epochs done: %s of %s), %.0fs elapsed",
-                     self.ended, len(trials), len(running), ", ".join(epochs) or "-", plan.config.get("epochs", "?"),
+                     self.ended, max(len(trials), plan.n_trials), len(running), ", ".join(epochs) or "-",
+                     plan.config.get("epochs", "?"),
                      now - self.t0)
             self._said()
 

@@ -106,6 +106,7 @@ def test_plan_checks_the_sweep_definition(tmp_path):
     plan = plan_sweep(TOY, cfg, seeds=3, searches=["toy.hidden=grid(4,8)"], max_concurrent=2, cluster_cpus=2,
                       name="p", storage=str(tmp_path))
     assert plan.seeds == [3, 4, 5] and plan.metric == "dev/accuracy" and plan.mode == "max"
+    assert plan.n_trials == 6          # 3 seeds x a grid of 2: what the heartbeat counts before Tune made them
     # two trials x one worker, plus the trials' own actors, leave one CPU to Ray Data
     assert 2 * plan.config["ray"]["cpus_per_worker"] + 2 * 0.01 <= 1.0
     tc = trial_config(plan, {"seed": 4, "toy.hidden": 8}, "abc_00001")
