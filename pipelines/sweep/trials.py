@@ -90,11 +90,16 @@ def tune_config(plan: SweepPlan):
                            max_concurrent_trials=plan.max_concurrent, trial_dirname_creator=_trial_dirname)
 
 
-def figures_line(result: Mapping[str, Any], prefix: str, limit: int = 4, scale: float = 1.0) -> str:
-    """The ``limit`` first whole ``prefix`` metrics of ``result`` (losses left out), ``name value``
-    each, and how many more there are: never a value cut in the middle.  ``scale`` 100 shows the
-    values in percent (``fine 45.1%``), as the experiment's tables (:func:`pipelines.console.table_scale`)."""
-    keys = [k for k in sorted(result) if k.startswith(prefix) and not k.endswith("loss")
+def figures_line(result: Mapping[str, Any], prefix: str, limit: int = 4, scale: float = 1.0,
+                 first: Sequence[str] = ()) -> str:
+    """The ``limit`` first whole ``prefix`` metrics of ``result`` (losses left out; the names in
+    ``first``, the experiment's key metrics, before the others, which follow by name), ``name
+    value`` each, and how many more there are: never a value cut in the middle.  ``scale`` 100
+    shows the values in percent (``fine 45.1%``), as the experiment's tables
+    (:func:`pipelines.console.table_scale`)."""
+    rank = {prefix + m: i for i, m in enumerate(first)}
+    keys = [k for k in sorted(result, key=lambda k: (rank.get(k, len(rank)), k))
+            if k.startswith(prefix) and not k.endswith("loss")
             and isinstance(result[k], (int, float)) and not isinstance(result[k], bool)]
     value = (lambda v: f"{100.0 * v:.1f}%") if scale == 100.0 else (lambda v: f"{scale * v:.3f}")
     shown = "  ".join(f"{k[len(prefix):]} {value(result[k])}" for k in keys[:limit])
@@ -111,7 +116,8 @@ def trial_lines(plan: SweepPlan):
     from ray import tune
 
     experiment = experiment_class(plan.experiment).from_config(plan.config)
-    scale = console.table_scale(experiment.sweep_layout(), experiment.key_metrics or (experiment.selection_metric,))
+    key_metrics = experiment.key_metrics or (experiment.selection_metric,)
+    scale = console.table_scale(experiment.sweep_layout(), key_metrics)
 
     class TrialLines(tune.Callback):
         def __init__(self):
@@ -125,7 +131,7 @@ def trial_lines(plan: SweepPlan):
             self.ended += 1
             r = trial.last_result or {}
             log.info("trial %s %s after %s epoch(s), %.0fs: %s  test: %s", self.ended, how, r.get("epoch", "?"),
-                     r.get("time_total_s", float("nan")), dict(trial.config), figures_line(r, "best/test/", scale=scale))
+                     r.get("time_total_s", float("nan")), dict(trial.config), figures_line(r, "best/test/", scale=scale, first=key_metrics))
             self._said()
 
         def on_step_end(self, iteration, trials, **info):
@@ -143,7 +149,7 @@ def trial_lines(plan: SweepPlan):
         def on_trial_result(self, iteration, trials, trial, result, **info):
             log.info("trial %s epoch %s/%s (%.0fs): dev: %s", dict(trial.config), result.get("epoch", "?"),
                      plan.config.get("epochs", "?"), result.get("time_total_s", float("nan")),
-                     figures_line(result, "dev/", scale=scale))
+                     figures_line(result, "dev/", scale=scale, first=key_metrics))
             self._said()
 
         def on_trial_complete(self, iteration, trials, trial, **info):

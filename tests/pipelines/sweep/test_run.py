@@ -76,6 +76,10 @@ def test_trial_lines_show_whole_figures_never_a_cut_value():
     sst = SSTExperiment()
     scale = console.table_scale(sst.sweep_layout(), sst.key_metrics)
     assert figures_line({"dev/fine": 0.28571, "dev/binary": 0.5}, "dev/", scale=scale) == "binary 50.0%  fine 28.6%"
+    # the key metrics first, then the others by name
+    dev = {"dev/all_binary": 0.8, "dev/all_fine": 0.7, "dev/binary": 0.5, "dev/fine": 0.28571, "dev/majority_fine": 0.2}
+    assert figures_line(dev, "dev/", scale=scale, first=sst.key_metrics) == (
+        "fine 28.6%  binary 50.0%  all_binary 80.0%  all_fine 70.0%  (+1 more in MLflow)")
 
 
 def test_search_specs_parse_to_typed_values():
