@@ -5,7 +5,7 @@
     python scripts/ab_step_vs_commit.py --old /tmp/old [--batch 25] [--trees 300] [--pairs 5]
 
 Each pair runs two fresh processes one after the other, the other commit's code first on
-``sys.path`` in one and this checkout's in the other: ``conf/sst_treelstm.yaml``'s modules
+``PYTHONPATH`` in one and this checkout's in the other: ``conf/sst_treelstm.yaml``'s modules
 (state 300, the three dropouts, sparse embedding gradient, Adagrad; random 50-d embeddings, seed
 0), the first ``trees`` SST training trees in batches of ``batch`` built before timing, one warm
 epoch, then ``epochs`` timed epochs of zero_grad, forward, the summed node and root
@@ -25,7 +25,6 @@ import sys
 _CHILD = r'''
 import sys, time
 repo, B, N, epochs, data_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-sys.path.insert(0, repo)
 import torch
 import torch.nn.functional as F
 torch.set_num_threads(1)
@@ -68,9 +67,10 @@ print(f"{(time.process_time() - c0) / (epochs * N) * 1e3:.4f} {(time.perf_counte
 
 
 def _child(repo: str, a) -> tuple[float, float]:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}   # the repo's code first on PYTHONPATH
+    env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run([sys.executable, "-c", _CHILD, repo, str(a.batch), str(a.trees), str(a.epochs),
-                          a.data_dir or ""], capture_output=True, text=True, env=env, check=True).stdout
+                          a.data_dir or ""], capture_output=True, text=True, env=env, cwd=repo, check=True).stdout
     cpu, wall = out.split()[-2:]
     return float(cpu), float(wall)
 

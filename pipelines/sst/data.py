@@ -27,12 +27,16 @@ from nltk import Tree
 from pipelines import datadir
 
 __all__ = [
-    "SPLITS", "SST_URL", "SST_SHA256", "LABELS",
+    "SPLITS", "SST_URL", "SST_SHA256", "LABELS", "RANDOM_EMBEDDINGS",
     "SSTFormatError", "SSTChecksumError", "check_sha256", "LoadReport",
     "parse_line", "parse_line_checked", "load_file", "load_split", "load_split_source", "resolve_split_path",
     "split_file", "data_files",
     "leaves", "normalize_token",
 ]
+
+#: ``sst.embeddings`` naming no file: random vectors with GloVe 6B 50d's per-dimension mean and sd
+#: (the ablation; :mod:`pipelines.sst.embeddings` makes them)
+RANDOM_EMBEDDINGS = "random"
 
 SPLITS = ("train", "dev", "test")
 SST_URL = "https://nlp.stanford.edu/sentiment/trainDevTestTrees_PTB.zip"
@@ -327,8 +331,6 @@ def data_files(sst_config: dict) -> list[datadir.DataFile]:
     (:func:`split_file`, under ``sst.data_dir`` first); none for a split set to ``""``; and the
     ``sst.embeddings`` file when one is named (``"random"``, the ablation's random vectors, names
     no file)."""
-    from pipelines.sst.embeddings import RANDOM_EMBEDDINGS
-
     files: list[datadir.DataFile] = []
     for split in SPLITS:
         own = sst_config.get(f"{split}_file")

@@ -23,14 +23,13 @@ from typing import Callable, Optional
 import numpy as np
 
 from pipelines import datadir
-from pipelines.sst.data import normalize_token
+from pipelines.sst.data import RANDOM_EMBEDDINGS, normalize_token
 from pipelines.sst.vocab import Vocab
 
 __all__ = ["EmbeddingStats", "RANDOM_EMBEDDINGS", "candidate_keys", "load_glove_6b_50d", "load_glove_text",
            "build_matrix", "random_like"]
 
 #: ``sst.embeddings`` naming the random-vector ablation (:func:`random_like`)
-RANDOM_EMBEDDINGS = "random"
 
 _CACHE_VERSION = 1
 _KIND = ("exact", "normalized", "lowercased")
