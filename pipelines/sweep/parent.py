@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 
 from pipelines.sweep.plan import SweepPlan
 from pipelines.sweep.report import SweepSummary, TrialOutcome, curves_figure, trial_table
-from pipelines.experiment import headline_tags
+from pipelines.experiment import experiment_class, headline_tags
 from pipelines.tracking.run_metadata import flatten_params, headline_note, run_tags
 from pipelines.tracking.store import check_reachable
 from pipelines.tracking.tracker import Tracker
@@ -38,7 +38,8 @@ def start_parent(plan: SweepPlan) -> Tracker:
     the sweep definition); returns its tracker."""
     cfg = plan.config
     check_reachable(cfg["tracking"]["uri"], cfg["tracking"]["check_timeout_s"])
-    tags = {**run_tags(cfg, plan.experiment.rsplit('.', 1)[1], entry_point="python -m pipelines.sweep"),
+    name = experiment_class(plan.experiment).from_config(cfg).name    # as its trials' runs name it
+    tags = {**run_tags(cfg, name, entry_point="python -m pipelines.sweep"),
             "sweep.name": plan.name, "sweep.role": "parent", "mlflow.note.content": sweep_note(plan)}
     tracker = Tracker.start(cfg["tracking"]["uri"], cfg["tracking"]["experiment"] or cfg["name"],
                             run_name=plan.name, tags=tags)
