@@ -15,6 +15,7 @@ import math
 import os
 from typing import Any, Optional
 
+from pipelines import console
 from pipelines.config import ConfigError
 from pipelines.experiment import experiment_class
 from pipelines.sweep.ensemble import seed_ensemble
@@ -22,7 +23,7 @@ from pipelines.sweep.parent import child_runs, close_stale_children, log_parent,
 from pipelines.sweep.plan import OUTBOX_DIR, PLAN_FILE, TRIAL_CPU, SweepPlan, plan_sweep, sweep_experiment
 from pipelines.sweep.report import STOPPED, SweepSummary, TrialOutcome, paper_table, summarize
 from pipelines.sweep.space import param_space
-from pipelines.sweep.trials import trainable, trial_config, trial_lines, trial_outcomes, tune_config
+from pipelines.sweep.trials import HEARTBEAT_S, trainable, trial_config, trial_lines, trial_outcomes, tune_config
 from pipelines.tracking.store import TrackingUnavailable
 from pipelines.tracking.tracker import OutagePolicy, Tracker
 
@@ -101,12 +102,14 @@ def _execute(plan: SweepPlan, tuner_factory) -> SweepResult:
                 tracker.for_run(t.run_id).tags({"sweep.stopped_early": "true"})
         experiment = experiment_class(plan.experiment).from_config(plan.config)
         summary = summarize(trials, experiment.selection_metric, experiment.selection_mode)
-        members, ensemble = seed_ensemble(plan, experiment, trials, tracker.client)
-        if members:
-            tracker.params({"ensemble.members": ",".join(members), "ensemble.split": "test"})
-        table = paper_table(summary, experiment.sweep_layout(), experiment.name, ensemble, summary.n_finished)
-        log_parent(experiment, plan, tracker, trials, summary, ensemble, table)
-        save_sweep_view(experiment, plan, tracker, ensemble, trials)
+        # the ensemble and the parent's figures: a line every HEARTBEAT_S, as while trials ran
+        with console.Heartbeat("sweep: the ensemble and the parent run's figures", HEARTBEAT_S, log):
+            members, ensemble = seed_ensemble(plan, experiment, trials, tracker.client)
+            if members:
+                tracker.params({"ensemble.members": ",".join(members), "ensemble.split": "test"})
+            table = paper_table(summary, experiment.sweep_layout(), experiment.name, ensemble, summary.n_finished)
+            log_parent(experiment, plan, tracker, trials, summary, ensemble, table)
+            save_sweep_view(experiment, plan, tracker, ensemble, trials)
         # a trial that errored (e.g. it started during a tracking outage) leaves the sweep
         # incomplete: its parent ends FAILED and --resume reruns that trial
         status = "FINISHED" if summary.n_finished and not summary.n_errored else "FAILED"
