@@ -23,7 +23,7 @@ import warnings
 from typing import Mapping, Optional, Sequence
 
 __all__ = ["HARMLESS_WARNINGS", "STARTUP_EVERY_S", "configure", "ray_init_kwargs", "private_local_token", "epoch_line",
-           "table_scale", "results_text", "Heartbeat", "ProgressBoard", "ProgressPrinter"]
+           "table_scale", "scaled_figure", "results_text", "Heartbeat", "ProgressBoard", "ProgressPrinter"]
 
 #: ``(category, message regex)`` of warnings known to be harmless in these pipelines.
 HARMLESS_WARNINGS: tuple[tuple[type, str], ...] = (
@@ -118,6 +118,12 @@ def table_scale(layout, key_metrics: Sequence[str]) -> float:
     return 1.0
 
 
+def scaled_figure(v: float, scale: float = 1.0) -> str:
+    """A figure on its table's scale (:func:`table_scale`): ``45.1%`` for ``scale`` 100, else
+    ``scale * v`` to 3 decimals."""
+    return f"{100.0 * v:.1f}%" if scale == 100.0 else f"{scale * v:.3f}"
+
+
 def epoch_line(metrics: Mapping[str, float], epochs: int, key_metrics: Sequence[str], scale: float = 1.0) -> str:
     """``epoch 2/10  31.2s  train loss/record 0.5496  dev auc 0.712 (best 0.731 @1)  812 rec/s  build 12%``.
 
@@ -128,20 +134,15 @@ def epoch_line(metrics: Mapping[str, float], epochs: int, key_metrics: Sequence[
     ``train loss/record``: the training objective, ``train/objective`` (the training split's
     loss summed over its records, divided by their number), 4 significant digits.
     """
-    def shown_value(v: float) -> str:
-        if scale == 100.0:
-            return f"{100.0 * v:.1f}%"
-        return f"{scale * v:.3f}"
-
     split = "dev" if any(k.startswith("dev/") for k in metrics) else "train"
     parts = [f"epoch {int(metrics['epoch'])}/{epochs}", f"{metrics.get('time/epoch_s', float('nan')):.1f}s",
              f"train loss/record {metrics.get('train/objective', float('nan')):.4g}"]
-    shown = [f"{m} {shown_value(metrics[f'{split}/{m}'])}" for m in key_metrics if f"{split}/{m}" in metrics]
+    shown = [f"{m} {scaled_figure(metrics[f'{split}/{m}'], scale)}" for m in key_metrics if f"{split}/{m}" in metrics]
     if shown:
         parts.append(f"{split} " + " ".join(shown))
     best_key = f"best/{split}/{key_metrics[0]}" if key_metrics else None
     if best_key and best_key in metrics and "best/epoch" in metrics:
-        parts.append(f"(best {shown_value(metrics[best_key])} @{int(metrics['best/epoch'])})")
+        parts.append(f"(best {scaled_figure(metrics[best_key], scale)} @{int(metrics['best/epoch'])})")
     if "time/records_per_s" in metrics:
         parts.append(f"{metrics['time/records_per_s']:.0f} rec/s")
     if "time/build_share" in metrics:

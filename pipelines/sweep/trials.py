@@ -101,8 +101,7 @@ def figures_line(result: Mapping[str, Any], prefix: str, limit: int = 4, scale: 
     keys = [k for k in sorted(result, key=lambda k: (rank.get(k, len(rank)), k))
             if k.startswith(prefix) and not k.endswith("loss")
             and isinstance(result[k], (int, float)) and not isinstance(result[k], bool)]
-    value = (lambda v: f"{100.0 * v:.1f}%") if scale == 100.0 else (lambda v: f"{scale * v:.3f}")
-    shown = "  ".join(f"{k[len(prefix):]} {value(result[k])}" for k in keys[:limit])
+    shown = "  ".join(f"{k[len(prefix):]} {console.scaled_figure(result[k], scale)}" for k in keys[:limit])
     return shown + (f"  (+{len(keys) - limit} more in MLflow)" if len(keys) > limit else "")
 
 
